@@ -1,0 +1,1 @@
+"""Compatibility matrices: one data file per target."""

@@ -1,0 +1,161 @@
+"""Report models: per pass, per check finding, per verification step, and the run report.
+
+The run report JSON (``report.json``) is the CI interface; its fields are listed in DESIGN.md
+("The pipeline file") and the README ("Report fields"). ``schema_version`` changes when a field
+changes meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Level",
+    "Finding",
+    "PassReport",
+    "StepRecord",
+    "LatencySummary",
+    "ModeResult",
+    "VerifyReport",
+    "RunReport",
+]
+
+SCHEMA_VERSION = 1
+
+Level = Literal["error", "warning", "info"]
+
+
+class Finding(BaseModel):
+    """One check result: a stable ``code`` (e.g. ``OD101``), a level, what and where, and how to fix it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    code: str
+    level: Level
+    check: str = Field(description="Registry name of the check that produced it.")
+    message: str
+    nodes: list[str] = Field(default_factory=list, description="Node or tensor names concerned.")
+    hint: str = ""
+
+
+class PassReport(BaseModel):
+    """What one pass did: sizes before/after, op histogram diff, dims fixed, changes, wall time (s)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    modified: bool = False
+    wall_time_s: float = 0.0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    initializers_before: int = 0
+    initializers_after: int = 0
+    initializer_bytes_before: int = 0
+    initializer_bytes_after: int = 0
+    op_histogram_before: dict[str, int] = Field(default_factory=dict)
+    op_histogram_after: dict[str, int] = Field(default_factory=dict)
+    ops_added: dict[str, int] = Field(default_factory=dict, description="Op type -> count increase.")
+    ops_removed: dict[str, int] = Field(default_factory=dict, description="Op type -> count decrease.")
+    dims_fixed: list[str] = Field(default_factory=list, description="'tensor[axis]: old -> new' entries.")
+    changes: list[str] = Field(default_factory=list, description="Human-readable changes.")
+    warnings: list[str] = Field(default_factory=list)
+
+
+class StepRecord(BaseModel):
+    """Comparison at one decode position (prompt positions included).
+
+    Logit errors are over the vocabulary of batch row 0..B-1 at that position; latencies in ms
+    are the wall time of one ``session.run`` (for the original's prefill, the prefill call's time
+    is attributed to every prompt position).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    position: int
+    phase: Literal["prompt", "generate"]
+    token_in: int = Field(description="Token id fed to the candidate at this position.")
+    top1_reference: int
+    top1_candidate: int
+    top1_match: bool
+    topk_overlap: float = Field(description="|top-k(ref) ∩ top-k(cand)| / k, k=5.")
+    max_abs_logit_diff: float
+    max_rel_logit_diff: float
+    cosine_similarity: float
+    within_tolerance: bool
+    latency_ms_reference: float
+    latency_ms_candidate: float
+
+
+class LatencySummary(BaseModel):
+    """Latency percentiles of per-call ``session.run`` wall time, in ms."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    p50: float
+    p99: float
+    max: float
+    mean: float
+    spikes: int = Field(0, description="Calls slower than 3x the median.")
+
+
+class ModeResult(BaseModel):
+    """Summary and per-step records of one decode mode (``teacher_forced`` or ``free_running``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["teacher_forced", "free_running"]
+    passed: bool
+    positions: int
+    top1_agreement: float = Field(description="Fraction of positions whose top-1 token agrees.")
+    max_abs_logit_diff: float
+    mean_cosine_similarity: float
+    first_divergent_step: int | None = Field(
+        description="First position whose top-1 differs or whose max abs diff breaks the tolerance."
+    )
+    latency_ms: LatencySummary = Field(description="Candidate per-call latency (ms).")
+    reference_latency_ms: LatencySummary = Field(description="Original per-call latency (ms).")
+    failures: list[str] = Field(default_factory=list)
+    steps: list[StepRecord] = Field(default_factory=list)
+
+
+class VerifyReport(BaseModel):
+    """Step-by-step verification of a candidate against the original on ONNX Runtime."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    passed: bool
+    original: str
+    candidate: str
+    providers: list[str]
+    provider_fallbacks: list[str] = Field(default_factory=list)
+    prompt: list[int]
+    steps: int
+    max_abs_logit_diff_threshold: float
+    min_top1_agreement_threshold: float
+    rss_growth_bytes: int = 0
+    modes: dict[str, ModeResult]
+
+
+class RunReport(BaseModel):
+    """The report of one ``onnxdeploy run``: passes, findings, verification, status."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    status: Literal["passed", "failed"]
+    pipeline: str | None = None
+    input_model: str
+    output_model: str | None
+    target: str | None = None
+    contract: dict[str, Any] | None = None
+    passes: list[PassReport] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
+    verify: VerifyReport | None = None
+    failures: list[str] = Field(default_factory=list, description="Why status is 'failed'.")
+    wall_time_s: float = 0.0
+    onnxdeploy_version: str = ""
+    versions: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Passes: graph rewrites, each returning a PassResult."""

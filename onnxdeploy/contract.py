@@ -53,9 +53,7 @@ class ContractInputs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input_ids: str = Field(description="Token ids, int64 (B, step_len).")
-    cache_position: str | None = Field(
-        default=None, description="Cache slots this call writes, int64 (step_len,)."
-    )
+    cache_position: str | None = Field(default=None, description="Cache slots this call writes, int64 (step_len,).")
     position_ids: str | None = Field(default=None, description="RoPE/learned positions, int64 (B, step_len).")
     attention_mask: str | None = Field(
         default=None, description="int64 (B, max_cache_len): 1 for slots <= the current position, else 0."

@@ -1,0 +1,171 @@
+"""The pipeline file (``pipeline.yaml``): schema, loading and error messages naming the key.
+
+Relative paths (``model``, ``output_dir``) are resolved against the folder of the pipeline file, so a
+pipeline runs the same from any working directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from onnxdeploy.errors import ConfigError
+from onnxdeploy.passes import Pass, get_pass
+
+__all__ = ["VerifyConfig", "PassSpec", "PipelineConfig", "load_pipeline", "format_validation_error"]
+
+DEFAULT_CHECKS = ["checker", "static_shapes", "topo_order", "contract"]
+
+
+class VerifyConfig(BaseModel):
+    """The ``verify`` section: how the runner compares the transformed model with the original."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: list[int] = Field(default=[1, 17, 42, 99, 7, 3], min_length=1, description="Prompt token ids.")
+    steps: int = Field(32, ge=0, description="Greedy tokens generated (and fed) after the prompt.")
+    modes: list[Literal["teacher_forced", "free_running"]] = Field(
+        default=["teacher_forced", "free_running"], min_length=1, description="Decode modes to compare."
+    )
+    max_abs_logit_diff: float = Field(1e-4, ge=0, description="Largest allowed max-abs logit difference.")
+    min_top1_agreement: float = Field(1.0, ge=0, le=1, description="Smallest allowed top-1 agreement rate.")
+    providers: list[str] = Field(
+        default=["CPUExecutionProvider"], min_length=1, description="ONNX Runtime execution providers, in order."
+    )
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_negative(cls, v: list[int]) -> list[int]:
+        if any(t < 0 for t in v):
+            raise ValueError("token ids must be >= 0")
+        return v
+
+
+class PassSpec(BaseModel):
+    """One entry of ``passes``: the registry name and its validated config."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str
+    config: Any
+
+    def build(self) -> Pass:
+        """Instantiate the pass with its config."""
+        return get_pass(self.name)(self.config)
+
+
+class PipelineConfig(BaseModel):
+    """The validated pipeline file (DESIGN.md, "The pipeline file")."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    model: Path = Field(description="Input ONNX model (exporter convention); never modified.")
+    output_dir: Path = Field(Path("out"), description="Folder for model.onnx, report.json and report.md.")
+    output_name: str = Field("model.onnx", description="File name of the transformed model.")
+    target: str | None = Field(None, description="Target id of matrices/ (e.g. ort-cpu); optional.")
+    passes: list[PassSpec] = Field(default_factory=list, description="Passes in order: '- name: {config}'.")
+    checks: list[str] = Field(default_factory=lambda: list(DEFAULT_CHECKS), description="Checks to run.")
+    check_after_each_pass: bool = Field(False, description="Run the ONNX checker after every pass.")
+    verify: VerifyConfig | None = Field(
+        default_factory=VerifyConfig, description="Runner settings; null skips verification."
+    )
+    source: Path | None = Field(None, description="The pipeline file this was read from.")
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """Render pydantic errors as ``key.path: message`` lines."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        key = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"key '{key}': {msg}")
+    return "; ".join(lines)
+
+
+def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: key 'passes' must be a list of '- name: {{config}}' entries")
+    specs = []
+    for i, entry in enumerate(raw):
+        if isinstance(entry, str):
+            name, cfg = entry, {}
+        elif isinstance(entry, dict) and len(entry) == 1:
+            name, cfg = next(iter(entry.items()))
+        else:
+            raise ConfigError(f"{where}: key 'passes[{i}]' must map one pass name to its config, got {entry!r}")
+        try:
+            cls = get_pass(str(name))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: key 'passes[{i}]': {exc}") from None
+        if cfg is None:
+            cfg = {}
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{where}: key 'passes[{i}].{name}' must be a mapping of config keys")
+        try:
+            config = cls.config_model.model_validate(cfg)
+        except ValidationError as exc:
+            raise ConfigError(f"{where}: {format_validation_error(exc, f'passes[{i}].{name}.')}") from None
+        specs.append(PassSpec(name=str(name), config=config))
+    return specs
+
+
+def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> PipelineConfig:
+    """Read and validate a pipeline file.
+
+    Args:
+        path: the YAML file.
+        output_dir: overrides the file's ``output_dir`` (relative to the current directory).
+
+    Returns:
+        The config with ``model`` and ``output_dir`` resolved to absolute paths.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, a key is unknown or invalid (named as a dotted
+            path, e.g. ``passes[0].static_kv.max_cache_len``), a pass or check name is unknown, or the
+            model file does not exist.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"pipeline file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the pipeline must be a YAML mapping with at least the key 'model'")
+    raw = dict(raw)
+    passes = _parse_passes(raw.pop("passes", None), str(p))
+    try:
+        cfg = PipelineConfig.model_validate({**raw, "passes": []})
+    except ValidationError as exc:
+        raise ConfigError(f"{p}: {format_validation_error(exc)}") from None
+    base = p.resolve().parent
+    model = cfg.model if cfg.model.is_absolute() else base / cfg.model
+    out = Path(output_dir).resolve() if output_dir is not None else cfg.output_dir
+    if not out.is_absolute():
+        out = base / out
+    if not model.is_file():
+        raise ConfigError(f"{p}: key 'model': model file not found: {model}")
+    from onnxdeploy.checks import get_check  # noqa: PLC0415  (checks import config-free modules only)
+
+    for i, name in enumerate(cfg.checks):
+        try:
+            get_check(name)
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: key 'checks[{i}]': {exc}") from None
+    if cfg.target is not None:
+        from onnxdeploy.matrices import get_target  # noqa: PLC0415
+
+        try:
+            get_target(cfg.target)
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: key 'target': {exc}") from None
+    return cfg.model_copy(update={"model": model.resolve(), "output_dir": out.resolve(), "passes": passes, "source": p})

@@ -1,0 +1,116 @@
+"""``pin_opset``: convert the ``ai.onnx`` domain to a target opset with onnx's version converter.
+
+Uses ``onnx.version_converter.convert_version`` (onnx docs, "Version Converter"), which walks the
+graph with per-op adapters between opset versions. Other domains (``com.microsoft``, ``ai.onnx.ml``, …)
+are not converted: their opset imports are kept and listed in the report, so a target check can judge
+them. A conversion the converter cannot do fails with the op and opset named
+(e.g. optimum's GPT-2 uses ``Split``-18, which has no 18 → 17 adapter in onnx 1.17–1.23).
+"""
+
+from __future__ import annotations
+
+import re
+
+import onnx
+from onnx import version_converter
+from onnxdeploy.passes.base import Pass, PassConfig
+from pydantic import Field
+
+from onnxdeploy.errors import PassError
+from onnxdeploy.report import PassReport
+
+__all__ = ["PinOpsetConfig", "PinOpsetPass"]
+
+
+class PinOpsetConfig(PassConfig):
+    """Config of ``pin_opset``."""
+
+    opset: int = Field(..., ge=7, description="Target ai.onnx opset version (e.g. 17); raised or lowered.")
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _ops_needing_adapter(model: onnx.ModelProto, current: int, target: int) -> list[tuple[str, int]]:
+    """Ops of the default domain whose schema changes between ``current`` and ``target``: (op, since_version)."""
+    lo, hi = sorted((current, target))
+    found = {}
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type in found:
+            continue
+        try:
+            since = onnx.defs.get_schema(node.op_type, current, "").since_version
+        except onnx.defs.SchemaError:
+            continue
+        if target < current and since > target:
+            found[node.op_type] = since
+        elif target > current:
+            try:
+                newer = onnx.defs.get_schema(node.op_type, hi, "").since_version
+            except onnx.defs.SchemaError:
+                continue
+            if newer > lo and newer != since:
+                found[node.op_type] = since
+    return sorted(found.items())
+
+
+class PinOpsetPass(Pass):
+    """Convert the default (``ai.onnx``) domain to ``opset``; other domains are kept as they are.
+
+    Raises:
+        PassError: the target opset is beyond what the installed onnx knows, or the version converter
+            cannot convert an op (the message names the op and its opset).
+    """
+
+    name = "pin_opset"
+    summary = "Convert ai.onnx to a target opset (onnx version_converter); names any op it cannot convert."
+    config_model = PinOpsetConfig
+    config: PinOpsetConfig
+
+    def call(self, model: onnx.ModelProto, report: PassReport) -> tuple[onnx.ModelProto, bool]:
+        """Convert the model; see the class docstring."""
+        target = self.config.opset
+        current = _default_opset(model)
+        newest = onnx.defs.onnx_opset_version()
+        if target > newest:
+            raise PassError(self.name, f"opset {target} is newer than this onnx ({onnx.__version__}) knows ({newest})")
+        others = {o.domain: o.version for o in model.opset_import if o.domain not in ("", "ai.onnx")}
+        if others:
+            report.warnings.append(f"domains kept unconverted: {others}")
+        if current == target:
+            report.changes.append(f"ai.onnx already at opset {target}")
+            return model, False
+        pending = _ops_needing_adapter(model, current, target)
+        try:
+            converted = version_converter.convert_version(model, target)
+        except Exception as exc:  # the converter raises RuntimeError/ValueError/InferenceError
+            text = str(exc)
+            op = _op_from_message(text, [p[0] for p in pending])
+            since = dict(pending).get(op) if op else None
+            where = f"{op} (opset {since})" if op else "an op"
+            nodes = [n.name or f"#{i}" for i, n in enumerate(model.graph.node) if op and n.op_type == op]
+            raise PassError(
+                self.name,
+                f"cannot convert {where} from opset {current} to {target}: onnx version_converter says: "
+                f"{text.strip().splitlines()[-1] if text.strip() else type(exc).__name__}"
+                + (f"; nodes: {nodes[:5]}" if nodes else "")
+                + (f". Ops whose schema differs between the two opsets: {pending}" if pending else ""),
+            ) from exc
+        report.changes.append(f"ai.onnx opset {current} -> {target}")
+        if pending:
+            report.changes.append("ops converted: " + ", ".join(f"{op}-{since}" for op, since in pending))
+        return converted, True
+
+    def ensures(self, model: onnx.ModelProto) -> None:
+        """The default domain is at the target opset."""
+        if _default_opset(model) != self.config.opset:
+            raise PassError(self.name, f"ai.onnx opset is {_default_opset(model)}, expected {self.config.opset}")
+
+
+def _op_from_message(text: str, pending: list[str]) -> str | None:
+    """Pick the op a version-converter error is about: a pending op named in the message, else the first."""
+    for op in pending:
+        if re.search(rf"\b{re.escape(op)}\b", text):
+            return op
+    return pending[0] if len(pending) == 1 else None

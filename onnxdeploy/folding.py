@@ -2,14 +2,47 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
 import onnx
 import onnxsim
 
-__all__ = ["fold_constants"]
+__all__ = ["fold_constants", "remove_unused_initializers"]
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send C-level writes to fd 1 (onnxsim's warnings) to stderr, so ``--json`` stdout stays clean."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def remove_unused_initializers(model: onnx.ModelProto) -> int:
+    """Drop initializers no node reads and no graph output names, in place; return how many."""
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    dropped = len(model.graph.initializer) - len(keep)
+    if dropped:
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+        inputs = [i for i in model.graph.input if i.name in used or i.name not in {t.name for t in keep}]
+        del model.graph.input[:]
+        model.graph.input.extend(inputs)
+    return dropped
 
 
 def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Fold constant subgraphs (Shape/Gather/Range/... on static dims) and drop dead nodes.
+    """Fold constant subgraphs (Shape/Gather/Range/... on static dims) and drop dead nodes and initializers.
 
     Uses ``onnxsim.simplify`` with its graph optimizations (fusions) off, so the folded graph computes
     the same arithmetic as the input, only with constants precomputed. onnxsim runs shape inference.
@@ -23,7 +56,7 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     Raises:
         RuntimeError: onnxsim failed (its message names the node).
     """
-    folded, ok = onnxsim.simplify(model, check_n=0, perform_optimization=False)
-    if not ok:  # pragma: no cover - check_n=0 never compares
-        raise RuntimeError("onnxsim could not validate the folded model")
+    with _stdout_to_stderr():
+        folded, _ = onnxsim.simplify(model, check_n=0, perform_optimization=False)
+    remove_unused_initializers(folded)
     return folded

@@ -303,6 +303,7 @@ class StaticKVCachePass(Pass):
 
         # Rewire each cache tensor: readers of the past see a view of L - S slots; the Concat becomes a Scatter.
         remove: set[int] = set()
+        replace_at: dict[int, list[onnx.NodeProto]] = {}
         rename_inputs: dict[str, str] = {}
         for ct in kv.tensors:
             view = f"{_PREFIX}/{ct.past_input}/past_view"
@@ -311,7 +312,7 @@ class StaticKVCachePass(Pass):
             )
             for alias in ct.past_aliases:
                 rename_inputs[alias] = view
-            remove.add(ct.concat_index)
+            here = replace_at.setdefault(ct.concat_index, [])
             buffer = ct.concat_output
             if cfg.cache_update == "new_token_only":
                 buffer = f"{_PREFIX}/{ct.past_input}/updated_buffer"
@@ -319,12 +320,12 @@ class StaticKVCachePass(Pass):
                 producer = index.producer[ct.present_output]
                 if producer != ct.concat_index:
                     remove.add(producer)
-                new_nodes.append(
+                here.append(
                     helper.make_node(
                         "Identity", [ct.new_operand], [ct.present_output], name=f"{_PREFIX}/{ct.present_output}/new"
                     )
                 )
-            new_nodes.append(
+            here.append(
                 helper.make_node(
                     "ScatterElements",
                     [ct.past_input, idx_name, ct.new_operand],
@@ -340,16 +341,17 @@ class StaticKVCachePass(Pass):
         for qp in query_positions:
             rename_inputs[qp] = cache_pos
 
-        kept = [n for i, n in enumerate(g.node) if i not in remove]
-        for node in kept:
-            for k, name in enumerate(node.input):
-                if name in rename_inputs:
-                    node.input[k] = rename_inputs[name]
-        for out in g.output:
-            if out.name in rename_inputs and cfg.cache_update == "full_buffer":  # pragma: no cover - defensive
-                raise PreconditionError(self.name, f"graph output '{out.name}' is also a past alias")
+        nodes = list(new_nodes)
+        for i, node in enumerate(g.node):
+            if i in replace_at:
+                nodes.extend(replace_at[i])
+            elif i not in remove:
+                for k, name in enumerate(node.input):
+                    if name in rename_inputs:
+                        node.input[k] = rename_inputs[name]
+                nodes.append(node)
         del g.node[:]
-        g.node.extend(new_nodes + kept)
+        g.node.extend(nodes)
 
         # Fix every input dim.
         for vi in g.input:
@@ -364,7 +366,8 @@ class StaticKVCachePass(Pass):
         # Outputs and intermediates are re-inferred from the fixed inputs.
         del g.value_info[:]
         for vi in g.output:
-            vi.type.tensor_type.ClearField("shape")
+            for d in vi.type.tensor_type.shape.dim:
+                d.Clear()
 
         n_inf = _replace_neg_inf(g)
         folded = fold_constants(model)

@@ -1,0 +1,284 @@
+"""The ``onnxdeploy`` command line: a thin typer layer over the library.
+
+Exit status: 0 success, 1 a check or the verification failed, 2 bad input or configuration.
+Domain errors are caught here, printed once, and turned into ``typer.Exit(code)``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from onnxdeploy import __version__
+from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, OnnxDeployError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="onnxdeploy",
+    help="Make an ONNX LLM decoder with a KV cache static for edge NPUs, check it, and prove it decodes the same.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.")]
+
+
+def _consoles(as_json: bool) -> tuple[Console, Console]:
+    """(out, err): with --json, human output goes to stderr so stdout stays pure JSON."""
+    err = Console(stderr=True, highlight=False)
+    out = err if as_json else Console(highlight=False)
+    return out, err
+
+
+def _fail(err: Console, exc: OnnxDeployError) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", markup=True, soft_wrap=True)
+    return typer.Exit(exc.exit_code)
+
+
+def _verify_table(verify: Any) -> Table:
+    table = Table(title="verification (candidate vs original)")
+    for col in (
+        "mode",
+        "passed",
+        "positions",
+        "top-1 agreement",
+        "max |Δlogit|",
+        "first divergent",
+        "p50 ms",
+        "p99 ms",
+    ):
+        table.add_column(col)
+    for m in verify.modes.values():
+        table.add_row(
+            m.mode,
+            "[green]yes[/]" if m.passed else "[red]no[/]",
+            str(m.positions),
+            f"{m.top1_agreement:.3f}",
+            f"{m.max_abs_logit_diff:.3g}",
+            "none" if m.first_divergent_step is None else str(m.first_divergent_step),
+            f"{m.latency_ms.p50:.3f} (orig {m.reference_latency_ms.p50:.3f})",
+            f"{m.latency_ms.p99:.3f} (orig {m.reference_latency_ms.p99:.3f})",
+        )
+    return table
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+@app.command()
+def run(
+    pipeline: Annotated[Path, typer.Argument(help="The pipeline YAML file.")],
+    *,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", "-o", help="Override the pipeline's output_dir.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a pipeline: passes, checks, step-by-step verification; write model.onnx, report.json, report.md."""
+    from onnxdeploy.config import load_pipeline
+    from onnxdeploy.pipeline import run_pipeline
+
+    out, err = _consoles(as_json)
+    try:
+        config = load_pipeline(pipeline, output_dir=output_dir)
+        with _progress(err) as bar:
+            tasks: dict[str, Any] = {}
+
+            def on_verify(mode: str, done: int, total: int) -> None:
+                if mode not in tasks:
+                    tasks[mode] = bar.add_task(f"verify {mode}", total=total)
+                bar.update(tasks[mode], completed=done, total=total)
+
+            outcome = run_pipeline(
+                config, progress=lambda msg: err.print(f"[dim]•[/] {msg}", highlight=False), verify_progress=on_verify
+            )
+    except OnnxDeployError as exc:
+        raise _fail(err, exc) from None
+    report = outcome.report
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        table = Table(title="passes")
+        for col in ("pass", "nodes", "ops added", "ops removed", "dims fixed", "time (s)"):
+            table.add_column(col)
+        for p in report.passes:
+            table.add_row(
+                p.name,
+                f"{p.nodes_before} → {p.nodes_after}",
+                ", ".join(f"{k}+{v}" for k, v in p.ops_added.items()) or "—",
+                ", ".join(f"{k}-{v}" for k, v in p.ops_removed.items()) or "—",
+                str(len(p.dims_fixed)),
+                f"{p.wall_time_s:.2f}",
+            )
+        out.print(table)
+        levels = [f.level for f in report.findings]
+        out.print(
+            f"findings: {levels.count('error')} error(s), {levels.count('warning')} warning(s), "
+            f"{levels.count('info')} info"
+        )
+        for f in report.findings:
+            if f.level != "info":
+                out.print(f"  {f.code} [{f.level}] {f.message}", highlight=False, markup=False)
+        if report.verify is not None:
+            out.print(_verify_table(report.verify))
+        for reason in report.failures:
+            out.print(f"[red]FAILED:[/] {reason}", soft_wrap=True)
+        colour = "green" if report.status == "passed" else "red"
+        out.print(f"[bold {colour}]{report.status.upper()}[/]: {outcome.model_path}; report {outcome.report_json}")
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def inspect(
+    model: Annotated[Path, typer.Argument(help="An ONNX model file.")],
+    *,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a model's inputs/outputs (symbolic dims), opsets, op histogram, size, external data and contract."""
+    from onnxdeploy.inspect import inspect_model
+
+    out, err = _consoles(as_json)
+    try:
+        info = inspect_model(model)
+    except OnnxDeployError as exc:
+        raise _fail(err, exc) from None
+    if as_json:
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+        raise typer.Exit(EXIT_OK)
+    out.print(
+        f"[bold]{info['path']}[/]  ({info['file_bytes']} bytes, ir_version {info['ir_version']}, "
+        f"producer {info['producer']})"
+    )
+    out.print("opsets: " + ", ".join(f"{d} {v}" for d, v in info["opsets"].items()))
+    for kind in ("inputs", "outputs"):
+        table = Table(title=kind)
+        table.add_column("name")
+        table.add_column("dtype")
+        table.add_column("shape")
+        for t in info[kind]:
+            table.add_row(escape(t["name"]), t["dtype"], escape(t["shape_text"]))
+        out.print(table)
+    symbolic = info["symbolic_dims"]
+    out.print("symbolic dims: " + (", ".join(symbolic) if symbolic else "none (all static)"))
+    out.print("ops: " + ", ".join(f"{k}×{v}" for k, v in info["op_histogram"].items()))
+    out.print(f"nodes: {info['nodes']}, initializers: {info['initializers']} ({info['initializer_bytes']} bytes)")
+    ext = info["external_data"]
+    out.print("external data: " + (", ".join(f"{e['location']} ({e['tensors']} tensors)" for e in ext) or "none"))
+    if info["contract"]:
+        out.print("contract: " + json.dumps(info["contract"]), soft_wrap=True, highlight=False, markup=False)
+    else:
+        out.print("contract: none (exporter convention)")
+    raise typer.Exit(EXIT_OK)
+
+
+@app.command("passes")
+def list_passes(*, as_json: JsonOpt = False) -> None:
+    """List every pass with its config fields, types, defaults and descriptions."""
+    from onnxdeploy.passes import PASSES
+
+    rows = [
+        {"name": name, "summary": cls.summary, "config": cls.describe_config()} for name, cls in sorted(PASSES.items())
+    ]
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
+        raise typer.Exit(EXIT_OK)
+    out, _ = _consoles(False)
+    for row in rows:
+        table = Table(title=f"{row['name']} — {row['summary']}", title_justify="left")
+        for col in ("field", "type", "default", "description"):
+            table.add_column(col, overflow="fold")
+        for f in row["config"]:
+            table.add_row(f["name"], f["type"], "(required)" if f["required"] else repr(f["default"]), f["description"])
+        out.print(table)
+    raise typer.Exit(EXIT_OK)
+
+
+@app.command("verify")
+def verify_cmd(
+    original: Annotated[Path, typer.Argument(help="The original model (exporter convention).")],
+    candidate: Annotated[Path, typer.Argument(help="The candidate: with a decode contract, or exporter convention.")],
+    *,
+    steps: Annotated[int, typer.Option("--steps", "-n", min=0, help="Greedy steps after the prompt.")] = 32,
+    prompt: Annotated[str, typer.Option("--prompt", help="Comma-separated prompt token ids.")] = "1,17,42,99,7,3",
+    max_abs_logit_diff: Annotated[float, typer.Option(help="Tolerance on max abs logit diff.")] = 1e-4,
+    min_top1_agreement: Annotated[float, typer.Option(help="Minimum top-1 agreement rate.")] = 1.0,
+    report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the step-by-step runner alone: decode both models greedily and compare logits per position."""
+    from onnxdeploy.pipeline import write_text_atomic
+    from onnxdeploy.runner import verify
+
+    out, err = _consoles(as_json)
+    try:
+        tokens = [int(t) for t in prompt.split(",") if t.strip()]
+    except ValueError:
+        err.print(f"[bold red]error:[/] --prompt must be comma-separated integers, got {prompt!r}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    if not tokens:
+        err.print("[bold red]error:[/] --prompt is empty")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    try:
+        with _progress(err) as bar:
+            tasks: dict[str, Any] = {}
+
+            def on_verify(mode: str, done: int, total: int) -> None:
+                if mode not in tasks:
+                    tasks[mode] = bar.add_task(f"verify {mode}", total=total)
+                bar.update(tasks[mode], completed=done, total=total)
+
+            result = verify(
+                str(original),
+                str(candidate),
+                prompt=tokens,
+                steps=steps,
+                max_abs_logit_diff=max_abs_logit_diff,
+                min_top1_agreement=min_top1_agreement,
+                progress=on_verify,
+            )
+    except OnnxDeployError as exc:
+        raise _fail(err, exc) from None
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(report, result.model_dump_json(indent=2))
+    if as_json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    else:
+        out.print(_verify_table(result))
+        for m in result.modes.values():
+            for msg in m.failures:
+                out.print(f"[red]FAILED {m.mode}:[/] {msg}", soft_wrap=True)
+        out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")
+    raise typer.Exit(EXIT_OK if result.passed else EXIT_FAILED)
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        typer.echo(f"onnxdeploy {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+def main() -> None:
+    """Console-script entry point (``onnxdeploy``)."""
+    app()

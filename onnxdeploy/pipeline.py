@@ -1,0 +1,169 @@
+"""The pipeline driver: load → passes → checks → verify → atomic save → run report.
+
+Exit status (README, "Exit codes"): 0 passed; 1 a check found an error or the verification failed
+(the model and the report are still written, the report says what failed); 2 bad input or config
+(an :class:`~onnxdeploy.errors.OnnxDeployError`: nothing is written but the error).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import onnxruntime
+
+from onnxdeploy import __version__
+from onnxdeploy.checks import CheckContext, get_check
+from onnxdeploy.config import PipelineConfig
+from onnxdeploy.contract import read_contract
+from onnxdeploy.errors import EXIT_FAILED, EXIT_OK
+from onnxdeploy.graph import load_model, save_model_atomic
+from onnxdeploy.render import render_markdown
+from onnxdeploy.report import Finding, PassReport, RunReport
+from onnxdeploy.runner import verify
+
+__all__ = ["RunOutcome", "run_pipeline", "write_text_atomic"]
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class RunOutcome:
+    """Result of :func:`run_pipeline`: the report, the exit status and the files written."""
+
+    report: RunReport
+    exit_code: int
+    model_path: Path
+    report_json: Path
+    report_md: Path
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _versions() -> dict[str, str]:
+    return {"python": platform.python_version(), "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+
+
+def run_pipeline(
+    config: PipelineConfig,
+    *,
+    progress: Progress | None = None,
+    verify_progress: Callable[[str, int, int], None] | None = None,
+) -> RunOutcome:
+    """Run a validated pipeline and write ``<output_dir>/{model.onnx, report.json, report.md}``.
+
+    Args:
+        config: from :func:`onnxdeploy.config.load_pipeline`.
+        progress: called with a one-line message at each stage (the CLI prints it).
+        verify_progress: forwarded to the runner (mode, positions done, positions total).
+
+    Returns:
+        The outcome; ``exit_code`` is 0 (passed) or 1 (a check or the verification failed).
+
+    Raises:
+        OnnxDeployError: bad input or config (exit 2). Nothing is written then: the model goes to a
+            temporary file that is removed, and the output folder is removed again if this run made it.
+    """
+    say = progress or (lambda _msg: None)
+    start = time.perf_counter()
+    model_in = config.model
+    say(f"loading {model_in}")
+    model = load_model(model_in)
+    pass_reports: list[PassReport] = []
+    findings: list[Finding] = []
+    for spec in config.passes:
+        say(f"pass {spec.name}")
+        result = spec.build()(model)
+        model = result.model
+        pass_reports.append(result.report)
+        if config.check_after_each_pass:
+            findings += [
+                f.model_copy(update={"message": f"after pass {spec.name}: {f.message}"})
+                for f in get_check("checker")().run(model, CheckContext(model_path=model_in, target=config.target))
+            ]
+
+    out_dir = config.output_dir
+    made_dir = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final_model = out_dir / config.output_name
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{config.output_name}.", suffix=".tmp", dir=out_dir)
+    os.close(fd)
+    tmp_model = Path(tmp_name)
+    try:
+        save_model_atomic(model, tmp_model)
+        ctx = CheckContext(model_path=tmp_model, target=config.target)
+        for name in config.checks:
+            say(f"check {name}")
+            findings += get_check(name)().run(model, ctx)
+
+        verify_report = None
+        if config.verify is not None:
+            v = config.verify
+            say(f"verify: {len(v.prompt)} prompt tokens + {v.steps} steps, modes {', '.join(v.modes)}")
+            verify_report = verify(
+                str(model_in),
+                str(tmp_model),
+                prompt=list(v.prompt),
+                steps=v.steps,
+                modes=tuple(v.modes),
+                max_abs_logit_diff=v.max_abs_logit_diff,
+                min_top1_agreement=v.min_top1_agreement,
+                providers=tuple(v.providers),
+                progress=verify_progress,
+            )
+            verify_report = verify_report.model_copy(update={"candidate": str(final_model)})
+
+        failures = [f"{f.code} {f.message}" for f in findings if f.level == "error"]
+        if verify_report is not None and not verify_report.passed:
+            for mode in verify_report.modes.values():
+                failures += [f"verify {mode.mode}: {msg}" for msg in mode.failures]
+        contract = read_contract(model, source=str(final_model))
+        report = RunReport(
+            status="failed" if failures else "passed",
+            pipeline=str(config.source) if config.source else None,
+            input_model=str(model_in),
+            output_model=str(final_model),
+            target=config.target,
+            contract=contract.model_dump() if contract else None,
+            passes=pass_reports,
+            findings=findings,
+            verify=verify_report,
+            failures=failures,
+            wall_time_s=round(time.perf_counter() - start, 3),
+            onnxdeploy_version=__version__,
+            versions=_versions(),
+        )
+        report_json = out_dir / "report.json"
+        report_md = out_dir / "report.md"
+        os.replace(tmp_model, final_model)
+        write_text_atomic(report_json, report.model_dump_json(indent=2))
+        write_text_atomic(report_md, render_markdown(report))
+    except BaseException:
+        tmp_model.unlink(missing_ok=True)
+        if made_dir and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+    say(f"wrote {final_model}, {report_json}, {report_md}")
+    return RunOutcome(
+        report=report,
+        exit_code=EXIT_FAILED if failures else EXIT_OK,
+        model_path=final_model,
+        report_json=report_json,
+        report_md=report_md,
+    )

@@ -1,0 +1,99 @@
+"""Human-readable renderings of the run report: Markdown (``report.md``)."""
+
+from __future__ import annotations
+
+from onnxdeploy.report import RunReport
+
+__all__ = ["render_markdown"]
+
+
+def _fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def render_markdown(report: RunReport) -> str:
+    """Render ``report`` as Markdown: status, failures, per-pass tables, findings, verification.
+
+    Returns:
+        The Markdown text (UTF-8), one document.
+    """
+    lines = [f"# onnxdeploy run report — **{report.status.upper()}**", ""]
+    lines += [
+        f"- input model: `{report.input_model}`",
+        f"- output model: `{report.output_model}`",
+        f"- pipeline: `{report.pipeline}`" if report.pipeline else "- pipeline: (none)",
+        f"- target: {report.target or '(none)'}",
+        f"- wall time: {report.wall_time_s:.2f} s; onnxdeploy {report.onnxdeploy_version}; "
+        + ", ".join(f"{k} {v}" for k, v in report.versions.items()),
+        "",
+    ]
+    if report.failures:
+        lines += ["## Failures", ""] + [f"- {f}" for f in report.failures] + [""]
+    if report.passes:
+        lines += [
+            "## Passes",
+            "",
+            "| pass | modified | nodes | initializer bytes | ops added | ops removed | time (s) |",
+        ]
+        lines += ["|---|---|---|---|---|---|---|"]
+        for p in report.passes:
+            added = ", ".join(f"{k}+{v}" for k, v in p.ops_added.items()) or "—"
+            removed = ", ".join(f"{k}−{v}" for k, v in p.ops_removed.items()) or "—"
+            lines.append(
+                f"| {p.name} | {p.modified} | {p.nodes_before} → {p.nodes_after} | "
+                f"{p.initializer_bytes_before} → {p.initializer_bytes_after} | {added} | {removed} | "
+                f"{p.wall_time_s:.2f} |"
+            )
+        lines.append("")
+        for p in report.passes:
+            lines += [f"### {p.name}", "", f"config: `{p.config}`", ""]
+            lines += [f"- {c}" for c in p.changes]
+            if p.dims_fixed:
+                lines += ["", "dims fixed: " + "; ".join(p.dims_fixed)]
+            lines += [f"- warning: {w}" for w in p.warnings]
+            lines.append("")
+    lines += ["## Findings", ""]
+    if report.findings:
+        lines += ["| code | level | check | message | nodes | hint |", "|---|---|---|---|---|---|"]
+        for f in report.findings:
+            msg = f.message.replace("|", "\\|")
+            lines.append(f"| {f.code} | {f.level} | {f.check} | {msg} | {', '.join(f.nodes[:5])} | {f.hint} |")
+    else:
+        lines.append("No findings.")
+    lines.append("")
+    if report.verify is not None:
+        v = report.verify
+        lines += [
+            "## Verification",
+            "",
+            f"Original `{v.original}` vs candidate `{v.candidate}` on {', '.join(v.providers)}; prompt "
+            f"{v.prompt}, {v.steps} steps; thresholds: max abs logit diff ≤ {v.max_abs_logit_diff_threshold:g}, "
+            f"top-1 agreement ≥ {v.min_top1_agreement_threshold:g}.",
+            "",
+            "| mode | passed | positions | top-1 agreement | max abs logit diff | first divergent step | "
+            "p50 ms (cand / orig) | p99 ms (cand / orig) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for m in v.modes.values():
+            lines.append(
+                f"| {m.mode} | {m.passed} | {m.positions} | {m.top1_agreement:.3f} | {m.max_abs_logit_diff:.3g} | "
+                f"{m.first_divergent_step if m.first_divergent_step is not None else 'none'} | "
+                f"{m.latency_ms.p50:.3f} / {m.reference_latency_ms.p50:.3f} | "
+                f"{m.latency_ms.p99:.3f} / {m.reference_latency_ms.p99:.3f} |"
+            )
+        lines.append("")
+        for m in v.modes.values():
+            lines += [
+                f"### {m.mode}: per position",
+                "",
+                "| pos | phase | token in | top-1 ref | top-1 cand | max abs diff | cosine | ms cand |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+            for s in m.steps:
+                mark = "" if s.top1_match and s.within_tolerance else " ⚠"
+                lines.append(
+                    f"| {s.position}{mark} | {s.phase} | {s.token_in} | {s.top1_reference} | {s.top1_candidate} | "
+                    f"{s.max_abs_logit_diff:.3g} | {s.cosine_similarity:.6f} | {s.latency_ms_candidate:.3f} |"
+                )
+            lines.append("")
+    return "\n".join(lines) + "\n"

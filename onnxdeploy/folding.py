@@ -28,7 +28,19 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def remove_unused_initializers(model: onnx.ModelProto) -> int:
-    """Drop initializers no node reads and no graph output names, in place; return how many."""
+    """Drop dead nodes (outputs nobody reads), then initializers no node reads, in place.
+
+    Returns:
+        How many initializers were dropped.
+    """
+    outputs = {o.name for o in model.graph.output}
+    while True:
+        read = {i for n in model.graph.node for i in n.input} | outputs
+        live = [n for n in model.graph.node if any(o in read for o in n.output if o)]
+        if len(live) == len(model.graph.node):
+            break
+        del model.graph.node[:]
+        model.graph.node.extend(live)
     used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
     keep = [t for t in model.graph.initializer if t.name in used]
     dropped = len(model.graph.initializer) - len(keep)

@@ -1,0 +1,196 @@
+"""The CLI end to end: run/inspect/passes/verify, exit codes, atomic outputs, untouched inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from onnxdeploy.cli import app
+from onnxdeploy.graph import save_model_atomic, tensor_dims
+from tests.conftest import FIXTURE_NAMES, REPO, fixture_entry
+
+runner = CliRunner()
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    return result, (result.stdout or "") + (result.stderr or "")
+
+
+def _write_pipeline(tmp_path: Path, **overrides) -> Path:
+    cfg = {
+        "model": str(fixture_entry("llama_gqa_optimum")["model_path"]),
+        "output_dir": str(tmp_path / "out"),
+        "passes": [{"static_kv": {"batch": 1, "step_len": 1, "max_cache_len": 64}}],
+        "verify": {"prompt": [1, 17, 42, 99, 7, 3], "steps": 8},
+    }
+    cfg.update(overrides)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_run_example_pipeline_exits_0(tmp_path, name):
+    example = REPO / "examples" / f"{name}.yaml"
+    model_path = fixture_entry(name)["model_path"]
+    before = _sha(model_path)
+    result, out = _invoke("run", str(example), "--output-dir", str(tmp_path / "out"), "--json")
+    assert result.exit_code == 0, out
+    report = json.loads(result.stdout)
+    assert report["schema_version"] == 1 and report["status"] == "passed"
+    assert [p["name"] for p in report["passes"]][0] == "static_kv"
+    assert not [f for f in report["findings"] if f["level"] == "error"]
+    for mode in ("teacher_forced", "free_running"):
+        v = report["verify"]["modes"][mode]
+        assert v["top1_agreement"] == 1.0 and v["max_abs_logit_diff"] <= 1e-4
+        assert v["first_divergent_step"] is None
+        assert v["latency_ms"]["p50"] > 0 and v["latency_ms"]["p99"] >= v["latency_ms"]["p50"]
+        assert len(v["steps"]) == 6 + 32
+    written = onnx.load(tmp_path / "out" / "model.onnx")
+    assert all(isinstance(d, int) for vi in written.graph.input for d in tensor_dims(vi))
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# onnxdeploy run report")
+    assert _sha(model_path) == before
+
+
+def test_run_prints_a_summary_table(tmp_path):
+    result, out = _invoke("run", str(_write_pipeline(tmp_path)))
+    assert result.exit_code == 0, out
+    assert "PASSED" in out and "teacher_forced" in out and "static_kv" in out
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"bogus_key": 1}, "bogus_key"),
+        ({"passes": [{"static_kv": {"max_cache_len": 64, "nonsense": 3}}]}, "passes[0].static_kv.nonsense"),
+        ({"passes": [{"make_it_fast": {}}]}, "make_it_fast"),
+        ({"model": "/nonexistent/model.onnx"}, "/nonexistent/model.onnx"),
+        ({"checks": ["checker", "no_such_check"]}, "no_such_check"),
+        ({"target": "no-such-npu"}, "no-such-npu"),
+        ({"verify": {"steps": 100}}, "max_cache_len"),
+    ],
+)
+def test_bad_pipeline_exits_2_naming_the_problem_and_writes_nothing(tmp_path, overrides, needle):
+    result, out = _invoke("run", str(_write_pipeline(tmp_path, **overrides)))
+    assert result.exit_code == 2, out
+    assert needle in out
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_gpt2_pin_opset_17_exits_2_naming_split(tmp_path):
+    path = _write_pipeline(
+        tmp_path,
+        model=str(fixture_entry("gpt2_optimum")["model_path"]),
+        passes=[{"static_kv": {"max_cache_len": 64}}, {"pin_opset": {"opset": 17}}],
+    )
+    result, out = _invoke("run", str(path))
+    assert result.exit_code == 2, out
+    assert "Split" in out and "18" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_failure_after_temporary_write_leaves_no_new_file(tmp_path, monkeypatch):
+    import onnxdeploy.pipeline as pipeline
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "keep.txt").write_text("pre-existing")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected failure after the temporary write")
+
+    monkeypatch.setattr(pipeline, "render_markdown", boom)
+    with pytest.raises(RuntimeError, match="injected"):
+        pipeline.run_pipeline(__import__("onnxdeploy.config").config.load_pipeline(_write_pipeline(tmp_path)))
+    assert sorted(p.name for p in out_dir.iterdir()) == ["keep.txt"]
+
+
+def test_verify_against_corrupted_copy_exits_1_naming_first_divergent_step(tmp_path):
+    entry = fixture_entry("llama_gqa_optimum")
+    model = onnx.load(entry["model_path"])
+    # The weight read by layer 1's MLP down projection (found through its MatMul, names vary by exporter).
+    weight = next(
+        n.input[1] for n in model.graph.node if n.op_type == "MatMul" and "layers.1/mlp/down_proj" in n.name
+    )
+    target = next(t for t in model.graph.initializer if t.name == weight)
+    arr = onnx.numpy_helper.to_array(target) * np.float32(1.05)
+    target.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), target.name))
+    bad = save_model_atomic(model, tmp_path / "corrupted.onnx")
+    report_path = tmp_path / "verify.json"
+    result, out = _invoke(
+        "verify", str(entry["model_path"]), str(bad), "--steps", "32", "--report", str(report_path)
+    )
+    assert result.exit_code == 1, out
+    report = json.loads(report_path.read_text())
+    assert report["passed"] is False
+    step = report["modes"]["teacher_forced"]["first_divergent_step"]
+    assert isinstance(step, int) and step >= 0
+    assert "first divergent" in out
+
+
+def test_verify_fixture_against_itself_exits_0():
+    path = str(fixture_entry("gpt2_optimum")["model_path"])
+    result, out = _invoke("verify", path, path, "--steps", "4")
+    assert result.exit_code == 0, out
+    assert "PASSED" in out
+
+
+def test_inspect_prints_symbolic_dims_opsets_ops_and_contract(tmp_path):
+    path = fixture_entry("llama_gqa_optimum")["model_path"]
+    result, out = _invoke("inspect", str(path))
+    assert result.exit_code == 0, out
+    for needle in ("past_key_values.0.key", "past_sequence_length", "ai.onnx 18", "MatMul", "contract: none"):
+        assert needle in out, needle
+    run, run_out = _invoke("run", str(_write_pipeline(tmp_path)))
+    assert run.exit_code == 0, run_out
+    static, static_out = _invoke("inspect", str(tmp_path / "out" / "model.onnx"), "--json")
+    info = json.loads(static.stdout)
+    assert info["symbolic_dims"] == []
+    assert info["contract"]["max_cache_len"] == 64 and info["contract"]["cache_update"] == "full_buffer"
+    assert {i["name"] for i in info["inputs"]} >= {"cache_position", "input_ids", "past_key_values.1.value"}
+
+
+def test_inspect_missing_file_exits_2(tmp_path):
+    result, out = _invoke("inspect", str(tmp_path / "missing.onnx"))
+    assert result.exit_code == 2
+    assert "missing.onnx" in out
+
+
+def test_passes_lists_every_pass_with_config_fields():
+    result, out = _invoke("passes")
+    assert result.exit_code == 0, out
+    for needle in ("static_kv", "pin_opset", "max_cache_len", "cache_update", "new_token_only", "opset"):
+        assert needle in out, needle
+    listed = json.loads(_invoke("passes", "--json")[0].stdout)
+    static = next(p for p in listed if p["name"] == "static_kv")
+    assert {f["name"] for f in static["config"]} >= {"batch", "step_len", "max_cache_len", "cache_update"}
+    assert all(f["description"] for f in static["config"])
+
+
+def test_overflow_is_refused_naming_max_cache_len(tmp_path):
+    # 6 prompt tokens + 34 steps = 40 positions fill max_cache_len 40 exactly; 35 steps is one too many.
+    ok = _write_pipeline(
+        tmp_path, passes=[{"static_kv": {"max_cache_len": 40}}], verify={"steps": 34, "modes": ["free_running"]}
+    )
+    result, out = _invoke("run", str(ok))
+    assert result.exit_code == 0, out
+    shutil.rmtree(tmp_path / "out")
+    over = _write_pipeline(
+        tmp_path, passes=[{"static_kv": {"max_cache_len": 40}}], verify={"steps": 35, "modes": ["free_running"]}
+    )
+    result, out = _invoke("run", str(over))
+    assert result.exit_code == 2, out
+    assert "max_cache_len=40" in out and "40" in out

@@ -1,0 +1,58 @@
+"""pin_opset: LLaMA exports lower to 17 and decode identically; optimum GPT-2's Split-18 cannot."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from onnxdeploy.errors import PassError
+from onnxdeploy.graph import opset_imports, save_model_atomic
+from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass
+from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
+from onnxdeploy.runner import verify
+from tests.conftest import PROMPT, fixture_entry
+
+
+@pytest.mark.parametrize("name", ["llama_gqa_optimum", "llama_gqa_torchscript"])
+def test_pin_opset_17_on_llama_verifies_identical(tmp_path, name):
+    entry = fixture_entry(name)
+    model = onnx.load(entry["model_path"])
+    static = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model).model
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(static)
+    assert opset_imports(result.model)["ai.onnx"] == 17
+    onnx.checker.check_model(result.model, full_check=True)
+    path = save_model_atomic(result.model, tmp_path / "pinned.onnx")
+    report = verify(str(entry["model_path"]), str(path), prompt=PROMPT, steps=32)
+    assert report.passed
+    assert all(m.max_abs_logit_diff <= 1e-4 and m.top1_agreement == 1.0 for m in report.modes.values())
+
+
+def test_pin_opset_names_split_18_on_optimum_gpt2():
+    model = onnx.load(fixture_entry("gpt2_optimum")["model_path"])
+    with pytest.raises(PassError) as err:
+        PinOpsetPass(PinOpsetConfig(opset=17))(model)
+    text = str(err.value)
+    assert "Split" in text and "18" in text and "17" in text
+
+
+def test_pin_opset_same_opset_is_a_no_op():
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] y) { y = Relu (x) }
+        """
+    )
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(model)
+    assert not result.modified
+    assert result.model.SerializeToString() == model.SerializeToString()
+
+
+def test_pin_opset_beyond_installed_onnx_is_refused():
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] y) { y = Relu (x) }
+        """
+    )
+    with pytest.raises(PassError, match="newer than"):
+        PinOpsetPass(PinOpsetConfig(opset=onnx.defs.onnx_opset_version() + 1))(model)

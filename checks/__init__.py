@@ -1,0 +1,77 @@
+"""Checks: inspect a model and report findings (DESIGN.md, "Checks"; STYLE.md rule 4).
+
+A check never raises for a problem of the model; it returns :class:`~onnxdeploy.report.Finding` objects
+with a stable code, a level, the nodes/tensors concerned and a hint. Pipelines name checks by their
+registry key (``checks: [checker, static_shapes, topo_order, contract]``)::
+
+    from onnxdeploy.checks import CheckContext, run_checks
+
+    findings = run_checks(model, ["checker", "static_shapes"], CheckContext(model_path=path))
+    failed = any(f.level == "error" for f in findings)
+
+Finding codes (stable; a code keeps its meaning once released):
+
+=======  =======  =============  ================================================================
+Code     Level    Check          Meaning
+=======  =======  =============  ================================================================
+OD001    error    (any)          The check crashed (a bug in onnxdeploy); its results are partial.
+OD101    error    checker        ``onnx.checker`` rejected the model (IR / operator schema / data).
+OD102    error    checker        Strict shape/type inference in the full check failed at a node.
+OD103    warning  checker        External-data files not looked for (no model path or base dir).
+OD201    error    static_shapes  A tensor has no type or no shape (unknown rank).
+OD202    error    static_shapes  A tensor has a symbolic dim (``dim_param``); names axis and symbol.
+OD203    error    static_shapes  A tensor has an unknown dim (no ``dim_value``/``dim_param``).
+OD204    warning  static_shapes  A value is a sequence/map/optional (no static tensor shape).
+OD205    warning  static_shapes  Shape inference could not type a node output at all.
+OD206    warning  static_shapes  ``Shape``/``Range``/``Trilu`` nodes left: shape arithmetic unfolded.
+OD207    error    static_shapes  Shape inference could not run; declared shapes were checked.
+OD301    error    topo_order     A node reads a tensor produced only by a later node.
+OD302    error    topo_order     A node input or graph output is never produced.
+OD303    error    topo_order     A tensor has several producers (not SSA).
+OD304    warning  topo_order     Nodes without a name.
+OD305    warning  topo_order     Several nodes share one name.
+OD401    error    contract       No decode contract in ``metadata_props``.
+OD402    error    contract       The contract is malformed or does not validate.
+OD403    error    contract       The contract contradicts itself (layers, cache names, dims, dtype).
+OD404    error    contract       A contract tensor is not a graph input/output.
+OD405    error    contract       A contract tensor has the wrong dtype.
+OD406    error    contract       A contract tensor has the wrong or a non-static shape.
+OD407    error    contract       A graph input the contract does not mention.
+OD408    warning  contract       A graph output the contract does not mention.
+OD409    warning  contract       A contract output has no shape even after inference; not verified.
+=======  =======  =============  ================================================================
+
+Ranges: OD0xx framework, OD1xx checker, OD2xx static shapes, OD3xx topological order and names,
+OD4xx decode contract; later check families (target matrix, external data, dtypes) take OD5xx and up.
+Each check class also lists its codes in its ``codes`` attribute.
+"""
+
+from onnxdeploy.checks.base import (
+    CHECK_REGISTRY,
+    CRASH_CODE,
+    Check,
+    CheckContext,
+    check_names,
+    get_check,
+    register_check,
+    run_checks,
+)
+from onnxdeploy.checks.checker import CheckerCheck
+from onnxdeploy.checks.contract import ContractCheck
+from onnxdeploy.checks.static_shapes import StaticShapesCheck
+from onnxdeploy.checks.topo_order import TopoOrderCheck
+
+__all__ = [
+    "CHECK_REGISTRY",
+    "CRASH_CODE",
+    "Check",
+    "CheckContext",
+    "CheckerCheck",
+    "ContractCheck",
+    "StaticShapesCheck",
+    "TopoOrderCheck",
+    "check_names",
+    "get_check",
+    "register_check",
+    "run_checks",
+]

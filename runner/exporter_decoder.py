@@ -1,0 +1,176 @@
+"""Decode loop for a model without a contract, driven by the exporter convention (DESIGN.md).
+
+The convention (optimum, the TorchScript and dynamo exporters): inputs ``input_ids`` (B, S) int64,
+``attention_mask`` (B, past+S), ``position_ids`` (B, S) if present, ``past_key_values.{i}.key|value``
+(B, H_kv, past, D); outputs ``logits`` (B, S, V) and ``present.{i}.key|value`` (B, H_kv, past+S, D),
+fed back as the next call's past. Inputs are fed by name: their order differs between exporters.
+A cache whose tensors are renamed is paired by data flow instead (:func:`exporter_cache_pairs`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from onnxdeploy.errors import ContractError, PreconditionError
+from onnxdeploy.kv_cache import find_kv_cache
+from onnxdeploy.runner.session import ModelSession, numpy_dtype
+
+__all__ = ["ExporterDecoder", "exporter_cache_pairs"]
+
+_PAST_INPUT = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+
+
+def exporter_cache_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """Pair each past K/V input with the present output that becomes the next call's past.
+
+    The exporter naming convention ``past_key_values.{i}.key|value`` -> ``present.{i}.key|value``
+    decides when the graph has such inputs (it also covers fused attention ops, where no Concat
+    joins past and present). Without them the cache is discovered by data flow
+    (:func:`onnxdeploy.kv_cache.find_kv_cache`: input -> Concat -> output), so renamed caches work.
+
+    Args:
+        model: the exporter-convention model (weights not needed).
+
+    Returns:
+        ``(past_input, present_output)`` name pairs ordered by layer, key before value.
+
+    Raises:
+        ContractError: a named past input has no matching present output, or the graph has no
+            named past inputs and data flow finds no cache either.
+    """
+    initializers = {init.name for init in model.graph.initializer}
+    outputs = {out.name for out in model.graph.output}
+    found: list[tuple[int, int, str, str]] = []
+    for graph_input in model.graph.input:
+        match = _PAST_INPUT.match(graph_input.name)
+        if match is None or graph_input.name in initializers:
+            continue
+        layer, kind = int(match.group(1)), match.group(2)
+        present = f"present.{layer}.{kind}"
+        if present not in outputs:
+            raise ContractError(
+                f"past input '{graph_input.name}' has no matching output '{present}' (exporter convention)"
+            )
+        found.append((layer, 0 if kind == "key" else 1, graph_input.name, present))
+    if found:
+        return [(past, present) for _, _, past, present in sorted(found)]
+    try:
+        return find_kv_cache(model, who="runner").pairs()
+    except PreconditionError as exc:
+        raise ContractError(
+            "the model has neither a decode contract nor 'past_key_values.{i}.key|value' inputs, and no "
+            f"KV cache was found by data flow: {exc}"
+        ) from exc
+
+
+class ExporterDecoder:
+    """Greedy-decode driver for exporter-convention models with a growing (dynamic) KV cache.
+
+    Each :meth:`feed` is one ``session.run`` over all tokens given (the prompt as one prefill call,
+    then one token per call); the call's latency is attributed to every position it computes.
+    Batch rows all receive the same tokens (B is the static batch dim of ``input_ids``, else 1);
+    logits are returned for row 0.
+
+    Args:
+        model_session: the loaded model.
+
+    Raises:
+        ContractError: an input outside the convention, a missing ``input_ids``/``logits``, no KV
+            cache (see :func:`exporter_cache_pairs`), a past input whose head count or head dim is not
+            static, or an element type the runner cannot feed.
+    """
+
+    def __init__(self, model_session: ModelSession):
+        self.source = model_session.path
+        self._session = model_session.session
+        inputs = model_session.input_types()
+        outputs = set(model_session.output_names())
+        if "input_ids" not in inputs or "logits" not in outputs:
+            raise ContractError(f"{self.source}: exporter convention needs an 'input_ids' input and 'logits' output")
+        self._pairs = exporter_cache_pairs(model_session.model)
+        batch_dim = inputs["input_ids"][0][0]
+        self._batch = batch_dim if isinstance(batch_dim, int) and batch_dim > 0 else 1
+        self._mask_dtype = (
+            numpy_dtype(inputs["attention_mask"][1], tensor="attention_mask") if "attention_mask" in inputs else None
+        )
+        self._has_position_ids = "position_ids" in inputs
+        self._empty_past: dict[str, np.ndarray] = {}
+        for past, _ in self._pairs:
+            shape, ort_type = inputs[past]
+            heads, head_dim = shape[1], shape[3]
+            if not (isinstance(heads, int) and isinstance(head_dim, int)):
+                raise ContractError(
+                    f"{self.source}: past input '{past}' has shape {shape}; H_kv (dim 1) and D (dim 3) must be static"
+                )
+            self._empty_past[past] = np.zeros(
+                (self._batch, heads, 0, head_dim), dtype=numpy_dtype(ort_type, tensor=past)
+            )
+        known = {"input_ids", "attention_mask", "position_ids", *self._empty_past}
+        unknown = sorted(set(inputs) - known)
+        if unknown:
+            raise ContractError(f"{self.source}: inputs outside the exporter convention: {unknown}")
+        self._output_names = ["logits", *(present for _, present in self._pairs)]
+        self._past: dict[str, np.ndarray] = {}
+        self._position = 0
+        self._latencies: list[float] = []
+        self.reset()
+
+    @property
+    def position(self) -> int:
+        """Number of tokens fed since the last :meth:`reset` (the next token's absolute position)."""
+        return self._position
+
+    @property
+    def call_latencies_ms(self) -> list[float]:
+        """Wall time of every ``session.run`` since the last :meth:`reset`, in ms."""
+        return list(self._latencies)
+
+    def reset(self) -> None:
+        """Drop the cache: the next :meth:`feed` starts at position 0 with an empty past."""
+        self._past = dict(self._empty_past)
+        self._position = 0
+        self._latencies = []
+
+    def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray, float]]:
+        """Run the model on ``tokens`` in one call, appending them to the cache.
+
+        Args:
+            tokens: token ids for positions ``position .. position + len(tokens) - 1``.
+
+        Returns:
+            One ``(logits, latency_ms)`` per token: logits float32 ``(V,)`` of batch row 0 at that
+            position; latency_ms is the wall time of the single ``session.run`` (ms).
+
+        Raises:
+            ContractError: the ``logits`` output does not hold one row per token fed.
+        """
+        if not tokens:
+            return []
+        steps = len(tokens)
+        total = self._position + steps
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": np.tile(np.asarray(tokens, dtype=np.int64), (self._batch, 1)),
+            **self._past,
+        }
+        if self._mask_dtype is not None:
+            feeds["attention_mask"] = np.ones((self._batch, total), dtype=self._mask_dtype)
+        if self._has_position_ids:
+            feeds["position_ids"] = np.tile(np.arange(self._position, total, dtype=np.int64), (self._batch, 1))
+        start = time.perf_counter()
+        results = self._session.run(self._output_names, feeds)
+        latency_ms = (time.perf_counter() - start) * 1e3
+        self._latencies.append(latency_ms)
+        logits = np.asarray(results[0][0], dtype=np.float32)
+        if logits.shape[0] != steps:
+            raise ContractError(
+                f"{self.source}: 'logits' has {logits.shape[0]} positions for {steps} tokens fed; "
+                "expected (B, S, V) logits for every position"
+            )
+        self._past = {past: present for (past, _), present in zip(self._pairs, results[1:], strict=True)}
+        self._position = total
+        return [(logits[i], latency_ms) for i in range(steps)]

@@ -1,0 +1,251 @@
+"""Greedy decode and step-by-step verification of a candidate model against the original (DESIGN.md, "Runner").
+
+Positions evaluated are ``len(prompt) + steps``: the prompt, then every generated token is fed, so
+there are logits at every fed position. Two modes:
+
+- ``teacher_forced``: the original decodes greedily; the candidate is fed that same sequence and its
+  logits are compared at every position.
+- ``free_running``: each model is fed its own argmax choices (same prompt). The original's free run
+  is the greedy decode already made, so it is run once and reused.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onnxdeploy.errors import CacheOverflowError, ConfigError
+from onnxdeploy.report import StepRecord, VerifyReport
+from onnxdeploy.runner.compare import step_record, summarize_mode
+from onnxdeploy.runner.contract_decoder import ContractDecoder
+from onnxdeploy.runner.decoder import Decoder, make_decoder, open_decoder
+from onnxdeploy.runner.session import DEFAULT_PROVIDERS, open_session
+
+__all__ = ["MODES", "ProgressCallback", "greedy_decode", "verify"]
+
+MODES = ("teacher_forced", "free_running")
+"""The decode modes :func:`verify` knows."""
+
+ProgressCallback = Callable[[str, int, int], None]
+"""``progress(mode, done, total)``: ``mode`` is ``"reference"`` (the original's greedy decode) or a
+decode mode; ``done`` of ``total`` positions have been fed."""
+
+
+@dataclass
+class _DecodeRun:
+    """One decode pass: what was fed at each position, the logits and latencies there."""
+
+    tokens_in: list[int]
+    logits: np.ndarray  # float32 (positions, V)
+    latencies_ms: list[float]  # per position: the latency of the call that computed it
+    call_latencies_ms: list[float]
+
+
+def _decode(
+    decoder: Decoder,
+    prompt: Sequence[int],
+    steps: int,
+    *,
+    forced: Sequence[int] | None = None,
+    report: Callable[[int], None] = lambda done: None,
+) -> _DecodeRun:
+    """Feed the prompt, then ``steps`` tokens: ``forced`` ones, or else the argmax of the previous position."""
+    decoder.reset()
+    outputs = decoder.feed(list(prompt))
+    report(decoder.position)
+    tokens_in = list(prompt)
+    for step in range(steps):
+        token = forced[step] if forced is not None else int(np.argmax(outputs[-1][0]))
+        outputs += decoder.feed([token])
+        tokens_in.append(token)
+        report(decoder.position)
+    return _DecodeRun(
+        tokens_in=tokens_in,
+        logits=np.stack([logits for logits, _ in outputs]),
+        latencies_ms=[latency for _, latency in outputs],
+        call_latencies_ms=decoder.call_latencies_ms,
+    )
+
+
+def _warm_up(decoder: Decoder, prompt: Sequence[int], steps: int) -> None:
+    """Run the prompt and one generated token once so allocations do not land in the timed calls."""
+    _decode(decoder, prompt, min(steps, 1))
+    decoder.reset()
+
+
+def _check_capacity(decoder: Decoder, positions: int) -> None:
+    if isinstance(decoder, ContractDecoder) and positions > decoder.contract.max_cache_len:
+        raise CacheOverflowError(decoder.contract.max_cache_len, decoder.contract.max_cache_len)
+
+
+def _rss_bytes() -> int:
+    """Resident set size of this process in bytes (peak RSS where /proc is unavailable)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource  # POSIX-only, so imported only where /proc is missing (macOS)
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+def greedy_decode(
+    model_path: str | Path,
+    prompt: Sequence[int],
+    steps: int,
+    *,
+    providers: Sequence[str] = DEFAULT_PROVIDERS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode greedily from ``prompt``, feeding every generated token (e.g. to check a ``reference.npz``).
+
+    Args:
+        model_path: the model; its decode loop is chosen by :func:`make_decoder`.
+        prompt: prompt token ids (at least one).
+        steps: number of tokens to generate.
+        providers: ORT execution providers in priority order.
+
+    Returns:
+        ``(tokens, logits)``: tokens int64 ``(steps,)``, the greedy continuation; logits float32
+        ``(len(prompt) + steps, V)``, batch row 0 at every fed position.
+
+    Raises:
+        ConfigError: ``prompt`` is empty or ``steps`` is negative.
+        ModelLoadError: the model cannot be loaded.
+        ContractError: the model follows neither a contract nor the exporter convention.
+        CacheOverflowError: a contract model has fewer than ``len(prompt) + steps`` cache slots.
+    """
+    prompt = _check_request(prompt, steps)
+    decoder = open_decoder(model_path, providers=providers)
+    _check_capacity(decoder, len(prompt) + steps)
+    run = _decode(decoder, prompt, steps)
+    return np.asarray(run.tokens_in[len(prompt) :], dtype=np.int64), run.logits
+
+
+def _check_request(prompt: Sequence[int], steps: int) -> list[int]:
+    """Validate the decode request; return the prompt as plain ints (it may come as a numpy array)."""
+    if len(prompt) == 0:
+        raise ConfigError("verify: prompt must hold at least one token id")
+    if steps < 0:
+        raise ConfigError(f"verify: steps must be >= 0, got {steps}")
+    return [int(token) for token in prompt]
+
+
+def _records(
+    reference: _DecodeRun, candidate: _DecodeRun, prompt_len: int, max_abs_logit_diff: float
+) -> list[StepRecord]:
+    return [
+        step_record(
+            position=position,
+            phase="prompt" if position < prompt_len else "generate",
+            token_in=candidate.tokens_in[position],
+            reference=reference.logits[position],
+            candidate=candidate.logits[position],
+            latency_ms_reference=reference.latencies_ms[position],
+            latency_ms_candidate=candidate.latencies_ms[position],
+            max_abs_logit_diff=max_abs_logit_diff,
+        )
+        for position in range(len(candidate.tokens_in))
+    ]
+
+
+def verify(
+    original_path: str | Path,
+    candidate_path: str | Path,
+    *,
+    prompt: Sequence[int],
+    steps: int,
+    modes: Sequence[str] = MODES,
+    max_abs_logit_diff: float = 1e-4,
+    min_top1_agreement: float = 1.0,
+    providers: Sequence[str] = DEFAULT_PROVIDERS,
+    progress: ProgressCallback | None = None,
+) -> VerifyReport:
+    """Decode the original and the candidate greedily and compare them position by position.
+
+    Each model is warmed up once (prompt plus one token) before the timed runs. Latency summaries
+    are per ``session.run`` call (the original's prefill is one call). ``rss_growth_bytes`` is the
+    change in resident memory from after both sessions are loaded and warmed up to the end of
+    decoding (a leak indicator, not the models' footprint).
+
+    Args:
+        original_path: the reference model (usually exporter convention).
+        candidate_path: the model under test (usually carrying a contract).
+        prompt: prompt token ids (at least one).
+        steps: tokens generated and fed after the prompt; ``len(prompt) + steps`` positions are compared.
+        modes: any of ``teacher_forced`` and ``free_running``, run in this order.
+        max_abs_logit_diff: the largest max-abs logit difference allowed at any position.
+        min_top1_agreement: the smallest fraction of positions whose top-1 token must agree (0..1).
+        providers: ORT execution providers in priority order, for both models.
+        progress: optional ``progress(mode, done, total)`` callback; ``mode`` is ``"reference"`` while
+            the original decodes, then each mode; ``done`` of ``total`` positions fed.
+
+    Returns:
+        The report; ``passed`` is true when every mode passed. EP fallbacks of either session are
+        listed in ``provider_fallbacks``.
+
+    Raises:
+        ConfigError: no or an unknown mode, an empty prompt or a negative ``steps``.
+        ModelLoadError: a model cannot be loaded (names the path).
+        ContractError: a model follows neither a contract nor the exporter convention.
+        CacheOverflowError: a contract model has fewer than ``len(prompt) + steps`` cache slots
+            (checked before any decoding).
+        OnnxDeployError: the two models' vocabulary sizes differ.
+    """
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown or not modes:
+        raise ConfigError(f"verify: modes must be one or more of {list(MODES)}, got {list(modes)}")
+    prompt = _check_request(prompt, steps)
+    total = len(prompt) + steps
+
+    def reporter(mode: str) -> Callable[[int], None]:
+        return (lambda done: progress(mode, done, total)) if progress is not None else (lambda done: None)
+
+    original_session = open_session(original_path, providers=providers)
+    candidate_session = open_session(candidate_path, providers=providers)
+    original = make_decoder(original_session)
+    candidate = make_decoder(candidate_session)
+    for decoder in (original, candidate):
+        _check_capacity(decoder, total)
+        _warm_up(decoder, prompt, steps)
+
+    rss_before = _rss_bytes()
+    reference = _decode(original, prompt, steps, report=reporter("reference"))
+    generated = reference.tokens_in[len(prompt) :]
+    results = {}
+    for mode in modes:
+        run = _decode(
+            candidate,
+            prompt,
+            steps,
+            forced=generated if mode == "teacher_forced" else None,
+            report=reporter(mode),
+        )
+        results[mode] = summarize_mode(
+            mode,  # type: ignore[arg-type]
+            _records(reference, run, len(prompt), max_abs_logit_diff),
+            candidate_latencies_ms=run.call_latencies_ms,
+            reference_latencies_ms=reference.call_latencies_ms,
+            max_abs_logit_diff=max_abs_logit_diff,
+            min_top1_agreement=min_top1_agreement,
+        )
+    rss_growth = _rss_bytes() - rss_before
+
+    return VerifyReport(
+        passed=all(result.passed for result in results.values()),
+        original=str(original_path),
+        candidate=str(candidate_path),
+        providers=list(providers),
+        provider_fallbacks=[*original_session.fallbacks, *candidate_session.fallbacks],
+        prompt=list(prompt),
+        steps=steps,
+        max_abs_logit_diff_threshold=max_abs_logit_diff,
+        min_top1_agreement_threshold=min_top1_agreement,
+        rss_growth_bytes=rss_growth,
+        modes=results,
+    )

@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from onnxdeploy.errors import CacheOverflowError, ConfigError
+from onnxdeploy.runner import greedy_decode, verify
+from tests.runner.tiny_decoder import TINY_PROMPT
+
+
+def corrupt_mlp_weight(source: Path, target: Path, factor: float = 1.05) -> str:
+    """Write a copy of ``source`` whose first MLP MatMul/Gemm weight is scaled by ``factor``.
+
+    The weight is found from node names (exporters name weights ``onnx::MatMul_N``, but nodes keep
+    the module path, e.g. ``/model/layers.0/mlp/gate_proj/MatMul``), falling back to weight names.
+    """
+    model = onnx.load(str(source))
+    initializers = {init.name: init for init in model.graph.initializer}
+    candidates = [
+        node.input[1]
+        for node in model.graph.node
+        if node.op_type in ("MatMul", "Gemm") and "mlp" in node.name and node.input[1] in initializers
+    ] + [name for name in initializers if "mlp" in name and len(initializers[name].dims) == 2]
+    name = candidates[0]
+    scaled = numpy_helper.to_array(initializers[name]) * np.float32(factor)
+    initializers[name].CopyFrom(numpy_helper.from_array(scaled.astype(np.float32), name))
+    onnx.save(model, str(target))
+    return name
+
+
+# -- tiny decoder (built in tests/runner/tiny_decoder.py) --------------------------------------------
+
+
+def test_verify_a_model_against_itself(tiny_dir: Path) -> None:
+    seen: dict[str, list[tuple[int, int]]] = {}
+    report = verify(
+        tiny_dir / "exporter.onnx",
+        tiny_dir / "exporter.onnx",
+        prompt=TINY_PROMPT,
+        steps=10,
+        progress=lambda mode, done, total: seen.setdefault(mode, []).append((done, total)),
+    )
+    assert report.passed, report.modes
+    assert list(report.modes) == ["teacher_forced", "free_running"]
+    for result in report.modes.values():
+        assert result.passed and result.failures == []
+        assert result.positions == len(TINY_PROMPT) + 10 == len(result.steps)
+        assert result.max_abs_logit_diff == 0.0 and result.first_divergent_step is None
+        assert result.top1_agreement == 1.0 and result.mean_cosine_similarity == pytest.approx(1.0)
+        assert [s.phase for s in result.steps].count("prompt") == len(TINY_PROMPT)
+        assert result.latency_ms.p50 > 0 and result.reference_latency_ms.p50 > 0
+    # Prefill is one call, then one per generated token: progress per call, ending at the total.
+    assert set(seen) == {"reference", "teacher_forced", "free_running"}
+    assert all(calls == [(6, 16), *((n, 16) for n in range(7, 17))] for calls in seen.values())
+    assert report.provider_fallbacks == [] and report.providers == ["CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("variant", ["full_buffer", "new_token_only"])
+def test_verify_static_contract_model_against_its_exporter_original(tiny_dir: Path, variant: str) -> None:
+    report = verify(tiny_dir / "exporter.onnx", tiny_dir / f"{variant}.onnx", prompt=TINY_PROMPT, steps=10)
+    assert report.passed, [m.failures for m in report.modes.values()]
+    assert all(m.max_abs_logit_diff < 1e-5 for m in report.modes.values())
+    # The token fed at a generated position is the original's greedy choice in both modes here.
+    tokens, _ = greedy_decode(tiny_dir / "exporter.onnx", TINY_PROMPT, 10)
+    steps = report.modes["teacher_forced"].steps
+    assert [s.token_in for s in steps] == TINY_PROMPT + tokens.tolist()
+
+
+def test_verify_catches_a_corrupted_weight(tiny_dir: Path, tmp_path: Path) -> None:
+    corrupted = tmp_path / "corrupted.onnx"
+    assert corrupt_mlp_weight(tiny_dir / "exporter.onnx", corrupted) == "layers.0.mlp.fc.weight"
+    report = verify(tiny_dir / "exporter.onnx", corrupted, prompt=TINY_PROMPT, steps=10, modes=["teacher_forced"])
+    result = report.modes["teacher_forced"]
+    assert not report.passed and not result.passed
+    assert result.first_divergent_step == 0
+    assert result.failures and "max_abs_logit_diff=0.0001" in result.failures[0]
+
+
+def test_verify_reports_provider_fallback(tiny_dir: Path) -> None:
+    report = verify(
+        tiny_dir / "exporter.onnx",
+        tiny_dir / "full_buffer.onnx",
+        prompt=TINY_PROMPT,
+        steps=2,
+        modes=["free_running"],
+        providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+    )
+    assert report.passed and list(report.modes) == ["free_running"]
+    assert len(report.provider_fallbacks) == 2
+    assert all("CUDAExecutionProvider" in line for line in report.provider_fallbacks)
+
+
+def test_verify_refuses_a_cache_too_short_before_decoding(tiny_dir: Path) -> None:
+    # short.onnx has max_cache_len 8: 6 prompt + 3 steps does not fit.
+    with pytest.raises(CacheOverflowError, match="max_cache_len=8"):
+        verify(tiny_dir / "exporter.onnx", tiny_dir / "short.onnx", prompt=TINY_PROMPT, steps=3)
+    assert verify(tiny_dir / "exporter.onnx", tiny_dir / "short.onnx", prompt=TINY_PROMPT, steps=2).passed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"modes": ["beam"]}, "modes"),
+        ({"modes": []}, "modes"),
+        ({"prompt": []}, "prompt"),
+        ({"steps": -1}, "steps"),
+    ],
+)
+def test_verify_refuses_bad_settings(tiny_dir: Path, kwargs: dict, message: str) -> None:
+    settings = {"prompt": TINY_PROMPT, "steps": 2, **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        verify(tiny_dir / "exporter.onnx", tiny_dir / "exporter.onnx", **settings)
+
+
+# -- exported fixtures (fixtures/registry.json, via tests/conftest.py's any_fixture) -----------------
+
+
+def test_fixture_reproduces_its_reference(any_fixture: dict) -> None:
+    reference = np.load(any_fixture["reference_path"])
+    tokens, logits = greedy_decode(any_fixture["model_path"], reference["prompt"].tolist(), len(reference["tokens"]))
+    np.testing.assert_array_equal(tokens, reference["tokens"])
+    assert logits.shape == reference["logits"].shape
+    assert np.abs(logits - reference["logits"]).max() <= 1e-4
+
+
+def test_fixture_verifies_against_itself(any_fixture: dict) -> None:
+    reference = np.load(any_fixture["reference_path"])
+    path = any_fixture["model_path"]
+    report = verify(path, path, prompt=reference["prompt"], steps=len(reference["tokens"]))
+    assert report.passed
+    for result in report.modes.values():
+        assert result.max_abs_logit_diff == 0.0 and result.first_divergent_step is None
+        assert result.positions == reference["logits"].shape[0]
+
+
+def test_fixture_corrupted_copy_fails_verification(any_fixture: dict, tmp_path: Path) -> None:
+    reference = np.load(any_fixture["reference_path"])
+    corrupted = tmp_path / "model.onnx"
+    weight = corrupt_mlp_weight(any_fixture["model_path"], corrupted)
+    report = verify(
+        any_fixture["model_path"], corrupted, prompt=reference["prompt"].tolist(), steps=len(reference["tokens"])
+    )
+    assert not report.passed, f"scaling {weight} by 1.05 went unnoticed"
+    for result in report.modes.values():
+        # 5% on one MLP weight moves every logit, so divergence starts at the first position.
+        assert result.first_divergent_step == 0
+        assert any("max_abs_logit_diff=0.0001" in failure for failure in result.failures)

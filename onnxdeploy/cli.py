@@ -139,6 +139,9 @@ def run(
                 out.print(f"  {f.code} [{f.level}] {f.message}", highlight=False, markup=False)
         if report.verify is not None:
             out.print(_verify_table(report.verify))
+            for m in report.verify.modes.values():
+                first = "none" if m.first_divergent_step is None else f"position {m.first_divergent_step}"
+                out.print(f"{m.mode}: first divergent step: {first}")
         for reason in report.failures:
             out.print(f"[red]FAILED:[/] {reason}", soft_wrap=True)
         colour = "green" if report.status == "passed" else "red"
@@ -264,6 +267,8 @@ def verify_cmd(
     else:
         out.print(_verify_table(result))
         for m in result.modes.values():
+            first = "none" if m.first_divergent_step is None else f"position {m.first_divergent_step}"
+            out.print(f"{m.mode}: first divergent step: {first}")
             for msg in m.failures:
                 out.print(f"[red]FAILED {m.mode}:[/] {msg}", soft_wrap=True)
         out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")

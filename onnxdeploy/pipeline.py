@@ -44,16 +44,21 @@ class RunOutcome:
     report_md: Path
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+def _write_temp(path: Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to a new temporary file beside ``path`` and return the temporary path."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    os.replace(_write_temp(path, text), path)
 
 
 def _versions() -> dict[str, str]:
@@ -105,6 +110,7 @@ def run_pipeline(
     fd, tmp_name = tempfile.mkstemp(prefix=f".{config.output_name}.", suffix=".tmp", dir=out_dir)
     os.close(fd)
     tmp_model = Path(tmp_name)
+    temps: list[Path] = []
     try:
         save_model_atomic(model, tmp_model)
         ctx = CheckContext(model_path=tmp_model, target=config.target)
@@ -151,11 +157,18 @@ def run_pipeline(
         )
         report_json = out_dir / "report.json"
         report_md = out_dir / "report.md"
+        json_text = report.model_dump_json(indent=2)
+        md_text = render_markdown(report)
+        for path, text in ((report_json, json_text), (report_md, md_text)):
+            temps.append(_write_temp(path, text))
+        # Everything is on disk under temporary names: only renames remain.
         os.replace(tmp_model, final_model)
-        write_text_atomic(report_json, report.model_dump_json(indent=2))
-        write_text_atomic(report_md, render_markdown(report))
+        for tmp, path in zip(temps, (report_json, report_md), strict=True):
+            os.replace(tmp, path)
     except BaseException:
         tmp_model.unlink(missing_ok=True)
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
         if made_dir and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 import onnx
 from onnx.checker import ValidationError
 from onnx.shape_inference import InferenceError
+
 from onnxdeploy.checks._graph import (
     expected_raw_bytes,
     external_location,
@@ -24,7 +25,6 @@ from onnxdeploy.checks._graph import (
     skeleton,
 )
 from onnxdeploy.checks.base import Check, CheckContext, register_check
-
 from onnxdeploy.report import Finding
 
 __all__ = ["CheckerCheck"]

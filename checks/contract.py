@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import numpy as np
 import onnx
 from onnx import TensorProto
+
 from onnxdeploy.checks._graph import ValueType, dtype_name, format_dims, infer, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
-
 from onnxdeploy.contract import CONTRACT_KEY, DecodeContract, read_contract
 from onnxdeploy.errors import ContractError
 from onnxdeploy.report import Finding

@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterator
 
 import onnx
+
 from onnxdeploy.checks._graph import format_dims, infer, iter_graphs, node_ref, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
-
 from onnxdeploy.report import Finding
 
 __all__ = ["StaticShapesCheck"]

@@ -12,9 +12,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 
 import onnx
+
 from onnxdeploy.checks._graph import node_ref, subgraphs
 from onnxdeploy.checks.base import Check, CheckContext, register_check
-
 from onnxdeploy.report import Finding
 
 __all__ = ["TopoOrderCheck"]

@@ -6,11 +6,10 @@ them with their config fields.
 
 from __future__ import annotations
 
+from onnxdeploy.errors import ConfigError
 from onnxdeploy.passes.base import Pass, PassConfig, PassResult
 from onnxdeploy.passes.pin_opset import PinOpsetPass
 from onnxdeploy.passes.static_kv import StaticKVCachePass
-
-from onnxdeploy.errors import ConfigError
 
 __all__ = ["PASSES", "Pass", "PassConfig", "PassResult", "get_pass"]
 

@@ -13,10 +13,10 @@ import re
 
 import onnx
 from onnx import version_converter
-from onnxdeploy.passes.base import Pass, PassConfig
 from pydantic import Field
 
 from onnxdeploy.errors import PassError
+from onnxdeploy.passes.base import Pass, PassConfig
 from onnxdeploy.report import PassReport
 
 __all__ = ["PinOpsetConfig", "PinOpsetPass"]

@@ -26,7 +26,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
-from onnxdeploy.passes.base import Pass, PassConfig
 from pydantic import Field
 
 from onnxdeploy.contract import CacheBinding, ContractInputs, DecodeContract, write_contract
@@ -34,6 +33,7 @@ from onnxdeploy.errors import PostconditionError, PreconditionError
 from onnxdeploy.folding import fold_constants
 from onnxdeploy.graph import tensor_dims
 from onnxdeploy.kv_cache import GraphIndex, KVCache, find_kv_cache
+from onnxdeploy.passes.base import Pass, PassConfig
 from onnxdeploy.report import PassReport
 
 __all__ = ["StaticKVConfig", "StaticKVCachePass", "find_query_positions"]

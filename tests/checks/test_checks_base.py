@@ -4,6 +4,7 @@ from pathlib import Path
 import onnx
 import pytest
 from checks_testutil import STATIC_MODEL, errors, parse
+
 from onnxdeploy.checks import (
     CHECK_REGISTRY,
     CRASH_CODE,
@@ -17,7 +18,6 @@ from onnxdeploy.checks import (
     get_check,
     run_checks,
 )
-
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.report import Finding
 

@@ -2,10 +2,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxdeploy.checks.checker as checker_module
 import pytest
 from checks_testutil import STATIC_MODEL, by_code, codes, parse
 from onnx import TensorProto, helper, numpy_helper
+
+import onnxdeploy.checks.checker as checker_module
 from onnxdeploy.checks import CheckContext, CheckerCheck
 
 

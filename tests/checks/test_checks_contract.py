@@ -3,9 +3,9 @@ import onnx
 import pytest
 from checks_testutil import by_code, codes, parse
 from onnx import TensorProto, numpy_helper
+
 from onnxdeploy.checks import ContractCheck
 from onnxdeploy.checks.contract import onnx_dtype
-
 from onnxdeploy.contract import CONTRACT_KEY, CacheBinding, ContractInputs, DecodeContract, write_contract
 
 VOCAB = 10

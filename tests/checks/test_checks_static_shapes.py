@@ -1,7 +1,8 @@
 import onnx
-import onnxdeploy.checks.static_shapes as static_shapes_module
 from checks_testutil import STATIC_MODEL, by_code, codes, errors, parse
 from onnx import TensorProto, helper
+
+import onnxdeploy.checks.static_shapes as static_shapes_module
 from onnxdeploy.checks import StaticShapesCheck
 
 

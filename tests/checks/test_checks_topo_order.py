@@ -1,6 +1,7 @@
 import onnx
 from checks_testutil import STATIC_MODEL, by_code, codes, errors, parse
 from onnx import TensorProto, helper
+
 from onnxdeploy.checks import TopoOrderCheck
 
 

@@ -122,17 +122,13 @@ def test_verify_against_corrupted_copy_exits_1_naming_first_divergent_step(tmp_p
     entry = fixture_entry("llama_gqa_optimum")
     model = onnx.load(entry["model_path"])
     # The weight read by layer 1's MLP down projection (found through its MatMul, names vary by exporter).
-    weight = next(
-        n.input[1] for n in model.graph.node if n.op_type == "MatMul" and "layers.1/mlp/down_proj" in n.name
-    )
+    weight = next(n.input[1] for n in model.graph.node if n.op_type == "MatMul" and "layers.1/mlp/down_proj" in n.name)
     target = next(t for t in model.graph.initializer if t.name == weight)
     arr = onnx.numpy_helper.to_array(target) * np.float32(1.05)
     target.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), target.name))
     bad = save_model_atomic(model, tmp_path / "corrupted.onnx")
     report_path = tmp_path / "verify.json"
-    result, out = _invoke(
-        "verify", str(entry["model_path"]), str(bad), "--steps", "32", "--report", str(report_path)
-    )
+    result, out = _invoke("verify", str(entry["model_path"]), str(bad), "--steps", "32", "--report", str(report_path))
     assert result.exit_code == 1, out
     report = json.loads(report_path.read_text())
     assert report["passed"] is False

@@ -181,3 +181,26 @@ def test_max_cache_len_below_step_len_is_refused():
     model = onnx.load(fixture_entry(FIXTURE_NAMES[0])["model_path"])
     with pytest.raises(PreconditionError, match="max_cache_len"):
         StaticKVCachePass(StaticKVConfig(max_cache_len=1, step_len=2))(model)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_step_len_2_graph_matches_pytorch_reference(tmp_path, name):
+    """A step_len 2 graph needs the exporter's query positions fed from cache_position (causal mask)."""
+    from onnxdeploy.runner import open_decoder
+
+    entry = fixture_entry(name)
+    ref = np.load(entry["reference_path"])
+    tokens = [int(t) for t in ref["prompt"]] + [int(t) for t in ref["tokens"]]
+    static = _static(onnx.load(entry["model_path"]), step_len=2, max_cache_len=64)
+    decoder = open_decoder(save_model_atomic(static, tmp_path / "step2.onnx"))
+    logits = np.stack([logit for logit, _ in decoder.feed(tokens)])
+    np.testing.assert_allclose(logits, ref["logits"], atol=1e-4, rtol=0)
+
+
+def test_batch_2_graph_verifies(tmp_path):
+    entry = fixture_entry("llama_gqa_torchscript")
+    static = _static(onnx.load(entry["model_path"]), batch=2, max_cache_len=48)
+    assert read_contract(static).batch == 2
+    path = save_model_atomic(static, tmp_path / "b2.onnx")
+    result = verify(str(entry["model_path"]), str(path), prompt=PROMPT, steps=16)
+    assert result.passed, [m.failures for m in result.modes.values()]

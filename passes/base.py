@@ -7,6 +7,7 @@ pre/postcondition errors) with the report DESIGN.md asks for (``PassReport``).
 from __future__ import annotations
 
 import time
+import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -115,10 +116,14 @@ class Pass:
         rows = []
         for fname, field in cls.config_model.model_fields.items():
             ann = field.annotation
+            if typing.get_origin(ann) is typing.Literal:
+                type_name = " | ".join(str(a) for a in typing.get_args(ann))
+            else:
+                type_name = getattr(ann, "__name__", str(ann)).replace("typing.", "")
             rows.append(
                 {
                     "name": fname,
-                    "type": getattr(ann, "__name__", str(ann)).replace("typing.", ""),
+                    "type": type_name,
                     "default": None if field.is_required() else field.get_default(call_default_factory=True),
                     "required": field.is_required(),
                     "description": field.description or "",

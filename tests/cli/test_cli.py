@@ -190,3 +190,19 @@ def test_overflow_is_refused_naming_max_cache_len(tmp_path):
     result, out = _invoke("run", str(over))
     assert result.exit_code == 2, out
     assert "max_cache_len=40" in out and "40" in out
+
+
+def test_failed_checks_exit_1_and_still_write_model_and_report(tmp_path):
+    # No passes: the exported model is still dynamic and has no contract, so checks fail.
+    result, out = _invoke("run", str(_write_pipeline(tmp_path, passes=[])), "--json")
+    assert result.exit_code == 1, out
+    report = json.loads(result.stdout)
+    assert report["status"] == "failed"
+    codes = {f["code"] for f in report["findings"] if f["level"] == "error"}
+    assert "OD401" in codes  # no contract
+    assert any(c.startswith("OD20") for c in codes)  # symbolic dims
+    assert report["verify"]["passed"] is True
+    assert any("OD401" in reason for reason in report["failures"])
+    assert (tmp_path / "out" / "model.onnx").is_file()
+    on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert on_disk["status"] == "failed"

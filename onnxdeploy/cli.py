@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -83,6 +84,18 @@ def _progress(console: Console) -> Progress:
     )
 
 
+def _progress_callback(bar: Progress) -> Callable[[str, int, int], None]:
+    """Return a runner progress callback that keeps one bar per decode mode."""
+    tasks: dict[str, Any] = {}
+
+    def on_verify(mode: str, done: int, total: int) -> None:
+        if mode not in tasks:
+            tasks[mode] = bar.add_task(f"verify {mode}", total=total)
+        bar.update(tasks[mode], completed=done, total=total)
+
+    return on_verify
+
+
 @app.command()
 def run(
     pipeline: Annotated[Path, typer.Argument(help="The pipeline YAML file.")],
@@ -100,13 +113,7 @@ def run(
     try:
         config = load_pipeline(pipeline, output_dir=output_dir)
         with _progress(err) as bar:
-            tasks: dict[str, Any] = {}
-
-            def on_verify(mode: str, done: int, total: int) -> None:
-                if mode not in tasks:
-                    tasks[mode] = bar.add_task(f"verify {mode}", total=total)
-                bar.update(tasks[mode], completed=done, total=total)
-
+            on_verify = _progress_callback(bar)
             outcome = run_pipeline(
                 config, progress=lambda msg: err.print(f"[dim]•[/] {msg}", highlight=False), verify_progress=on_verify
             )
@@ -241,13 +248,7 @@ def verify_cmd(
         raise typer.Exit(EXIT_BAD_INPUT)
     try:
         with _progress(err) as bar:
-            tasks: dict[str, Any] = {}
-
-            def on_verify(mode: str, done: int, total: int) -> None:
-                if mode not in tasks:
-                    tasks[mode] = bar.add_task(f"verify {mode}", total=total)
-                bar.update(tasks[mode], completed=done, total=total)
-
+            on_verify = _progress_callback(bar)
             result = verify(
                 str(original),
                 str(candidate),

@@ -47,30 +47,30 @@ def _fail(err: Console, exc: OnnxDeployError) -> typer.Exit:
 
 
 def _verify_table(verify: Any) -> Table:
-    table = Table(title="verification (candidate vs original)")
-    for col in (
-        "mode",
-        "passed",
-        "positions",
-        "top-1 agreement",
-        "max |Δlogit|",
-        "first divergent",
-        "p50 ms",
-        "p99 ms",
-    ):
-        table.add_column(col)
+    first = next(iter(verify.modes.values()))
+    table = Table(
+        title=f"verification over {first.positions} positions",
+        caption=f"original p50/p99: {first.reference_latency_ms.p50:.2f}/{first.reference_latency_ms.p99:.2f} ms",
+    )
+    for col in ("mode", "ok", "top-1", "max |Δ|", "1st div", "p50 ms", "p99 ms"):
+        table.add_column(col, no_wrap=True)
     for m in verify.modes.values():
         table.add_row(
             m.mode,
             "[green]yes[/]" if m.passed else "[red]no[/]",
-            str(m.positions),
             f"{m.top1_agreement:.3f}",
-            f"{m.max_abs_logit_diff:.3g}",
+            f"{m.max_abs_logit_diff:.2g}",
             "none" if m.first_divergent_step is None else str(m.first_divergent_step),
-            f"{m.latency_ms.p50:.3f} (orig {m.reference_latency_ms.p50:.3f})",
-            f"{m.latency_ms.p99:.3f} (orig {m.reference_latency_ms.p99:.3f})",
+            f"{m.latency_ms.p50:.2f}",
+            f"{m.latency_ms.p99:.2f}",
         )
     return table
+
+
+def _ops_text(ops: dict[str, int], sign: str, most: int = 4) -> str:
+    items = sorted(ops.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{k}{sign}{v}" for k, v in items[:most])
+    return (text + f", … ({len(items) - most} more)" if len(items) > most else text) or "—"
 
 
 def _progress(console: Console) -> Progress:
@@ -130,8 +130,8 @@ def run(
             table.add_row(
                 p.name,
                 f"{p.nodes_before} → {p.nodes_after}",
-                ", ".join(f"{k}+{v}" for k, v in p.ops_added.items()) or "—",
-                ", ".join(f"{k}-{v}" for k, v in p.ops_removed.items()) or "—",
+                _ops_text(p.ops_added, "+"),
+                _ops_text(p.ops_removed, "-"),
                 str(len(p.dims_fixed)),
                 f"{p.wall_time_s:.2f}",
             )

@@ -14,17 +14,24 @@ __all__ = ["fold_constants", "remove_unused_initializers"]
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send C-level writes to fd 1 (onnxsim's warnings) to stderr, so ``--json`` stdout stays clean."""
+def _quiet_stdout() -> Iterator[None]:
+    """Discard C-level writes to fd 1 during folding.
+
+    onnxsim prints per-node "failed to run ... skip" notes there when a node cannot be folded (the node
+    simply stays in the graph); they would corrupt ``--json`` stdout and say nothing actionable. Errors
+    still arrive as exceptions.
+    """
     sys.stdout.flush()
     saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(2, 1)
+        os.dup2(devnull, 1)
         yield
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+        os.close(devnull)
 
 
 def remove_unused_initializers(model: onnx.ModelProto) -> int:
@@ -68,7 +75,7 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     Raises:
         RuntimeError: onnxsim failed (its message names the node).
     """
-    with _stdout_to_stderr():
+    with _quiet_stdout():
         folded, _ = onnxsim.simplify(model, check_n=0, perform_optimization=False)
     remove_unused_initializers(folded)
     return folded

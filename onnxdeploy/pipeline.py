@@ -142,7 +142,7 @@ def run_pipeline(
         contract = read_contract(model, source=str(final_model))
         report = RunReport(
             status="failed" if failures else "passed",
-            pipeline=str(config.source) if config.source else None,
+            pipeline=str(config.source.resolve()) if config.source else None,
             input_model=str(model_in),
             output_model=str(final_model),
             target=config.target,

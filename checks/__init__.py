@@ -39,10 +39,14 @@ OD406    error    contract       A contract tensor has the wrong or a non-static
 OD407    error    contract       A graph input the contract does not mention.
 OD408    warning  contract       A graph output the contract does not mention.
 OD409    warning  contract       A contract output has no shape even after inference; not verified.
+OD501    error    target_opset   A domain's opset is outside the target's matrix range.
+OD502    error    target_opset   An opset domain the target does not list.
+OD503    error    target_opset   The IR version is above the target's maximum.
+OD504    info     target_opset   No target given; nothing checked.
 =======  =======  =============  ================================================================
 
 Ranges: OD0xx framework, OD1xx checker, OD2xx static shapes, OD3xx topological order and names,
-OD4xx decode contract; later check families (target matrix, external data, dtypes) take OD5xx and up.
+OD4xx decode contract, OD5xx target matrix; later families (external data, dtypes) take OD6xx and up.
 Each check class also lists its codes in its ``codes`` attribute.
 """
 
@@ -59,6 +63,7 @@ from onnxdeploy.checks.base import (
 from onnxdeploy.checks.checker import CheckerCheck
 from onnxdeploy.checks.contract import ContractCheck
 from onnxdeploy.checks.static_shapes import StaticShapesCheck
+from onnxdeploy.checks.target import TargetOpsetCheck
 from onnxdeploy.checks.topo_order import TopoOrderCheck
 
 __all__ = [
@@ -69,6 +74,7 @@ __all__ = [
     "CheckerCheck",
     "ContractCheck",
     "StaticShapesCheck",
+    "TargetOpsetCheck",
     "TopoOrderCheck",
     "check_names",
     "get_check",

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from onnxdeploy import __version__
-from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, OnnxDeployError
+from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError, OutputError
 
 __all__ = ["app", "main"]
 
@@ -41,8 +41,12 @@ def _consoles(as_json: bool) -> tuple[Console, Console]:
     return out, err
 
 
-def _fail(err: Console, exc: OnnxDeployError) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}", markup=True, soft_wrap=True)
+def _fail(err: Console, exc: OnnxDeployError, *, as_json: bool = False) -> typer.Exit:
+    """Print a domain error once (and, with --json, a JSON error object on stdout); return the Exit."""
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+    if as_json:
+        payload = {"status": "error", "exit_code": exc.exit_code, "error": str(exc), "type": type(exc).__name__}
+        sys.stdout.write(json.dumps(payload) + "\n")
     return typer.Exit(exc.exit_code)
 
 
@@ -118,7 +122,10 @@ def run(
                 config, progress=lambda msg: err.print(f"[dim]•[/] {msg}", highlight=False), verify_progress=on_verify
             )
     except OnnxDeployError as exc:
-        raise _fail(err, exc) from None
+        raise _fail(err, exc, as_json=as_json) from None
+    except OSError as exc:  # e.g. the pipeline file is unreadable
+        error = OnnxDeployError(f"{exc.filename or pipeline}: {exc.strerror or exc}")
+        raise _fail(err, error, as_json=as_json) from None
     report = outcome.report
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
@@ -145,12 +152,17 @@ def run(
             if f.level != "info":
                 out.print(f"  {f.code} [{f.level}] {f.message}", highlight=False, markup=False)
         if report.verify is not None:
+            for line in report.verify.provider_fallbacks:
+                out.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
             out.print(_verify_table(report.verify))
             for m in report.verify.modes.values():
                 first = "none" if m.first_divergent_step is None else f"position {m.first_divergent_step}"
                 out.print(f"{m.mode}: first divergent step: {first}")
-        for reason in report.failures:
-            out.print(f"[red]FAILED:[/] {reason}", soft_wrap=True)
+        shown = 10
+        for reason in report.failures[:shown]:
+            out.print(f"[red]FAILED:[/] {escape(reason)}", soft_wrap=True)
+        if len(report.failures) > shown:
+            out.print(f"[red]FAILED:[/] … and {len(report.failures) - shown} more (see {outcome.report_md})")
         colour = "green" if report.status == "passed" else "red"
         out.print(f"[bold {colour}]{report.status.upper()}[/]: {outcome.model_path}; report {outcome.report_json}")
     raise typer.Exit(outcome.exit_code)
@@ -169,7 +181,7 @@ def inspect(
     try:
         info = inspect_model(model)
     except OnnxDeployError as exc:
-        raise _fail(err, exc) from None
+        raise _fail(err, exc, as_json=as_json) from None
     if as_json:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         raise typer.Exit(EXIT_OK)
@@ -191,7 +203,13 @@ def inspect(
     out.print("ops: " + ", ".join(f"{k}×{v}" for k, v in info["op_histogram"].items()))
     out.print(f"nodes: {info['nodes']}, initializers: {info['initializers']} ({info['initializer_bytes']} bytes)")
     ext = info["external_data"]
-    out.print("external data: " + (", ".join(f"{e['location']} ({e['tensors']} tensors)" for e in ext) or "none"))
+    out.print(
+        "external data: "
+        + (
+            ", ".join(f"{e['location']} ({e['tensors']} tensors{'' if e['present'] else ', MISSING'})" for e in ext)
+            or "none"
+        )
+    )
     if info["contract"]:
         out.print("contract: " + json.dumps(info["contract"]), soft_wrap=True, highlight=False, markup=False)
     else:
@@ -241,11 +259,10 @@ def verify_cmd(
     try:
         tokens = [int(t) for t in prompt.split(",") if t.strip()]
     except ValueError:
-        err.print(f"[bold red]error:[/] --prompt must be comma-separated integers, got {prompt!r}")
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        error = ConfigError(f"--prompt must be comma-separated integers, got {prompt!r}")
+        raise _fail(err, error, as_json=as_json) from None
     if not tokens:
-        err.print("[bold red]error:[/] --prompt is empty")
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise _fail(err, ConfigError("--prompt is empty"), as_json=as_json)
     try:
         with _progress(err) as bar:
             on_verify = _progress_callback(bar)
@@ -259,10 +276,18 @@ def verify_cmd(
                 progress=on_verify,
             )
     except OnnxDeployError as exc:
-        raise _fail(err, exc) from None
+        raise _fail(err, exc, as_json=as_json) from None
     if report is not None:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(report, result.model_dump_json(indent=2))
+        try:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(report, result.model_dump_json(indent=2))
+        except OnnxDeployError as exc:
+            raise _fail(err, exc, as_json=as_json) from None
+        except OSError as exc:
+            error = OutputError(f"cannot write --report {report}: {exc.strerror or exc}")
+            raise _fail(err, error, as_json=as_json) from None
+    for line in result.provider_fallbacks:
+        err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
     if as_json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:

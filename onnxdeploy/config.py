@@ -23,14 +23,16 @@ DEFAULT_CHECKS = ["checker", "static_shapes", "topo_order", "contract"]
 class VerifyConfig(BaseModel):
     """The ``verify`` section: how the runner compares the transformed model with the original."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: list[int] = Field(default=[1, 17, 42, 99, 7, 3], min_length=1, description="Prompt token ids.")
     steps: int = Field(32, ge=0, description="Greedy tokens generated (and fed) after the prompt.")
     modes: list[Literal["teacher_forced", "free_running"]] = Field(
         default=["teacher_forced", "free_running"], min_length=1, description="Decode modes to compare."
     )
-    max_abs_logit_diff: float = Field(1e-4, ge=0, description="Largest allowed max-abs logit difference.")
+    max_abs_logit_diff: float = Field(
+        1e-4, ge=0, allow_inf_nan=False, description="Largest allowed max-abs logit difference."
+    )
     min_top1_agreement: float = Field(1.0, ge=0, le=1, description="Smallest allowed top-1 agreement rate.")
     providers: list[str] = Field(
         default=["CPUExecutionProvider"], min_length=1, description="ONNX Runtime execution providers, in order."
@@ -72,7 +74,16 @@ class PipelineConfig(BaseModel):
     verify: VerifyConfig | None = Field(
         default_factory=VerifyConfig, description="Runner settings; null skips verification."
     )
-    source: Path | None = Field(None, description="The pipeline file this was read from.")
+    source: Path | None = Field(None, description="Set by the loader: the pipeline file this was read from.")
+
+    @field_validator("output_name")
+    @classmethod
+    def _plain_onnx_name(cls, v: str) -> str:
+        if not v or Path(v).name != v or v in (".", ".."):
+            raise ValueError("must be a plain file name (no folder part), e.g. model.onnx")
+        if not v.endswith(".onnx"):
+            raise ValueError("must end in .onnx")
+        return v
 
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
@@ -117,6 +128,46 @@ def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
     return specs
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that refuses duplicate mapping keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    keys = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in keys:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+        keys.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _check_verify_fits(cfg: PipelineConfig, where: str) -> None:
+    """Refuse, before any work, a verification the static graph cannot run."""
+    if cfg.verify is None:
+        return
+    positions = len(cfg.verify.prompt) + cfg.verify.steps
+    for i, spec in enumerate(cfg.passes):
+        if spec.name != "static_kv":
+            continue
+        key = f"passes[{i}].static_kv"
+        if positions > spec.config.max_cache_len:
+            raise ConfigError(
+                f"{where}: key 'verify.steps': {len(cfg.verify.prompt)} prompt tokens + {cfg.verify.steps} steps = "
+                f"{positions} positions do not fit {key}.max_cache_len={spec.config.max_cache_len}; lower "
+                "verify.steps or raise max_cache_len"
+            )
+        if spec.config.step_len > 1:
+            raise ConfigError(
+                f"{where}: key '{key}.step_len': the runner decodes one token per call, so a step_len "
+                f"{spec.config.step_len} graph (a prefill bucket) cannot be verified greedily yet; use step_len 1 "
+                "or set verify: null"
+            )
+
+
 def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> PipelineConfig:
     """Read and validate a pipeline file.
 
@@ -129,19 +180,24 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
 
     Raises:
         ConfigError: the file is missing or not YAML, a key is unknown or invalid (named as a dotted
-            path, e.g. ``passes[0].static_kv.max_cache_len``), a pass or check name is unknown, or the
-            model file does not exist.
+            path, e.g. ``passes[0].static_kv.max_cache_len``), a key is repeated, a pass or check name
+            is unknown, the model file does not exist, or the verification cannot fit the static graph
+            (``len(prompt) + steps > max_cache_len``, or ``step_len > 1``).
     """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"pipeline file not found: {p}")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text file; expected a pipeline YAML (did you pass the model?)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the pipeline must be a YAML mapping with at least the key 'model'")
     raw = dict(raw)
+    if "source" in raw:
+        raise ConfigError(f"{p}: key 'source': unknown key")
     passes = _parse_passes(raw.pop("passes", None), str(p))
     try:
         cfg = PipelineConfig.model_validate({**raw, "passes": []})
@@ -152,8 +208,10 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
     out = Path(output_dir).resolve() if output_dir is not None else cfg.output_dir
     if not out.is_absolute():
         out = base / out
-    if not model.is_file():
+    if not model.exists():
         raise ConfigError(f"{p}: key 'model': model file not found: {model}")
+    if not model.is_file():
+        raise ConfigError(f"{p}: key 'model': not a file: {model}")
     from onnxdeploy.checks import get_check  # noqa: PLC0415  (checks import config-free modules only)
 
     for i, name in enumerate(cfg.checks):
@@ -168,4 +226,6 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
             get_target(cfg.target)
         except ConfigError as exc:
             raise ConfigError(f"{p}: key 'target': {exc}") from None
-    return cfg.model_copy(update={"model": model.resolve(), "output_dir": out.resolve(), "passes": passes, "source": p})
+    cfg = cfg.model_copy(update={"model": model.resolve(), "output_dir": out.resolve(), "passes": passes, "source": p})
+    _check_verify_fits(cfg, str(p))
+    return cfg

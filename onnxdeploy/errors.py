@@ -17,6 +17,8 @@ __all__ = [
     "PostconditionError",
     "UnsupportedGraphError",
     "CacheOverflowError",
+    "DecodeRunError",
+    "OutputError",
     "ContractError",
     "EXIT_OK",
     "EXIT_FAILED",
@@ -86,3 +88,11 @@ class CacheOverflowError(OnnxDeployError):
             f"decode step at position {position} would write past max_cache_len={max_cache_len} "
             f"(slots 0..{max_cache_len - 1}); raise max_cache_len or decode fewer steps"
         )
+
+
+class DecodeRunError(OnnxDeployError):
+    """ONNX Runtime failed inside ``session.run`` while decoding (names the model and the position)."""
+
+
+class OutputError(OnnxDeployError):
+    """An output cannot be written (names the path): not a folder, not writable, disk full, or the input."""

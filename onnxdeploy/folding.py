@@ -78,4 +78,8 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     with _quiet_stdout():
         folded, _ = onnxsim.simplify(model, check_n=0, perform_optimization=False)
     remove_unused_initializers(folded)
+    # onnxsim records its own bookkeeping (removed nodes, versions) in metadata_props; it is not ours to ship.
+    kept = [p for p in folded.metadata_props if not p.key.startswith("onnxsim")]
+    del folded.metadata_props[:]
+    folded.metadata_props.extend(kept)
     return folded

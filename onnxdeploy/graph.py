@@ -22,6 +22,7 @@ __all__ = [
     "io_dims",
     "opset_imports",
     "PROTOBUF_LIMIT_BYTES",
+    "default_file_mode",
 ]
 
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
@@ -46,10 +47,17 @@ def load_model(path: str | os.PathLike[str], *, load_external_data: bool = True)
         raise ModelLoadError(f"model file not found: {p}")
     if not p.is_file():
         raise ModelLoadError(f"model path is not a file: {p}")
+    if p.stat().st_size == 0:
+        raise ModelLoadError(f"model file is empty: {p}")
     try:
-        return onnx.load(str(p), load_external_data=load_external_data)
-    except (DecodeError, OSError, ValueError, RuntimeError) as exc:
+        model = onnx.load(str(p), load_external_data=load_external_data)
+    except DecodeError as exc:
+        raise ModelLoadError(f"{p} is not an ONNX model (protobuf decode failed: {exc})") from exc
+    except Exception as exc:  # onnx raises ValidationError/OSError/... for external data problems
         raise ModelLoadError(f"cannot load ONNX model {p}: {exc}") from exc
+    if not model.graph.node and not model.graph.output:
+        raise ModelLoadError(f"{p} is not an ONNX model (no graph in the file)")
+    return model
 
 
 def save_model_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
@@ -77,6 +85,7 @@ def save_model_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> P
         )
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
+        os.chmod(tmp, default_file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(model.SerializeToString())
             fh.flush()
@@ -86,6 +95,13 @@ def save_model_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> P
         Path(tmp).unlink(missing_ok=True)
         raise
     return dest
+
+
+def default_file_mode() -> int:
+    """The mode a plain ``open()`` would give a new file under the current umask (mkstemp gives 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def op_histogram(model: onnx.ModelProto) -> dict[str, int]:

@@ -62,6 +62,8 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
         "nodes": len(model.graph.node),
         "initializers": len(model.graph.initializer),
         "initializer_bytes": initializer_bytes(model),
-        "external_data": [{"location": k, "tensors": v} for k, v in sorted(ext.items())],
+        "external_data": [
+            {"location": k, "tensors": v, "present": (p.parent / k).is_file()} for k, v in sorted(ext.items())
+        ],
         "contract": contract.model_dump() if contract else None,
     }

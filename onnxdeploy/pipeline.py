@@ -22,8 +22,8 @@ from onnxdeploy import __version__
 from onnxdeploy.checks import CheckContext, get_check
 from onnxdeploy.config import PipelineConfig
 from onnxdeploy.contract import read_contract
-from onnxdeploy.errors import EXIT_FAILED, EXIT_OK
-from onnxdeploy.graph import load_model, save_model_atomic
+from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, OutputError
+from onnxdeploy.graph import default_file_mode, load_model, save_model_atomic
 from onnxdeploy.render import render_markdown
 from onnxdeploy.report import Finding, PassReport, RunReport
 from onnxdeploy.runner import verify
@@ -48,6 +48,7 @@ def _write_temp(path: Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to a new temporary file beside ``path`` and return the temporary path."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, default_file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
     except BaseException:
@@ -57,12 +58,43 @@ def _write_temp(path: Path, text: str) -> Path:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    os.replace(_write_temp(path, text), path)
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename.
+
+    Raises:
+        OutputError: ``path`` is a folder, or its folder cannot be written (the temporary file is removed).
+    """
+    if path.is_dir():
+        raise OutputError(f"cannot write {path}: it is a folder")
+    try:
+        tmp = _write_temp(path, text)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def _versions() -> dict[str, str]:
     return {"python": platform.python_version(), "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+
+
+def _check_output_location(config: PipelineConfig) -> None:
+    """Refuse outputs that would overwrite the input model or sit where a folder cannot be made."""
+    out_dir = config.output_dir
+    final_model = (out_dir / config.output_name).resolve()
+    if final_model == config.model.resolve():
+        raise OutputError(
+            f"output {final_model} is the input model; the input is never overwritten: change output_dir or output_name"
+        )
+    for parent in (out_dir, *out_dir.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"output_dir {out_dir}: {parent} exists and is not a folder")
+            if not os.access(parent, os.W_OK):
+                raise OutputError(f"output_dir {out_dir}: {parent} is not writable")
+            break
 
 
 def run_pipeline(
@@ -84,10 +116,12 @@ def run_pipeline(
     Raises:
         OnnxDeployError: bad input or config (exit 2). Nothing is written then: the model goes to a
             temporary file that is removed, and the output folder is removed again if this run made it.
+        OutputError: the outputs cannot be written (names the path), or they would overwrite the input.
     """
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     model_in = config.model
+    _check_output_location(config)
     say(f"loading {model_in}")
     model = load_model(model_in)
     pass_reports: list[PassReport] = []
@@ -105,16 +139,22 @@ def run_pipeline(
 
     out_dir = config.output_dir
     made_dir = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
     final_model = out_dir / config.output_name
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{config.output_name}.", suffix=".tmp", dir=out_dir)
-    os.close(fd)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{config.output_name}.", suffix=".tmp", dir=out_dir)
+        os.close(fd)
+    except OSError as exc:
+        raise OutputError(f"cannot write to output_dir {out_dir}: {exc.strerror or exc}") from exc
     tmp_model = Path(tmp_name)
     temps: list[Path] = []
     try:
         save_model_atomic(model, tmp_model)
         ctx = CheckContext(model_path=tmp_model, target=config.target)
-        for name in config.checks:
+        checks = list(config.checks)
+        if config.target and "target_opset" not in checks:
+            checks.append("target_opset")  # a target always gets its opset/IR range checked
+        for name in checks:
             say(f"check {name}")
             findings += get_check(name)().run(model, ctx)
 
@@ -133,7 +173,14 @@ def run_pipeline(
                 providers=tuple(v.providers),
                 progress=verify_progress,
             )
-            verify_report = verify_report.model_copy(update={"candidate": str(final_model)})
+            verify_report = verify_report.model_copy(
+                update={
+                    "candidate": str(final_model),
+                    "provider_fallbacks": [
+                        line.replace(str(tmp_model), str(final_model)) for line in verify_report.provider_fallbacks
+                    ],
+                }
+            )
 
         failures = [f"{f.code} {f.message}" for f in findings if f.level == "error"]
         if verify_report is not None and not verify_report.passed:
@@ -165,12 +212,14 @@ def run_pipeline(
         os.replace(tmp_model, final_model)
         for tmp, path in zip(temps, (report_json, report_md), strict=True):
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp_model.unlink(missing_ok=True)
         for tmp in temps:
             tmp.unlink(missing_ok=True)
-        if made_dir and not any(out_dir.iterdir()):
+        if made_dir and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()
+        if isinstance(exc, OSError):
+            raise OutputError(f"cannot write the outputs to {out_dir}: {exc.strerror or exc}") from exc
         raise
     say(f"wrote {final_model}, {report_json}, {report_md}")
     return RunOutcome(

@@ -22,9 +22,9 @@ __all__ = ["PassConfig", "Pass", "PassResult"]
 
 
 class PassConfig(BaseModel):
-    """Base of every pass config: typed, described fields; unknown keys are errors."""
+    """Base of every pass config: typed, described fields; unknown keys and coerced types are errors."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 @dataclass

@@ -98,6 +98,10 @@ class PinOpsetPass(Pass):
                 + (f". Ops whose schema differs between the two opsets: {pending}" if pending else ""),
             ) from exc
         report.changes.append(f"ai.onnx opset {current} -> {target}")
+        needed_ir = onnx.helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)
+        if converted.ir_version < needed_ir:
+            report.changes.append(f"IR version {converted.ir_version} -> {needed_ir} (required by opset {target})")
+            converted.ir_version = needed_ir
         if pending:
             report.changes.append("ops converted: " + ", ".join(f"{op}-{since}" for op, since in pending))
         return converted, True

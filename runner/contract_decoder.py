@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from onnxdeploy.contract import DecodeContract
-from onnxdeploy.errors import CacheOverflowError, ContractError
+from onnxdeploy.errors import CacheOverflowError, ContractError, DecodeRunError
 from onnxdeploy.runner.session import ModelSession, numpy_dtype
 
 __all__ = ["ContractDecoder"]
@@ -154,7 +154,10 @@ class ContractDecoder:
             mask[:, : slots[-1] + 1] = 1
             feeds[self._inputs["attention_mask"]] = mask
         start = time.perf_counter()
-        results = self._session.run(self._output_names, feeds)
+        try:
+            results = self._session.run(self._output_names, feeds)
+        except Exception as exc:  # ORT raises its own types (InvalidArgument, Fail, ...)
+            raise DecodeRunError(f"{self.source}: ONNX Runtime failed at position {self._position}: {exc}") from exc
         latency_ms = (time.perf_counter() - start) * 1e3
         self._latencies.append(latency_ms)
         presents = results[1:]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from onnxdeploy.errors import ContractError, PreconditionError
+from onnxdeploy.errors import ContractError, DecodeRunError, PreconditionError
 from onnxdeploy.kv_cache import find_kv_cache
 from onnxdeploy.runner.session import ModelSession, numpy_dtype
 
@@ -162,7 +162,10 @@ class ExporterDecoder:
         if self._has_position_ids:
             feeds["position_ids"] = np.tile(np.arange(self._position, total, dtype=np.int64), (self._batch, 1))
         start = time.perf_counter()
-        results = self._session.run(self._output_names, feeds)
+        try:
+            results = self._session.run(self._output_names, feeds)
+        except Exception as exc:  # ORT raises its own types (InvalidArgument, Fail, ...)
+            raise DecodeRunError(f"{self.source}: ONNX Runtime failed at position {self._position}: {exc}") from exc
         latency_ms = (time.perf_counter() - start) * 1e3
         self._latencies.append(latency_ms)
         logits = np.asarray(results[0][0], dtype=np.float32)

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxdeploy.errors import ContractError, ModelLoadError
+from onnxdeploy.errors import ConfigError, ContractError, ModelLoadError
 
 __all__ = ["DEFAULT_PROVIDERS", "ModelSession", "numpy_dtype", "open_session", "session_options"]
 
@@ -117,6 +117,7 @@ def open_session(path: str | Path, *, providers: Sequence[str] = DEFAULT_PROVIDE
     Raises:
         ModelLoadError: the file is missing, is not a valid ONNX model, or ORT cannot create a
             session for it; the message names the path.
+        ConfigError: a provider name ONNX Runtime does not know (``ort.get_all_providers()``).
     """
     source = str(path)
     if not Path(path).is_file():
@@ -126,6 +127,10 @@ def open_session(path: str | Path, *, providers: Sequence[str] = DEFAULT_PROVIDE
     except Exception as exc:  # protobuf and onnx raise several unrelated types
         raise ModelLoadError(f"{source}: not a readable ONNX model: {exc}") from exc
     requested = tuple(providers)
+    known = ort.get_all_providers()
+    unknown = [name for name in requested if name not in known]
+    if unknown:
+        raise ConfigError(f"unknown execution provider(s) {unknown}; ONNX Runtime knows {known}")
     try:
         with warnings.catch_warnings():
             # ORT warns and falls back when an EP is unavailable; the fallback is reported below.

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import CacheOverflowError, ConfigError
 from onnxdeploy.report import StepRecord, VerifyReport
 from onnxdeploy.runner.compare import step_record, summarize_mode
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decoder import Decoder, make_decoder, open_decoder
-from onnxdeploy.runner.session import DEFAULT_PROVIDERS, open_session
+from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_session
 
 __all__ = ["MODES", "ProgressCallback", "greedy_decode", "verify"]
 
@@ -133,7 +134,24 @@ def _check_request(prompt: Sequence[int], steps: int) -> list[int]:
         raise ConfigError("verify: prompt must hold at least one token id")
     if steps < 0:
         raise ConfigError(f"verify: steps must be >= 0, got {steps}")
-    return [int(token) for token in prompt]
+    tokens = [int(token) for token in prompt]
+    negative = [t for t in tokens if t < 0]
+    if negative:
+        raise ConfigError(f"verify: prompt token ids must be >= 0, got {negative}")
+    return tokens
+
+
+def _check_vocab(model_session: ModelSession, prompt: list[int]) -> None:
+    """Refuse prompt ids outside the model's vocabulary (the logits output's last dim, when static)."""
+    contract = read_contract(model_session.model, source=model_session.path)
+    logits = contract.logits if contract is not None else "logits"
+    shape = next((list(o.shape) for o in model_session.session.get_outputs() if o.name == logits), None)
+    vocab = shape[-1] if shape and isinstance(shape[-1], int) else None
+    if vocab is not None and max(prompt) >= vocab:
+        raise ConfigError(
+            f"verify: prompt token id {max(prompt)} is outside the vocabulary of {model_session.path} "
+            f"(logits have {vocab} entries: ids 0..{vocab - 1})"
+        )
 
 
 def _records(
@@ -190,7 +208,9 @@ def verify(
         listed in ``provider_fallbacks``.
 
     Raises:
-        ConfigError: no or an unknown mode, an empty prompt or a negative ``steps``.
+        ConfigError: no or an unknown mode, an empty prompt, a negative ``steps``, a prompt id that is
+            negative or outside either model's vocabulary, or a threshold out of range.
+        DecodeRunError: ONNX Runtime failed inside ``session.run``.
         ModelLoadError: a model cannot be loaded (names the path).
         ContractError: a model follows neither a contract nor the exporter convention.
         CacheOverflowError: a contract model has fewer than ``len(prompt) + steps`` cache slots
@@ -201,6 +221,10 @@ def verify(
     if unknown or not modes:
         raise ConfigError(f"verify: modes must be one or more of {list(MODES)}, got {list(modes)}")
     prompt = _check_request(prompt, steps)
+    if not max_abs_logit_diff >= 0:
+        raise ConfigError(f"verify: max_abs_logit_diff must be >= 0, got {max_abs_logit_diff}")
+    if not 0 <= min_top1_agreement <= 1:
+        raise ConfigError(f"verify: min_top1_agreement must be within 0..1, got {min_top1_agreement}")
     total = len(prompt) + steps
 
     def reporter(mode: str) -> Callable[[int], None]:
@@ -208,6 +232,8 @@ def verify(
 
     original_session = open_session(original_path, providers=providers)
     candidate_session = open_session(candidate_path, providers=providers)
+    for model_session in (original_session, candidate_session):
+        _check_vocab(model_session, prompt)
     original = make_decoder(original_session)
     candidate = make_decoder(candidate_session)
     for decoder in (original, candidate):

@@ -206,3 +206,110 @@ def test_failed_checks_exit_1_and_still_write_model_and_report(tmp_path):
     assert (tmp_path / "out" / "model.onnx").is_file()
     on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
     assert on_disk["status"] == "failed"
+
+
+def _run_yaml(tmp_path: Path, text: str, *extra: str):
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    return _invoke("run", str(path), *extra)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"output_name": "report.json"}, "output_name"),
+        ({"output_name": "../escape.onnx"}, "output_name"),
+        ({"passes": [{"static_kv": {"max_cache_len": "64"}}]}, "passes[0].static_kv.max_cache_len"),
+        ({"passes": [{"static_kv": {"max_cache_len": True}}]}, "passes[0].static_kv.max_cache_len"),
+        ({"verify": {"prompt": [1, 512]}}, "vocabulary"),
+        ({"verify": {"providers": ["FooExecutionProvider"]}}, "FooExecutionProvider"),
+        ({"passes": [{"static_kv": {"max_cache_len": 64, "step_len": 2}}]}, "step_len"),
+    ],
+)
+def test_more_bad_input_exits_2(tmp_path, overrides, needle):
+    result, out = _invoke("run", str(_write_pipeline(tmp_path, **overrides)))
+    assert result.exit_code == 2, out
+    assert needle in out
+    assert "Traceback" not in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_onto_the_input_model_is_refused(tmp_path):
+    model = tmp_path / "in" / "model.onnx"
+    model.parent.mkdir()
+    shutil.copy(fixture_entry("llama_gqa_optimum")["model_path"], model)
+    before = _sha(model)
+    result, out = _invoke("run", str(_write_pipeline(tmp_path, model=str(model), output_dir=str(model.parent))))
+    assert result.exit_code == 2, out
+    assert "never overwritten" in out
+    assert _sha(model) == before
+
+
+def test_output_dir_that_is_a_file_exits_2(tmp_path):
+    (tmp_path / "out").write_text("a file")
+    result, out = _invoke("run", str(_write_pipeline(tmp_path)))
+    assert result.exit_code == 2, out
+    assert "not a folder" in out
+
+
+def test_duplicate_key_and_non_yaml_pipeline_exit_2(tmp_path):
+    model = fixture_entry("llama_gqa_optimum")["model_path"]
+    result, out = _run_yaml(tmp_path, f"model: {model}\nmodel: {model}\n")
+    assert result.exit_code == 2 and "duplicate key 'model'" in out, out
+    result, out = _invoke("run", str(model))  # the model instead of the pipeline: a likely slip
+    assert result.exit_code == 2 and "not a text file" in out, out
+
+
+def test_json_mode_prints_a_json_error_on_exit_2(tmp_path):
+    result, out = _invoke("run", str(_write_pipeline(tmp_path, bogus=1)), "--json")
+    assert result.exit_code == 2, out
+    payload = json.loads(result.stdout)
+    assert payload["status"] == "error" and payload["exit_code"] == 2 and "bogus" in payload["error"]
+
+
+def test_verify_rejects_bad_thresholds_and_prompts(tmp_path):
+    path = str(fixture_entry("gpt2_optimum")["model_path"])
+    for args, needle in (
+        (["--min-top1-agreement", "2"], "min_top1_agreement"),
+        (["--max-abs-logit-diff", "-1"], "max_abs_logit_diff"),
+        (["--prompt", "1,-1"], ">= 0"),
+        (["--prompt", "1,600"], "vocabulary"),
+    ):
+        result, out = _invoke("verify", path, path, "--steps", "2", *args)
+        assert result.exit_code == 2, (args, out)
+        assert needle in out, (args, out)
+
+
+def test_empty_model_file_exits_2(tmp_path):
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    result, out = _invoke("inspect", str(empty))
+    assert result.exit_code == 2 and "empty" in out, out
+    result, out = _invoke("run", str(_write_pipeline(tmp_path, model=str(empty))))
+    assert result.exit_code == 2 and "empty" in out, out
+
+
+def test_target_opset_out_of_range_exits_1_with_findings(tmp_path):
+    path = _write_pipeline(
+        tmp_path,
+        target="ort-cpu",
+        passes=[{"static_kv": {"max_cache_len": 64}}, {"pin_opset": {"opset": 25}}],
+    )
+    result, out = _invoke("run", str(path), "--json")
+    assert result.exit_code == 1, out
+    codes = {f["code"] for f in json.loads(result.stdout)["findings"]}
+    assert {"OD501", "OD503"} <= codes
+
+
+def test_outputs_are_readable_by_others(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        result, out = _invoke("run", str(_write_pipeline(tmp_path)))
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, out
+    for name in ("model.onnx", "report.json", "report.md"):
+        assert stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) == 0o644, name

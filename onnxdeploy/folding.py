@@ -14,23 +14,27 @@ __all__ = ["fold_constants", "remove_unused_initializers"]
 
 
 @contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """Discard C-level writes to fd 1 during folding.
+def _quiet_native_output() -> Iterator[None]:
+    """Discard C-level writes to fd 1 and fd 2 during folding.
 
-    onnxsim prints per-node "failed to run ... skip" notes there when a node cannot be folded (the node
-    simply stays in the graph); they would corrupt ``--json`` stdout and say nothing actionable. Errors
-    still arrive as exceptions.
+    onnxsim prints per-node "failed to run ... skip" notes when a node cannot be folded (the node simply
+    stays in the graph, and the static_shapes check reports anything left dynamic); on stdout they would
+    corrupt ``--json`` output. Errors still arrive as exceptions.
     """
     sys.stdout.flush()
-    saved = os.dup(1)
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, 1)
+        for fd in saved:
+            os.dup2(devnull, fd)
         yield
     finally:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        sys.stderr.flush()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
         os.close(devnull)
 
 
@@ -75,7 +79,7 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     Raises:
         RuntimeError: onnxsim failed (its message names the node).
     """
-    with _quiet_stdout():
+    with _quiet_native_output():
         folded, _ = onnxsim.simplify(model, check_n=0, perform_optimization=False)
     remove_unused_initializers(folded)
     # onnxsim records its own bookkeeping (removed nodes, versions) in metadata_props; it is not ours to ship.

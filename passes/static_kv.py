@@ -378,7 +378,11 @@ class StaticKVCachePass(Pass):
         if left:
             report.warnings.append(f"ops left after folding: {sorted(left)}")
 
+        # Intermediate shapes are re-derived from the static inputs; stale entries (onnxsim keeps some for
+        # tensors it folded away) would otherwise carry the old symbolic dims.
+        del folded.graph.value_info[:]
         inferred = onnx.shape_inference.infer_shapes(folded, strict_mode=False, data_prop=True)
+        folded.graph.value_info.extend(inferred.graph.value_info)
         out_types = {vi.name: vi for vi in inferred.graph.output}
         for vi in folded.graph.output:
             if vi.name in out_types:

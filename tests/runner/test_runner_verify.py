@@ -15,17 +15,22 @@ from tests.runner.tiny_decoder import TINY_PROMPT
 def corrupt_mlp_weight(source: Path, target: Path, factor: float = 1.05) -> str:
     """Write a copy of ``source`` whose first MLP MatMul/Gemm weight is scaled by ``factor``.
 
-    The weight is found from node names (exporters name weights ``onnx::MatMul_N``, but nodes keep
-    the module path, e.g. ``/model/layers.0/mlp/gate_proj/MatMul``), falling back to weight names.
+    The weight is found from node names where the exporter keeps the module path (e.g.
+    ``/model/layers.0/mlp/gate_proj/MatMul``); the dynamo exporter drops it, so the fallback is the first
+    of the largest MatMul/Gemm weights outside the LM head (the MLP projections in these decoders).
     """
     model = onnx.load(str(source))
     initializers = {init.name: init for init in model.graph.initializer}
-    candidates = [
-        node.input[1]
+    weighted = [
+        node
         for node in model.graph.node
-        if node.op_type in ("MatMul", "Gemm") and "mlp" in node.name and node.input[1] in initializers
-    ] + [name for name in initializers if "mlp" in name and len(initializers[name].dims) == 2]
-    name = candidates[0]
+        if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in initializers
+    ]
+    by_name = [node.input[1] for node in weighted if "mlp" in node.name]
+    body = [node.input[1] for node in weighted if "logits" not in node.output]
+    size = {name: int(np.prod(initializers[name].dims)) for name in body}
+    largest = [name for name in body if size[name] == max(size.values())]
+    name = (by_name or largest)[0]
     scaled = numpy_helper.to_array(initializers[name]) * np.float32(factor)
     initializers[name].CopyFrom(numpy_helper.from_array(scaled.astype(np.float32), name))
     onnx.save(model, str(target))

@@ -98,6 +98,12 @@ class PinOpsetPass(Pass):
                 + (f". Ops whose schema differs between the two opsets: {pending}" if pending else ""),
             ) from exc
         report.changes.append(f"ai.onnx opset {current} -> {target}")
+        repaired = _drop_stale_noop_with_empty_axes(converted, target)
+        if repaired:
+            report.changes.append(
+                f"removed noop_with_empty_axes (not in the target schema) from {len(repaired)} Reduce node(s) "
+                "the converter lowered: " + ", ".join(repaired[:5]) + (" …" if len(repaired) > 5 else "")
+            )
         needed_ir = onnx.helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)
         if converted.ir_version < needed_ir:
             report.changes.append(f"IR version {converted.ir_version} -> {needed_ir} (required by opset {target})")
@@ -107,9 +113,52 @@ class PinOpsetPass(Pass):
         return converted, True
 
     def ensures(self, model: onnx.ModelProto) -> None:
-        """The default domain is at the target opset."""
+        """The default domain is at the target opset and every node matches its schema there."""
         if _default_opset(model) != self.config.opset:
             raise PassError(self.name, f"ai.onnx opset is {_default_opset(model)}, expected {self.config.opset}")
+        try:
+            onnx.checker.check_model(model)
+        except onnx.checker.ValidationError as exc:
+            raise PassError(
+                self.name, f"the converted model breaks the opset {self.config.opset} schemas: {exc}"
+            ) from exc
+
+
+def _drop_stale_noop_with_empty_axes(model: onnx.ModelProto, target: int) -> list[str]:
+    """Remove ``noop_with_empty_axes`` from Reduce nodes whose target-opset schema lacks it; return node names.
+
+    onnx's version converter (1.17–1.23) moves ``axes`` from input to attribute when lowering the
+    Reduce* ops below opset 18 (ReduceSum below 13) but keeps ``noop_with_empty_axes``, which those
+    schemas do not have, so the checker rejects the model. With ``axes`` given, or with the flag at its
+    default 0, dropping it keeps the meaning (ONNX Operators.md, ReduceMean-13 vs -18).
+
+    Raises:
+        PassError: a node sets ``noop_with_empty_axes=1`` with no ``axes``: reducing nothing cannot be
+            expressed in the older schema.
+    """
+    fixed = []
+    for i, node in enumerate(model.graph.node):
+        if node.domain not in ("", "ai.onnx") or not node.op_type.startswith("Reduce"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, target, "")
+        except onnx.defs.SchemaError:
+            continue
+        if "noop_with_empty_axes" in schema.attributes:
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        flag = attrs.get("noop_with_empty_axes")
+        if flag is None:
+            continue
+        if flag.i == 1 and not ("axes" in attrs and attrs["axes"].ints):
+            raise PassError(
+                "pin_opset",
+                f"{node.op_type} node '{node.name or i}' has noop_with_empty_axes=1 and no axes, which opset "
+                f"{target} cannot express",
+            )
+        node.attribute.remove(flag)
+        fixed.append(node.name or f"#{i}")
+    return fixed
 
 
 def _op_from_message(text: str, pending: list[str]) -> str | None:

@@ -313,3 +313,20 @@ def test_outputs_are_readable_by_others(tmp_path):
     assert result.exit_code == 0, out
     for name in ("model.onnx", "report.json", "report.md"):
         assert stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) == 0o644, name
+
+
+def test_model_without_kv_cache_exits_2_saying_what_was_looked_for(tmp_path):
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        lm (int64[B, S] input_ids) => (float[B, S, 4] logits) {
+            table = Constant <value = float[3, 4] {0,1,2,3,4,5,6,7,8,9,10,11}> ()
+            logits = Gather (table, input_ids)
+        }
+        """
+    )
+    path = save_model_atomic(model, tmp_path / "no_cache.onnx")
+    result, out = _invoke("run", str(_write_pipeline(tmp_path, model=str(path))))
+    assert result.exit_code == 2, out
+    assert "no KV cache found" in out and "Looked for" in out and "Found" in out
+    assert not (tmp_path / "out").exists()

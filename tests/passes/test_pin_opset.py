@@ -10,10 +10,10 @@ from onnxdeploy.graph import opset_imports, save_model_atomic
 from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
-from tests.conftest import PROMPT, fixture_entry
+from tests.conftest import FIXTURE_NAMES, PROMPT, fixture_entry
 
 
-@pytest.mark.parametrize("name", ["llama_gqa_optimum", "llama_gqa_torchscript"])
+@pytest.mark.parametrize("name", [n for n in FIXTURE_NAMES if n.startswith("llama_gqa")])
 def test_pin_opset_17_on_llama_verifies_identical(tmp_path, name):
     entry = fixture_entry(name)
     model = onnx.load(entry["model_path"])
@@ -56,3 +56,27 @@ def test_pin_opset_beyond_installed_onnx_is_refused():
     )
     with pytest.raises(PassError, match="newer than"):
         PinOpsetPass(PinOpsetConfig(opset=onnx.defs.onnx_opset_version() + 1))(model)
+
+
+def test_lowering_reduce_mean_18_drops_the_attribute_opset_17_lacks():
+    import numpy as np
+    import onnxruntime as ort
+
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[2, 3] x) => (float[2, 1] y) {
+            axes = Constant <value = int64[1] {-1}> ()
+            y = ReduceMean <keepdims = 1, noop_with_empty_axes = 0> (x, axes)
+        }
+        """
+    )
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(model)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert any("noop_with_empty_axes" in c for c in result.report.changes)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    after = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )
+    np.testing.assert_array_equal(before[0], after[0])

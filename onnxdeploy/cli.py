@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from onnxdeploy import __version__
-from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError, OutputError
+from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError, OutputError
 
 __all__ = ["app", "main"]
 
@@ -30,6 +30,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+_json_error_written = False
+"""Set once a JSON error object went to stdout, so :func:`main` does not write a second one."""
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.")]
 
@@ -45,8 +48,10 @@ def _fail(err: Console, exc: OnnxDeployError, *, as_json: bool = False) -> typer
     """Print a domain error once (and, with --json, a JSON error object on stdout); return the Exit."""
     err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
     if as_json:
+        global _json_error_written
         payload = {"status": "error", "exit_code": exc.exit_code, "error": str(exc), "type": type(exc).__name__}
         sys.stdout.write(json.dumps(payload) + "\n")
+        _json_error_written = True
     return typer.Exit(exc.exit_code)
 
 
@@ -114,6 +119,8 @@ def run(
     from onnxdeploy.pipeline import run_pipeline
 
     out, err = _consoles(as_json)
+    if output_dir is not None and not str(output_dir).strip():
+        raise _fail(err, ConfigError("--output-dir is empty"), as_json=as_json)
     try:
         config = load_pipeline(pipeline, output_dir=output_dir)
         with _progress(err) as bar:
@@ -143,6 +150,9 @@ def run(
                 f"{p.wall_time_s:.2f}",
             )
         out.print(table)
+        out.print("checks run: " + (", ".join(report.checks_run) or "[yellow]none[/]"))
+        if report.verify is None:
+            out.print("[yellow]verification skipped (verify: null): the output was not compared with the original[/]")
         levels = [f.level for f in report.findings]
         out.print(
             f"findings: {levels.count('error')} error(s), {levels.count('warning')} warning(s), "
@@ -252,12 +262,13 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the step-by-step runner alone: decode both models greedily and compare logits per position."""
+    from onnxdeploy.graph import check_not_an_input, input_files
     from onnxdeploy.pipeline import write_text_atomic
     from onnxdeploy.runner import verify
 
     out, err = _consoles(as_json)
     try:
-        tokens = [int(t) for t in prompt.split(",") if t.strip()]
+        tokens = [int(t) for t in prompt.split(",")]
     except ValueError:
         error = ConfigError(f"--prompt must be comma-separated integers, got {prompt!r}")
         raise _fail(err, error, as_json=as_json) from None
@@ -279,6 +290,8 @@ def verify_cmd(
         raise _fail(err, exc, as_json=as_json) from None
     if report is not None:
         try:
+            inputs = input_files(original) | input_files(candidate)
+            check_not_an_input(report, inputs, "--report")
             report.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(report, result.model_dump_json(indent=2))
         except OnnxDeployError as exc:
@@ -311,5 +324,15 @@ def _root(
 
 
 def main() -> None:
-    """Console-script entry point (``onnxdeploy``)."""
-    app()
+    """Console-script entry point (``onnxdeploy``).
+
+    Usage errors (bad options, missing arguments) exit 2 with typer's message on stderr; with ``--json``
+    a JSON error object is also written to stdout, so CI parsers always get JSON.
+    """
+    try:
+        app()
+    except SystemExit as exc:
+        if exc.code == EXIT_BAD_INPUT and "--json" in sys.argv[1:] and not _json_error_written:
+            payload = {"status": "error", "exit_code": EXIT_BAD_INPUT, "error": "usage error (see stderr)"}
+            sys.stdout.write(json.dumps(payload) + "\n")
+        raise

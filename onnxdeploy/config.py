@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.passes import Pass, get_pass
@@ -45,6 +45,13 @@ class VerifyConfig(BaseModel):
             raise ValueError("token ids must be >= 0")
         return v
 
+    @field_validator("modes", "providers")
+    @classmethod
+    def _no_repeats(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"each entry may appear once, got {v}")
+        return v
+
 
 class PassSpec(BaseModel):
     """One entry of ``passes``: the registry name and its validated config."""
@@ -70,15 +77,24 @@ class PipelineConfig(BaseModel):
     target: str | None = Field(None, description="Target id of matrices/ (e.g. ort-cpu); optional.")
     passes: list[PassSpec] = Field(default_factory=list, description="Passes in order: '- name: {config}'.")
     checks: list[str] = Field(default_factory=lambda: list(DEFAULT_CHECKS), description="Checks to run.")
-    check_after_each_pass: bool = Field(False, description="Run the ONNX checker after every pass.")
+    check_after_each_pass: StrictBool = Field(False, description="Run the ONNX checker after every pass.")
     verify: VerifyConfig | None = Field(
         default_factory=VerifyConfig, description="Runner settings; null skips verification."
     )
     source: Path | None = Field(None, description="Set by the loader: the pipeline file this was read from.")
 
+    @field_validator("model", "output_dir", mode="before")
+    @classmethod
+    def _usable_path(cls, v: object) -> object:
+        if isinstance(v, str) and ("\x00" in v or not v.strip()):
+            raise ValueError("must be a non-empty path without NUL characters")
+        return v
+
     @field_validator("output_name")
     @classmethod
     def _plain_onnx_name(cls, v: str) -> str:
+        if "\x00" in v:
+            raise ValueError("must not contain NUL characters")
         if not v or Path(v).name != v or v in (".", ".."):
             raise ValueError("must be a plain file name (no folder part), e.g. model.onnx")
         if not v.endswith(".onnx"):
@@ -133,6 +149,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)  # resolve YAML merge keys (<<: *anchor) first
     keys = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -185,10 +202,13 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
             (``len(prompt) + steps > max_cache_len``, or ``step_len > 1``).
     """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p} is a folder; expected a pipeline YAML file")
     if not p.is_file():
         raise ConfigError(f"pipeline file not found: {p}")
     try:
-        raw = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        with p.open(encoding="utf-8") as stream:  # a named stream, so YAML errors cite the file
+            raw = yaml.load(stream, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not a text file; expected a pipeline YAML (did you pass the model?)") from None
     except yaml.YAMLError as exc:

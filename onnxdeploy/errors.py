@@ -58,6 +58,7 @@ class PassError(OnnxDeployError):
 
     def __init__(self, pass_name: str, message: str):
         self.pass_name = pass_name
+        self.detail = message
         super().__init__(f"pass '{pass_name}': {message}")
 
 

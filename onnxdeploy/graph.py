@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnxdeploy.errors import ModelLoadError
+from onnxdeploy.errors import ModelLoadError, OutputError
 
 __all__ = [
     "load_model",
@@ -23,6 +23,8 @@ __all__ = [
     "opset_imports",
     "PROTOBUF_LIMIT_BYTES",
     "default_file_mode",
+    "input_files",
+    "check_not_an_input",
 ]
 
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
@@ -50,7 +52,8 @@ def load_model(path: str | os.PathLike[str], *, load_external_data: bool = True)
     if p.stat().st_size == 0:
         raise ModelLoadError(f"model file is empty: {p}")
     try:
-        model = onnx.load(str(p), load_external_data=load_external_data)
+        # format pinned: onnx would otherwise guess JSON/text from a .json/.txt extension
+        model = onnx.load(str(p), format="protobuf", load_external_data=load_external_data)
     except DecodeError as exc:
         raise ModelLoadError(f"{p} is not an ONNX model (protobuf decode failed: {exc})") from exc
     except Exception as exc:  # onnx raises ValidationError/OSError/... for external data problems
@@ -95,6 +98,38 @@ def save_model_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> P
         Path(tmp).unlink(missing_ok=True)
         raise
     return dest
+
+
+def input_files(path: str | os.PathLike[str]) -> set[Path]:
+    """Return the resolved paths of a model file and of every external-data file it references.
+
+    Reads the graph only (no tensor data). Unreadable models yield just their own path.
+    """
+    p = Path(path).resolve()
+    files = {p}
+    try:
+        model = onnx.load(str(p), format="protobuf", load_external_data=False)
+    except Exception:  # the caller reports load errors; here only the file set matters
+        return files
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in init.external_data if e.key == "location"), None)
+            if loc:
+                files.add((p.parent / loc).resolve())
+    return files
+
+
+def check_not_an_input(dest: str | os.PathLike[str], inputs: set[Path], what: str) -> None:
+    """Raise :class:`~onnxdeploy.errors.OutputError` when writing ``dest`` would overwrite one of ``inputs``.
+
+    Args:
+        dest: the file about to be written.
+        inputs: resolved paths of input files (models, their external data, the pipeline file).
+        what: how to name ``dest`` in the message (e.g. ``--report``).
+    """
+    target = Path(dest).resolve()
+    if target in inputs:
+        raise OutputError(f"{what} {target} is an input file; inputs are never overwritten")
 
 
 def default_file_mode() -> int:

@@ -7,6 +7,7 @@ Exit status (README, "Exit codes"): 0 passed; 1 a check found an error or the ve
 
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import tempfile
@@ -22,8 +23,16 @@ from onnxdeploy import __version__
 from onnxdeploy.checks import CheckContext, get_check
 from onnxdeploy.config import PipelineConfig
 from onnxdeploy.contract import read_contract
-from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, OutputError
-from onnxdeploy.graph import default_file_mode, load_model, save_model_atomic
+from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, OnnxDeployError, OutputError
+from onnxdeploy.graph import (
+    PROTOBUF_LIMIT_BYTES,
+    check_not_an_input,
+    default_file_mode,
+    initializer_bytes,
+    input_files,
+    load_model,
+    save_model_atomic,
+)
 from onnxdeploy.render import render_markdown
 from onnxdeploy.report import Finding, PassReport, RunReport
 from onnxdeploy.runner import verify
@@ -80,14 +89,32 @@ def _versions() -> dict[str, str]:
     return {"python": platform.python_version(), "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
 
 
+def _lock_folder(folder: Path) -> int:
+    """Take an exclusive, non-blocking ``flock`` on ``folder`` itself (no lock file is left behind).
+
+    Returns:
+        The open folder descriptor; closing it releases the lock.
+
+    Raises:
+        OutputError: another run holds the lock (two runs would mix their model and reports).
+    """
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OutputError(f"another onnxdeploy run is writing to {folder}; use another output_dir") from None
+    return fd
+
+
 def _check_output_location(config: PipelineConfig) -> None:
     """Refuse outputs that would overwrite the input model or sit where a folder cannot be made."""
     out_dir = config.output_dir
-    final_model = (out_dir / config.output_name).resolve()
-    if final_model == config.model.resolve():
-        raise OutputError(
-            f"output {final_model} is the input model; the input is never overwritten: change output_dir or output_name"
-        )
+    inputs = input_files(config.model)
+    if config.source is not None:
+        inputs.add(Path(config.source).resolve())
+    for name, what in ((config.output_name, "output model"), ("report.json", "report"), ("report.md", "report")):
+        check_not_an_input(out_dir / name, inputs, what)
     for parent in (out_dir, *out_dir.parents):
         if parent.exists():
             if not parent.is_dir():
@@ -124,6 +151,12 @@ def run_pipeline(
     _check_output_location(config)
     say(f"loading {model_in}")
     model = load_model(model_in)
+    weights = initializer_bytes(model)
+    if weights > PROTOBUF_LIMIT_BYTES:
+        raise OnnxDeployError(
+            f"{model_in}: {weights / 2**30:.2f} GiB of weights is over the 2 GiB protobuf limit; models kept in "
+            "external data above that size are not supported yet (the passes copy and fold the whole ModelProto)"
+        )
     pass_reports: list[PassReport] = []
     findings: list[Finding] = []
     for spec in config.passes:
@@ -140,11 +173,15 @@ def run_pipeline(
     out_dir = config.output_dir
     made_dir = not out_dir.exists()
     final_model = out_dir / config.output_name
+    lock = None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
+        lock = _lock_folder(out_dir)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{config.output_name}.", suffix=".tmp", dir=out_dir)
         os.close(fd)
     except OSError as exc:
+        if lock is not None:
+            os.close(lock)
         raise OutputError(f"cannot write to output_dir {out_dir}: {exc.strerror or exc}") from exc
     tmp_model = Path(tmp_name)
     temps: list[Path] = []
@@ -195,6 +232,7 @@ def run_pipeline(
             target=config.target,
             contract=contract.model_dump() if contract else None,
             passes=pass_reports,
+            checks_run=checks,
             findings=findings,
             verify=verify_report,
             failures=failures,
@@ -221,6 +259,8 @@ def run_pipeline(
         if isinstance(exc, OSError):
             raise OutputError(f"cannot write the outputs to {out_dir}: {exc.strerror or exc}") from exc
         raise
+    finally:
+        os.close(lock)  # releases the flock
     say(f"wrote {final_model}, {report_json}, {report_md}")
     return RunOutcome(
         report=report,

@@ -52,7 +52,7 @@ def render_markdown(report: RunReport) -> str:
                 lines += ["", "dims fixed: " + "; ".join(p.dims_fixed)]
             lines += [f"- warning: {w}" for w in p.warnings]
             lines.append("")
-    lines += ["## Findings", ""]
+    lines += ["## Findings", "", "Checks run: " + (", ".join(report.checks_run) or "none"), ""]
     if report.findings:
         lines += ["| code | level | check | message | nodes | hint |", "|---|---|---|---|---|---|"]
         for f in report.findings:
@@ -61,14 +61,24 @@ def render_markdown(report: RunReport) -> str:
     else:
         lines.append("No findings.")
     lines.append("")
-    if report.verify is not None:
+    if report.verify is None:
+        lines += [
+            "## Verification",
+            "",
+            "Skipped (`verify: null`): the output was **not** compared with the original.",
+            "",
+        ]
+    else:
         v = report.verify
         lines += [
             "## Verification",
             "",
-            f"Original `{v.original}` vs candidate `{v.candidate}` on {', '.join(v.providers)}; prompt "
+            f"Original `{v.original}` vs candidate `{v.candidate}`; providers requested {', '.join(v.providers)}, "
+            f"used {', '.join(v.providers_active) or '?'}; prompt "
             f"{v.prompt}, {v.steps} steps; thresholds: max abs logit diff ≤ {v.max_abs_logit_diff_threshold:g}, "
             f"top-1 agreement ≥ {v.min_top1_agreement_threshold:g}.",
+            "",
+            *[f"- **provider fallback:** {line}" for line in v.provider_fallbacks],
             "",
             "| mode | passed | positions | top-1 agreement | max abs logit diff | first divergent step | "
             "p50 ms (cand / orig) | p99 ms (cand / orig) |",

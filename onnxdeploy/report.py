@@ -130,7 +130,8 @@ class VerifyReport(BaseModel):
     passed: bool
     original: str
     candidate: str
-    providers: list[str]
+    providers: list[str] = Field(description="Execution providers requested, in priority order.")
+    providers_active: list[str] = Field(default_factory=list, description="Providers the candidate session used.")
     provider_fallbacks: list[str] = Field(default_factory=list)
     prompt: list[int]
     steps: int
@@ -153,8 +154,9 @@ class RunReport(BaseModel):
     target: str | None = None
     contract: dict[str, Any] | None = None
     passes: list[PassReport] = Field(default_factory=list)
+    checks_run: list[str] = Field(default_factory=list, description="Registry names of the checks that ran.")
     findings: list[Finding] = Field(default_factory=list)
-    verify: VerifyReport | None = None
+    verify: VerifyReport | None = Field(None, description="null when the pipeline has verify: null.")
     failures: list[str] = Field(default_factory=list, description="Why status is 'failed'.")
     wall_time_s: float = 0.0
     onnxdeploy_version: str = ""

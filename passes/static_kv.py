@@ -236,7 +236,11 @@ class StaticKVCachePass(Pass):
         if opset < 11:
             raise PreconditionError(self.name, f"ai.onnx opset {opset} < 11 has no ScatterElements; run pin_opset")
         if any(p.key == "onnxdeploy.contract" for p in model.metadata_props):
-            raise PreconditionError(self.name, "the model already carries a decode contract (already static)")
+            raise PreconditionError(
+                self.name,
+                "the model already carries metadata_props['onnxdeploy.contract'] (it was made static before); "
+                "run static_kv on the original export",
+            )
 
     def call(self, model: onnx.ModelProto, report: PassReport) -> tuple[onnx.ModelProto, bool]:
         """Rewrite the cache; see the class docstring."""

@@ -64,7 +64,7 @@ def exporter_cache_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
     except PreconditionError as exc:
         raise ContractError(
             "the model has neither a decode contract nor 'past_key_values.{i}.key|value' inputs, and no "
-            f"KV cache was found by data flow: {exc}"
+            f"KV cache was found by data flow: {exc.detail}"
         ) from exc
 
 

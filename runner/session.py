@@ -120,10 +120,12 @@ def open_session(path: str | Path, *, providers: Sequence[str] = DEFAULT_PROVIDE
         ConfigError: a provider name ONNX Runtime does not know (``ort.get_all_providers()``).
     """
     source = str(path)
+    if Path(path).is_dir():
+        raise ModelLoadError(f"{source}: is a folder, not a model file")
     if not Path(path).is_file():
         raise ModelLoadError(f"{source}: model file not found")
     try:
-        model = onnx.load(source, load_external_data=False)
+        model = onnx.load(source, format="protobuf", load_external_data=False)
     except Exception as exc:  # protobuf and onnx raise several unrelated types
         raise ModelLoadError(f"{source}: not a readable ONNX model: {exc}") from exc
     requested = tuple(providers)

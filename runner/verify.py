@@ -237,6 +237,13 @@ def verify(
     original = make_decoder(original_session)
     candidate = make_decoder(candidate_session)
     for decoder in (original, candidate):
+        step_len = decoder.contract.step_len if isinstance(decoder, ContractDecoder) else 1
+        if step_len > 1:
+            raise ConfigError(
+                f"verify: {decoder.source} is a step_len {step_len} graph (a prefill bucket); the runner decodes "
+                "one token per call, so it can verify step_len 1 graphs only"
+            )
+    for decoder in (original, candidate):
         _check_capacity(decoder, total)
         _warm_up(decoder, prompt, steps)
 
@@ -267,6 +274,7 @@ def verify(
         original=str(original_path),
         candidate=str(candidate_path),
         providers=list(providers),
+        providers_active=list(candidate_session.providers_active),
         provider_fallbacks=[*original_session.fallbacks, *candidate_session.fallbacks],
         prompt=list(prompt),
         steps=steps,

@@ -330,3 +330,52 @@ def test_model_without_kv_cache_exits_2_saying_what_was_looked_for(tmp_path):
     assert result.exit_code == 2, out
     assert "no KV cache found" in out and "Looked for" in out and "Found" in out
     assert not (tmp_path / "out").exists()
+
+
+def test_verify_report_onto_an_input_is_refused(tmp_path):
+    original = tmp_path / "orig.onnx"
+    shutil.copy(fixture_entry("gpt2_optimum")["model_path"], original)
+    before = _sha(original)
+    result, out = _invoke("verify", str(original), str(original), "--steps", "1", "--report", str(original))
+    assert result.exit_code == 2, out
+    assert "input file" in out
+    assert _sha(original) == before
+
+
+def test_pipeline_file_inside_output_dir_named_like_a_report_is_refused(tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    pipeline = _write_pipeline(tmp_path)
+    moved = out_dir / "report.json"
+    pipeline.rename(moved)
+    text = moved.read_text()
+    result, out = _invoke("run", str(moved), "--output-dir", str(out_dir))
+    assert result.exit_code == 2, out
+    assert "input file" in out
+    assert moved.read_text() == text
+
+
+def test_a_second_run_into_a_locked_output_dir_is_refused(tmp_path):
+    import fcntl
+    import os
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    fd = os.open(out_dir, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        result, out = _invoke("run", str(_write_pipeline(tmp_path)))
+    finally:
+        os.close(fd)
+    assert result.exit_code == 2, out
+    assert "another onnxdeploy run" in out
+    assert list(out_dir.iterdir()) == []
+
+
+def test_report_says_which_checks_ran_and_when_verification_was_skipped(tmp_path):
+    result, out = _invoke("run", str(_write_pipeline(tmp_path, checks=["checker"], verify=None)), "--json")
+    assert result.exit_code == 0, out
+    report = json.loads(result.stdout)
+    assert report["checks_run"] == ["checker"] and report["verify"] is None
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Checks run: checker" in md and "not** compared" in md

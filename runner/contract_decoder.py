@@ -17,12 +17,13 @@ import numpy as np
 
 from onnxdeploy.contract import DecodeContract
 from onnxdeploy.errors import CacheOverflowError, ContractError, DecodeRunError
+from onnxdeploy.runner.decode_state import DecodeState
 from onnxdeploy.runner.session import ModelSession, numpy_dtype
 
 __all__ = ["ContractDecoder"]
 
 
-class ContractDecoder:
+class ContractDecoder(DecodeState):
     """Greedy-decode driver for a static-shape model described by a :class:`DecodeContract`.
 
     Tokens are fed in chunks of ``step_len``, one ``session.run`` per chunk; a feed whose length is
@@ -79,8 +80,7 @@ class ContractDecoder:
                     )
         self._output_names = [contract.logits, *(present for _, present in self._pairs)]
         self._buffers: dict[str, np.ndarray] = {}
-        self._position = 0
-        self._latencies: list[float] = []
+        DecodeState.__init__(self)
         self.reset()
 
     def _cache_shape(self, length: int) -> tuple[int, ...]:
@@ -89,21 +89,10 @@ class ContractDecoder:
             return (c.batch, c.num_kv_heads, length, c.head_dim_padded)
         return (c.batch, length, c.num_kv_heads, 2 * c.head_dim_padded)
 
-    @property
-    def position(self) -> int:
-        """Number of tokens fed since the last :meth:`reset` (the next token's absolute position)."""
-        return self._position
-
-    @property
-    def call_latencies_ms(self) -> list[float]:
-        """Wall time of every ``session.run`` since the last :meth:`reset`, in ms."""
-        return list(self._latencies)
-
     def reset(self) -> None:
         """Zero the cache buffers; the next :meth:`feed` starts at position 0."""
         self._buffers = {past: np.zeros(self._buffer_shape, dtype=self._kv_dtype) for past, _ in self._pairs}
-        self._position = 0
-        self._latencies = []
+        self._reset_counters()
 
     def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray, float]]:
         """Run the model on ``tokens``, ``step_len`` tokens per ``session.run``.

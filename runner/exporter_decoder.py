@@ -18,6 +18,7 @@ import onnx
 
 from onnxdeploy.errors import ContractError, DecodeRunError, PreconditionError
 from onnxdeploy.kv_cache import find_kv_cache
+from onnxdeploy.runner.decode_state import DecodeState
 from onnxdeploy.runner.session import ModelSession, numpy_dtype
 
 __all__ = ["ExporterDecoder", "exporter_cache_pairs"]
@@ -68,7 +69,7 @@ def exporter_cache_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
         ) from exc
 
 
-class ExporterDecoder:
+class ExporterDecoder(DecodeState):
     """Greedy-decode driver for exporter-convention models with a growing (dynamic) KV cache.
 
     Each :meth:`feed` is one ``session.run`` over all tokens given (the prompt as one prefill call,
@@ -116,25 +117,13 @@ class ExporterDecoder:
             raise ContractError(f"{self.source}: inputs outside the exporter convention: {unknown}")
         self._output_names = ["logits", *(present for _, present in self._pairs)]
         self._past: dict[str, np.ndarray] = {}
-        self._position = 0
-        self._latencies: list[float] = []
+        DecodeState.__init__(self)
         self.reset()
-
-    @property
-    def position(self) -> int:
-        """Number of tokens fed since the last :meth:`reset` (the next token's absolute position)."""
-        return self._position
-
-    @property
-    def call_latencies_ms(self) -> list[float]:
-        """Wall time of every ``session.run`` since the last :meth:`reset`, in ms."""
-        return list(self._latencies)
 
     def reset(self) -> None:
         """Drop the cache: the next :meth:`feed` starts at position 0 with an empty past."""
         self._past = dict(self._empty_past)
-        self._position = 0
-        self._latencies = []
+        self._reset_counters()
 
     def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray, float]]:
         """Run the model on ``tokens`` in one call, appending them to the cache.

@@ -10,13 +10,12 @@ only the call's K/V and the host writes them into the buffers at ``cache_positio
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from onnxdeploy.contract import DecodeContract
-from onnxdeploy.errors import CacheOverflowError, ContractError, DecodeRunError
+from onnxdeploy.errors import CacheOverflowError, ContractError
 from onnxdeploy.runner.decode_state import DecodeState
 from onnxdeploy.runner.session import ModelSession, numpy_dtype
 
@@ -142,13 +141,7 @@ class ContractDecoder(DecodeState):
             mask = np.zeros((c.batch, c.max_cache_len), dtype=np.int64)
             mask[:, : slots[-1] + 1] = 1
             feeds[self._inputs["attention_mask"]] = mask
-        start = time.perf_counter()
-        try:
-            results = self._session.run(self._output_names, feeds)
-        except Exception as exc:  # ORT raises its own types (InvalidArgument, Fail, ...)
-            raise DecodeRunError(f"{self.source}: ONNX Runtime failed at position {self._position}: {exc}") from exc
-        latency_ms = (time.perf_counter() - start) * 1e3
-        self._latencies.append(latency_ms)
+        results, latency_ms = self._timed_run(self._session, self._output_names, feeds)
         presents = results[1:]
         written = self._buffer_shape if c.cache_update == "full_buffer" else self._cache_shape(c.step_len)
         for (_, name), present in zip(self._pairs, presents, strict=True):

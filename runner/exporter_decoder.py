@@ -10,13 +10,12 @@ A cache whose tensors are renamed is paired by data flow instead (:func:`exporte
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
 
 import numpy as np
 import onnx
 
-from onnxdeploy.errors import ContractError, DecodeRunError, PreconditionError
+from onnxdeploy.errors import ContractError, PreconditionError
 from onnxdeploy.kv_cache import find_kv_cache
 from onnxdeploy.runner.decode_state import DecodeState
 from onnxdeploy.runner.session import ModelSession, numpy_dtype
@@ -150,13 +149,7 @@ class ExporterDecoder(DecodeState):
             feeds["attention_mask"] = np.ones((self._batch, total), dtype=self._mask_dtype)
         if self._has_position_ids:
             feeds["position_ids"] = np.tile(np.arange(self._position, total, dtype=np.int64), (self._batch, 1))
-        start = time.perf_counter()
-        try:
-            results = self._session.run(self._output_names, feeds)
-        except Exception as exc:  # ORT raises its own types (InvalidArgument, Fail, ...)
-            raise DecodeRunError(f"{self.source}: ONNX Runtime failed at position {self._position}: {exc}") from exc
-        latency_ms = (time.perf_counter() - start) * 1e3
-        self._latencies.append(latency_ms)
+        results, latency_ms = self._timed_run(self._session, self._output_names, feeds)
         logits = np.asarray(results[0][0], dtype=np.float32)
         if logits.shape[0] != steps:
             raise ContractError(

@@ -1,0 +1,752 @@
+"""Model files: load, save, the protobuf limit and external data — the one module that owns them.
+
+Models of any size (DESIGN.md, "Models of any size"): weights are never copied or serialised to move a
+model between stages.
+
+* :func:`read_model_header` parses the ``.onnx`` file without tensor data and refuses what cannot be a
+  usable model (missing, empty, not protobuf, incomplete: no ``graph`` or no ``opset_import``) and every
+  unsafe or broken external-data reference **before anything is read**: a ``location`` that is empty,
+  absolute or contains ``..``; a folder component that is a symlink leaving the model's folder; a data file
+  that is a symlink, except in a Hugging Face cache layout (below); a file that is missing, not a regular
+  file (a FIFO is never opened) or shorter than ``offset + length``. Lengths come from the ``length``
+  field, or from the shape and dtype where an exporter omits it (torch writes none).
+* :func:`load_model` turns the header into an ``onnx_ir.Model`` whose external tensors memory-map the
+  data files on first use (read-only; the input files are never written) and sorts an unsorted graph.
+* :func:`stand_in_proto` gives the ``ModelProto`` that onnx's checker, shape inference, onnxsim and the
+  version converter need, with large initializers stripped to typed stand-ins, so their cost does not
+  grow with weight bytes; :func:`proto_round_trip` brings such a proto back with the original weights.
+* :func:`stage_artifacts` writes one or more graphs that share **one** external weights file under a
+  temporary folder inside the output folder (locations are the final, relative names); ``commit`` renames
+  them into place, ``discard`` removes them (also on SIGINT).
+* :func:`write_for_ort` writes an in-memory model where ONNX Runtime can open it by path: its unchanged
+  weights are referenced through symlinks to the input's data files, never copied.
+
+Hugging Face cache layout, decided on purpose: ``models--org--name/snapshots/<rev>/model.onnx_data`` is a
+symlink into ``models--org--name/blobs/``. A data file that is a symlink is accepted only when it resolves
+inside the model's folder, or when the model's folder is ``…/snapshots/<rev>/`` and the link resolves
+into the sibling ``…/blobs/`` folder (what ``huggingface_hub`` writes; ONNX Runtime loads it too). Any
+other symlinked data file is refused (exit 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from onnxdeploy.errors import ModelLoadError, OutputError
+
+__all__ = [
+    "PROTOBUF_LIMIT_BYTES",
+    "STAND_IN_THRESHOLD_BYTES",
+    "ExternalFile",
+    "LoadedModel",
+    "StagedArtifacts",
+    "WeightsPolicy",
+    "check_external_data",
+    "check_not_an_input",
+    "default_file_mode",
+    "input_files",
+    "load_model",
+    "proto_round_trip",
+    "read_model_header",
+    "release_weights",
+    "stage_artifacts",
+    "stand_in_proto",
+    "tensor_nbytes",
+    "weight_bytes",
+    "write_for_ort",
+]
+
+PROTOBUF_LIMIT_BYTES = 2**31 - 1
+"""Largest serialized ModelProto protobuf accepts (2 GiB - 1 byte); larger models need external data."""
+
+STAND_IN_THRESHOLD_BYTES = 1024
+"""Initializers above this size are stripped from the protos handed to onnx's C++ tools (onnx_ir uses 1000)."""
+
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True)
+class ExternalFile:
+    """One external-data file a model references.
+
+    Attributes:
+        location: the ``location`` string as written in the model (relative to the model's folder).
+        path: the resolved path of the data (symlinks followed).
+        tensors: how many initializers live in it.
+        bytes_needed: the end of the furthest tensor (``offset + length``), in bytes.
+        size: the file's size in bytes.
+    """
+
+    location: str
+    path: Path
+    tensors: int
+    bytes_needed: int
+    size: int
+
+
+@dataclass
+class LoadedModel:
+    """A model loaded for the passes.
+
+    Attributes:
+        path: the ``.onnx`` file.
+        model: the in-memory model; external tensors map the input's data files read-only.
+        external_files: the data files it references (empty when every weight is inline).
+        sorted_at_load: a human-readable note when the graph was out of topological order and was sorted.
+    """
+
+    path: Path
+    model: ir.Model
+    external_files: list[ExternalFile]
+    sorted_at_load: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def read_model_header(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """Parse an ``.onnx`` file without tensor data and check its external-data references.
+
+    Args:
+        path: the ``.onnx`` file.
+
+    Returns:
+        The ``ModelProto`` with external tensors left as references (no weight bytes read).
+
+    Raises:
+        ModelLoadError: the file is missing, a folder, empty, not an ONNX protobuf, incomplete (no
+            ``graph`` or no ``opset_import``, e.g. truncated), or an external-data reference is unsafe or
+            broken (see :func:`check_external_data`). The message names the file and, where it applies,
+            the tensor and the data file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"model file not found: {p}")
+    if p.is_dir():
+        raise ModelLoadError(f"{p} is a folder; expected an .onnx model file")
+    if not p.is_file():
+        raise ModelLoadError(f"{p} is not a regular file; expected an .onnx model file")
+    if p.stat().st_size == 0:
+        raise ModelLoadError(f"model file is empty: {p}")
+    try:
+        # format pinned: onnx would otherwise guess JSON/text from a .json/.txt extension
+        proto = onnx.load(str(p), format="protobuf", load_external_data=False)
+    except DecodeError as exc:
+        raise ModelLoadError(f"{p} is not an ONNX model (protobuf decode failed: {exc})") from exc
+    except Exception as exc:  # onnx/protobuf raise several unrelated types
+        raise ModelLoadError(f"cannot read ONNX model {p}: {exc}") from exc
+    missing = [
+        name
+        for name, absent in (("graph", not proto.HasField("graph")), ("opset_import", not proto.opset_import))
+        if absent
+    ]
+    if missing:
+        raise ModelLoadError(
+            f"{p} is an incomplete ONNX model: no {' and no '.join(missing)} (a truncated or partly written file?)"
+        )
+    check_external_data(proto, p)
+    return proto
+
+
+def tensor_nbytes(tensor: onnx.TensorProto) -> int:
+    """Bytes a tensor's data occupies: ``prod(dims) * itemsize`` (sub-byte types packed, rounded up)."""
+    count = math.prod(tensor.dims)
+    bits = ir.DataType(tensor.data_type).bitwidth
+    return (count * bits + 7) // 8
+
+
+def _external_info(tensor: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def _iter_external(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every external tensor of a graph and its subgraphs (initializers and Constant values)."""
+    for tensor in graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            yield tensor
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_location == onnx.TensorProto.EXTERNAL:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                yield from _iter_external(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _iter_external(g)
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _allowed_link_roots(folder: Path) -> list[str]:
+    """Where a symlinked data file may resolve to: the model's folder, and a Hugging Face cache's blobs/."""
+    roots = [os.path.realpath(folder)]
+    real = Path(os.path.realpath(folder))
+    if real.parent.name == "snapshots":
+        roots.append(str(real.parent.parent / "blobs"))
+    return roots
+
+
+def _resolve_location(location: str, folder: Path, tensor: str, model: Path) -> Path:
+    """Check one ``location`` and return the data file's resolved path (nothing is opened)."""
+    where = f"{model}: tensor '{tensor}' external data location '{location}'"
+    if not location or "\x00" in location:
+        raise ModelLoadError(f"{where} is empty or malformed")
+    normalised = location.replace("\\", "/")
+    if os.path.isabs(location) or normalised.startswith("/") or (len(location) > 1 and location[1] == ":"):
+        raise ModelLoadError(f"{where} is an absolute path; locations must be relative to the model's folder")
+    if ".." in normalised.split("/"):
+        raise ModelLoadError(f"{where} contains '..'; data outside the model's folder is refused")
+    candidate = folder / normalised
+    folder_real = os.path.realpath(folder)
+    parent_real = os.path.realpath(candidate.parent)
+    if not _within(parent_real, folder_real):
+        raise ModelLoadError(f"{where} goes through a symlinked folder to {parent_real}, outside {folder_real}")
+    try:
+        link = os.lstat(candidate)
+    except FileNotFoundError:
+        raise ModelLoadError(f"{where}: data file {candidate} not found") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{where}: cannot stat {candidate}: {exc.strerror or exc}") from None
+    real = os.path.realpath(candidate)
+    if stat.S_ISLNK(link.st_mode) and not any(_within(real, root) for root in _allowed_link_roots(folder)):
+        raise ModelLoadError(
+            f"{where}: {candidate} is a symlink to {real}, outside the model's folder (only links into a Hugging "
+            "Face cache's blobs/ folder are followed)"
+        )
+    try:
+        target = os.stat(real)  # stat, never open: a FIFO or device must not block or be read
+    except OSError as exc:
+        raise ModelLoadError(f"{where}: data file {candidate} is unreadable: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(target.st_mode):
+        raise ModelLoadError(f"{where}: {candidate} is not a regular file")
+    return Path(real)
+
+
+def check_external_data(proto: onnx.ModelProto, model_path: str | os.PathLike[str]) -> list[ExternalFile]:
+    """Check every external-data reference of ``proto`` against the files beside ``model_path``.
+
+    Nothing is opened: locations are validated as strings, files by ``stat`` only.
+
+    Args:
+        proto: the model header (from :func:`read_model_header` or ``onnx.load(load_external_data=False)``).
+        model_path: the ``.onnx`` file; locations are relative to its folder.
+
+    Returns:
+        One entry per data file, in order of first reference.
+
+    Raises:
+        ModelLoadError: a location is empty, absolute, contains ``..``, passes through a symlinked folder
+            leaving the model's folder, or names a symlink resolving outside it (see the module docstring for
+            the Hugging Face exception); a file is missing, not a regular file, or shorter than a tensor's
+            ``offset + length``; an ``offset``/``length`` is not a non-negative integer; a tensor's
+            ``length`` disagrees with its shape and dtype. The message names the tensor and the file.
+    """
+    model = Path(model_path)
+    folder = model.parent
+    files: dict[str, dict] = {}
+    for tensor in _iter_external(proto.graph):
+        info = _external_info(tensor)
+        location = info.get("location", "")
+        where = f"{model}: tensor '{tensor.name}' (external data '{location}')"
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
+        except ValueError:
+            raise ModelLoadError(f"{where}: offset/length are not integers") from None
+        if offset < 0 or length < 0:
+            raise ModelLoadError(f"{where}: negative offset or length")
+        expected = tensor_nbytes(tensor)
+        if length != expected:
+            raise ModelLoadError(f"{where}: length {length} bytes, but dims {list(tensor.dims)} need {expected}")
+        entry = files.get(location)
+        if entry is None:
+            real = _resolve_location(location, folder, tensor.name, model)
+            entry = files[location] = {"path": real, "tensors": 0, "needed": 0, "size": real.stat().st_size}
+        entry["tensors"] += 1
+        if offset + length > entry["size"]:
+            raise ModelLoadError(
+                f"{where}: needs bytes {offset}..{offset + length} but {entry['path']} holds {entry['size']} bytes "
+                "(the data file is short: truncated or from another export)"
+            )
+        entry["needed"] = max(entry["needed"], offset + length)
+    return [
+        ExternalFile(location=loc, path=e["path"], tensors=e["tensors"], bytes_needed=e["needed"], size=e["size"])
+        for loc, e in files.items()
+    ]
+
+
+def _unsorted_node(graph: ir.Graph) -> ir.Node | None:
+    """The first node reading a value produced later in the main graph (None when sorted)."""
+    seen: set[int] = set()
+    for node in graph:
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and producer.graph is graph and id(producer) not in seen:
+                return node
+        seen.add(id(node))
+    return None
+
+
+def load_model(path: str | os.PathLike[str]) -> LoadedModel:
+    """Load a model for the passes: graph in memory, external weights memory-mapped on first use.
+
+    External tensors are re-pointed at the data files :func:`check_external_data` resolved (so onnx_ir's
+    own containment and hard-link refusals, made for untrusted locations, do not apply twice: the
+    Hugging Face layout is accepted here on purpose). A graph out of topological order is sorted
+    (onnx_ir's ``TopologicalSortPass``) and ``sorted_at_load`` says which node was out of order.
+
+    Args:
+        path: the ``.onnx`` file (never written).
+
+    Returns:
+        The loaded model.
+
+    Raises:
+        ModelLoadError: as for :func:`read_model_header`, or onnx_ir cannot represent the graph.
+    """
+    p = Path(path)
+    proto = read_model_header(p)
+    files = check_external_data(proto, p)
+    resolved = {f.location: f.path for f in files}
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as exc:  # onnx_ir raises ValueError/TypeError for malformed graphs
+        raise ModelLoadError(f"{p}: cannot read the graph: {type(exc).__name__}: {exc}") from exc
+    del proto
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                value.const_value = ir.ExternalTensor(
+                    location=str(resolved[str(tensor.location)]),
+                    offset=tensor.offset,
+                    length=tensor.length if tensor.length is not None else tensor.nbytes,
+                    dtype=tensor.dtype,
+                    shape=tensor.shape,
+                    name=tensor.name,
+                    base_dir="",
+                )
+    note = None
+    late = _unsorted_node(model.graph)
+    if late is not None:
+        ir.passes.common.TopologicalSortPass()(model)
+        note = f"the graph was out of topological order (node '{late.name}' ({late.op_type}) read a later output); sorted at load"
+    return LoadedModel(path=p, model=model, external_files=files, sorted_at_load=note)
+
+
+def weight_bytes(model: ir.Model) -> int:
+    """Total bytes of the main graph's initializers (external ones by their length; nothing is read)."""
+    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+
+
+def release_weights(model: ir.Model) -> None:
+    """Unmap every memory-mapped external tensor of ``model`` (they map again if read later)."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                value.const_value.release()
+
+
+# ------------------------------------------------------------------------------------- stand-in protos
+
+
+@contextlib.contextmanager
+def _stripped(model: ir.Model, threshold: int, as_inputs: bool) -> Iterator[dict[str, ir.TensorProtocol]]:
+    """Temporarily strip initializers above ``threshold`` bytes from the main graph; restore on exit.
+
+    ``as_inputs``: stripped weights become typed graph inputs (onnxsim and the version converter then treat
+    them as unknown data and never fold or copy them). Otherwise they stay initializers whose data is an
+    external reference to nothing (checks see the graph exactly as saved, without the bytes).
+    """
+    graph = model.graph
+    stripped: dict[str, ir.TensorProtocol] = {}
+    values = [v for v in graph.initializers.values() if v.const_value is not None and v.const_value.nbytes > threshold]
+    n_inputs = len(graph.inputs)
+    for value in values:
+        tensor = value.const_value
+        assert value.name is not None and tensor is not None
+        stripped[value.name] = tensor
+        value.shape = value.shape or tensor.shape
+        value.dtype = value.dtype or tensor.dtype
+        if as_inputs:
+            graph.initializers.pop(value.name)
+            value.const_value = None
+            if value not in graph.inputs:
+                graph.inputs.append(value)
+        else:
+            value.const_value = ir.ExternalTensor(
+                location="onnxdeploy-stand-in",
+                offset=0,
+                length=tensor.nbytes,
+                dtype=tensor.dtype,
+                shape=tensor.shape,
+                name=value.name,
+            )
+    try:
+        yield stripped
+    finally:
+        for value in values:
+            value.const_value = stripped[value.name]  # type: ignore[index]
+            if as_inputs:
+                graph.initializers.add(value)
+        kept = list(graph.inputs)[:n_inputs]
+        graph.inputs.clear()
+        graph.inputs.extend(kept)
+
+
+def stand_in_proto(model: ir.Model, *, threshold: int = STAND_IN_THRESHOLD_BYTES) -> onnx.ModelProto:
+    """A ``ModelProto`` of ``model`` whose initializers above ``threshold`` bytes carry no data.
+
+    The stripped initializers stay initializers with their dtype and dims and an external-data reference
+    to a file that does not exist, so the checker, shape inference and graph checks see the graph as it
+    will be saved, at a cost that does not grow with weight bytes. ``model`` is unchanged afterwards.
+
+    Args:
+        model: the in-memory model.
+        threshold: bytes above which an initializer is stripped.
+
+    Returns:
+        A new ``ModelProto`` (never hand it to ONNX Runtime: the stand-ins have no data).
+    """
+    with _stripped(model, threshold, as_inputs=False):
+        return ir.serde.serialize_model(model)
+
+
+def proto_round_trip(
+    model: ir.Model,
+    transform: Callable[[onnx.ModelProto], onnx.ModelProto],
+    *,
+    threshold: int = STAND_IN_THRESHOLD_BYTES,
+) -> ir.Model:
+    """Run a ``ModelProto -> ModelProto`` tool (onnxsim, the version converter) without the weights.
+
+    Initializers above ``threshold`` bytes are handed to ``transform`` as typed graph inputs (so it can
+    neither fold nor copy them); in the model it returns they become initializers again, holding the very
+    same tensor objects (memory-mapped weights stay mapped, nothing is copied). ``model`` is unchanged.
+
+    Args:
+        model: the in-memory model.
+        transform: the tool; it must keep graph input names.
+        threshold: bytes above which an initializer is stripped.
+
+    Returns:
+        A new ``ir.Model``: ``transform``'s result with the original weights re-attached.
+
+    Raises:
+        Whatever ``transform`` raises.
+    """
+    with _stripped(model, threshold, as_inputs=True) as stripped:
+        proto = ir.serde.serialize_model(model)
+        weights = dict(stripped)
+    result = transform(proto)
+    del proto
+    out = ir.serde.deserialize_model(result)
+    graph = out.graph
+    for value in list(graph.inputs):
+        if value.name in weights:
+            graph.inputs.remove(value)
+            value.const_value = weights[value.name]
+            graph.initializers.add(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def default_file_mode() -> int:
+    """The mode a plain ``open()`` would give a new file under the current umask (mkstemp gives 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@dataclass(frozen=True)
+class WeightsPolicy:
+    """Where the writer puts initializers: inline in each ``.onnx`` or in one shared external data file.
+
+    Attributes:
+        mode: ``auto`` (external when the input kept weights externally or weights exceed
+            ``auto_external_above_bytes``), ``external`` or ``inline`` (set by the ``externalize`` and
+            ``embed_external_data`` passes). Above the 2 GiB protobuf limit weights are always external.
+        size_threshold_bytes: an initializer larger than this goes to the data file when external.
+        auto_external_above_bytes: ``auto`` goes external above this many weight bytes (1 GiB).
+    """
+
+    mode: str = "auto"
+    size_threshold_bytes: int = 1024
+    auto_external_above_bytes: int = 2**30
+
+    def external(self, total_weight_bytes: int, input_was_external: bool) -> bool:
+        """Whether weights go to an external data file for a set holding ``total_weight_bytes`` (bytes)."""
+        if total_weight_bytes > PROTOBUF_LIMIT_BYTES:
+            return True
+        if self.mode == "auto":
+            return input_was_external or total_weight_bytes > self.auto_external_above_bytes
+        return self.mode == "external"
+
+
+@dataclass
+class StagedArtifacts:
+    """Files written under a temporary folder inside the output folder, renamed into place by :meth:`commit`.
+
+    Attributes:
+        out_dir: the output folder.
+        staging: the temporary folder (``out_dir/.onnxdeploy-*``).
+        files: file names in ``staging``, in the order they will be renamed (data before graphs).
+        data_file: the shared external data file's name, or None when every weight is inline.
+    """
+
+    out_dir: Path
+    staging: Path
+    files: list[str] = field(default_factory=list)
+    data_file: str | None = None
+
+    def path(self, name: str) -> Path:
+        """The staged path of ``name`` (valid until :meth:`commit` or :meth:`discard`)."""
+        return self.staging / name
+
+    def add_text(self, name: str, text: str) -> Path:
+        """Stage a text file (UTF-8), e.g. a report; it is renamed with the rest."""
+        dest = self.staging / name
+        with open(dest, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(dest, default_file_mode())
+        self.files.append(name)
+        return dest
+
+    def commit(self) -> list[Path]:
+        """Rename every staged file into ``out_dir`` (data first, so a graph never points at a missing file).
+
+        Returns:
+            The final paths.
+
+        Raises:
+            OutputError: a rename failed (the staging folder is removed).
+        """
+        final = []
+        try:
+            for name in self.files:
+                dest = self.out_dir / name
+                os.replace(self.staging / name, dest)
+                final.append(dest)
+        except OSError as exc:
+            self.discard()
+            raise OutputError(f"cannot move the outputs into {self.out_dir}: {exc.strerror or exc}") from exc
+        self.discard()
+        return final
+
+    def discard(self) -> None:
+        """Remove the staging folder and whatever is still in it."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _serialize_with(model: ir.Model, swaps: dict[int, ir.TensorProtocol]) -> onnx.ModelProto:
+    """Serialize ``model`` with tensors replaced by ``swaps`` (id(tensor) -> replacement); model unchanged."""
+    changed: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    try:
+        for graph in model.graphs():
+            for value in graph.initializers.values():
+                tensor = value.const_value
+                if tensor is not None and id(tensor) in swaps:
+                    changed.append((value, tensor))
+                    value.const_value = swaps[id(tensor)]
+        return ir.serde.serialize_model(model)
+    finally:
+        for value, tensor in changed:
+            value.const_value = tensor
+
+
+def _write_proto(proto: onnx.ModelProto, dest: Path) -> None:
+    size = proto.ByteSize()
+    if size > PROTOBUF_LIMIT_BYTES:
+        raise OutputError(
+            f"{dest.name} would be {size} bytes, over the 2 GiB protobuf limit; keep weights in external data "
+            "(the externalize pass)"
+        )
+    with open(dest, "wb") as fh:
+        fh.write(proto.SerializeToString())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(dest, default_file_mode())
+
+
+def stage_artifacts(
+    graphs: Sequence[tuple[str, ir.Model]],
+    out_dir: Path,
+    *,
+    external: bool,
+    data_name: str,
+    size_threshold_bytes: int = 1024,
+) -> StagedArtifacts:
+    """Write graphs that may share weights into a staging folder inside ``out_dir``.
+
+    With ``external``, every initializer above ``size_threshold_bytes`` goes to **one** new data file
+    ``data_name`` (a tensor object shared by several graphs is written once; each graph references it by
+    the relative ``location`` ``data_name``, its final name). The data file is written fresh, never
+    appended to. Tensors are streamed one at a time (memory-mapped inputs are copied in chunks).
+
+    Args:
+        graphs: ``(file name, model)`` pairs, e.g. ``[("model.onnx", decode)]``.
+        out_dir: the existing output folder; the staging folder is made inside it (same filesystem, so the
+            final renames are atomic).
+        external: write large initializers to ``data_name``; else inline in each graph.
+        data_name: file name of the shared data file.
+        size_threshold_bytes: initializers above this go external.
+
+    Returns:
+        The staged set; call :meth:`StagedArtifacts.commit` or :meth:`StagedArtifacts.discard`.
+
+    Raises:
+        OutputError: a graph is over the protobuf limit inline, or the folder cannot be written.
+    """
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".onnxdeploy-", dir=out_dir))
+    except OSError as exc:
+        raise OutputError(f"cannot write to output_dir {out_dir}: {exc.strerror or exc}") from exc
+    staged = StagedArtifacts(out_dir=out_dir, staging=staging)
+    try:
+        swaps: dict[int, ir.TensorProtocol] = {}
+        if external:
+            tensors: list[ir.TensorProtocol] = []
+            seen: set[int] = set()
+            for _, model in graphs:
+                for graph in model.graphs():
+                    for value in graph.initializers.values():
+                        t = value.const_value
+                        if t is not None and t.nbytes > size_threshold_bytes and id(t) not in seen:
+                            seen.add(id(t))
+                            tensors.append(t)
+            if tensors:
+                written = ir.external_data.convert_tensors_to_external(tensors, str(staging), data_name)
+                swaps = {id(t): w for t, w in zip(tensors, written, strict=True)}
+                os.chmod(staging / data_name, default_file_mode())
+                staged.files.append(data_name)
+                staged.data_file = data_name
+        for name, model in graphs:
+            proto = _serialize_with(model, swaps)
+            _write_proto(proto, staging / name)
+            staged.files.append(name)
+        # The written external tensors map the staged file: drop them before anything renames it.
+        for t in swaps.values():
+            if isinstance(t, ir.ExternalTensor):
+                t.release()
+    except BaseException as exc:
+        staged.discard()
+        if isinstance(exc, OSError):
+            raise OutputError(f"cannot write the outputs to {out_dir}: {exc.strerror or exc}") from exc
+        raise
+    return staged
+
+
+def _link_or_none(target: str, link: Path) -> str | None:
+    """Hard-link ``target`` as ``link`` and return the link's name; None when they are on different filesystems.
+
+    A hard link, not a symlink: ONNX Runtime (1.32) resolves symlinks and refuses data outside the model's folder.
+    """
+    try:
+        os.link(target, link)
+    except OSError:
+        return None
+    return link.name
+
+
+def write_for_ort(model: ir.Model, folder: str | os.PathLike[str], name: str = "model.onnx") -> Path:
+    """Write ``model`` into ``folder`` so ONNX Runtime can open it by path, without copying mapped weights.
+
+    ORT refuses absolute, ``..`` and symlinked locations leaving the model's folder, and copies initializers
+    handed to it from memory, so each input data file the model's external tensors map is hard-linked into
+    ``folder`` and referenced by a relative location; other initializers above 1 KiB (and mapped ones on
+    another filesystem) are streamed to a data file in ``folder``.
+
+    Args:
+        model: the in-memory model (unchanged).
+        folder: an existing scratch folder the caller removes later.
+        name: file name of the graph.
+
+    Returns:
+        The path of the written ``.onnx``.
+    """
+    out = Path(folder)
+    links: dict[str, str | None] = {}
+    swaps: dict[int, ir.TensorProtocol] = {}
+    in_memory: list[ir.TensorProtocol] = []
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            t = value.const_value
+            if isinstance(t, ir.ExternalTensor):
+                target = os.path.realpath(t.path)
+                if target not in links:
+                    links[target] = _link_or_none(target, out / f"weights-{len(links)}.bin")
+                if links[target] is None:
+                    in_memory.append(t)  # another filesystem: streamed into the scratch data file
+                    continue
+                swaps[id(t)] = ir.ExternalTensor(
+                    location=links[target],
+                    offset=t.offset,
+                    length=t.length,
+                    dtype=t.dtype,
+                    shape=t.shape,
+                    name=t.name,
+                    base_dir=str(out),
+                )
+            elif t is not None and t.nbytes > STAND_IN_THRESHOLD_BYTES:
+                in_memory.append(t)
+    if in_memory:
+        written = ir.external_data.convert_tensors_to_external(in_memory, str(out), f"{name}.data")
+        swaps.update({id(t): w for t, w in zip(in_memory, written, strict=True)})
+    dest = out / name
+    _write_proto(_serialize_with(model, swaps), dest)
+    for t in swaps.values():
+        if isinstance(t, ir.ExternalTensor):
+            t.release()
+    return dest
+
+
+# ----------------------------------------------------------------------------------- input protection
+
+
+def input_files(path: str | os.PathLike[str]) -> set[Path]:
+    """Return the resolved paths of a model file and of every external-data file it references.
+
+    Reads the graph only (no tensor data); locations are not validated here. Unreadable models yield
+    just their own path.
+    """
+    p = Path(path).resolve()
+    files = {p}
+    try:
+        proto = onnx.load(str(p), format="protobuf", load_external_data=False)
+    except Exception:  # the caller reports load errors; here only the file set matters
+        return files
+    for tensor in _iter_external(proto.graph):
+        loc = _external_info(tensor).get("location")
+        if loc and not os.path.isabs(loc):
+            files.add((p.parent / loc).resolve())
+    return files
+
+
+def check_not_an_input(dest: str | os.PathLike[str], inputs: set[Path], what: str) -> None:
+    """Raise :class:`~onnxdeploy.errors.OutputError` when writing ``dest`` would overwrite one of ``inputs``.
+
+    Args:
+        dest: the file about to be written.
+        inputs: resolved paths of input files (models, their external data, the pipeline file).
+        what: how to name ``dest`` in the message (e.g. ``--report``).
+    """
+    target = Path(dest).resolve()
+    if target in inputs:
+        raise OutputError(f"{what} {target} is an input file; inputs are never overwritten")

@@ -1,0 +1,337 @@
+"""The pass contract over a run's artifact set (the good parts of onnx_ir's ``passes/_pass_infra.py``).
+
+A pass is a named, configured transformation of an :class:`ArtifactSet` — one or more ``onnx_ir`` graphs
+(a decode graph, prefill buckets) whose initializers are the very same tensor objects, so weights stay
+shared and memory-mapped — returning :class:`PassResult` ``(artifacts, modified, report)``. Like onnx_ir's
+passes it declares whether it edits in place (``in_place``) or returns new graphs, has ``requires`` /
+``ensures`` hooks whose failures are typed errors, and :meth:`Pass.__call__` wraps anything unexpected in
+:class:`~onnxdeploy.errors.PassError` naming the pass. The input *files* are never modified: external
+weights are mapped read-only and outputs are written elsewhere.
+
+A pass that is not in place must not touch the graphs it was given; :meth:`Pass.__call__` checks that
+the node objects of the input graphs are unchanged after it ran.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import onnx_ir as ir
+from pydantic import BaseModel, ConfigDict
+
+from onnxdeploy.errors import ConfigError, OnnxDeployError, PassError, PostconditionError
+from onnxdeploy.model_io import WeightsPolicy, proto_round_trip
+from onnxdeploy.report import PassReport
+
+__all__ = [
+    "Artifact",
+    "ArtifactSet",
+    "Pass",
+    "PassConfig",
+    "PassContext",
+    "PassResult",
+    "PASS_REGISTRY",
+    "PipelineSettings",
+    "get_pass",
+    "op_histogram",
+    "register_pass",
+]
+
+
+class PassConfig(BaseModel):
+    """Base of every pass config: typed, described fields; unknown keys and coerced types are errors."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+@dataclass
+class Artifact:
+    """One graph of the run's output.
+
+    Attributes:
+        name: its output file name (``model.onnx``; prefill buckets get their own names).
+        model: the in-memory graph; its initializers may be shared with the other artifacts.
+    """
+
+    name: str
+    model: ir.Model
+
+
+@dataclass
+class ArtifactSet:
+    """The graphs a run writes, sharing one set of weight tensors, and where the weights go.
+
+    Today's single graph is a set of one. A pass applies to every graph it concerns, and a tensor
+    object shared by several graphs is transformed (e.g. quantized) once.
+
+    Attributes:
+        artifacts: the graphs, in output order; the first is the primary (decode) graph.
+        weights: the writer policy (inline or one shared external data file), set by ``externalize`` and
+            ``embed_external_data``.
+        input_was_external: the input model kept weights in external data (``auto`` keeps it so).
+        notes: things the loader did that the run report should say (e.g. sorted at load).
+    """
+
+    artifacts: list[Artifact]
+    weights: WeightsPolicy = field(default_factory=WeightsPolicy)
+    input_was_external: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def primary(self) -> ir.Model:
+        """The first graph (the decode graph)."""
+        return self.artifacts[0].model
+
+    def models(self) -> Iterator[ir.Model]:
+        """Every graph, in output order."""
+        return (a.model for a in self.artifacts)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the distinct initializer tensors over all graphs (shared ones counted once)."""
+        seen: dict[int, int] = {}
+        for model in self.models():
+            for value in model.graph.initializers.values():
+                if value.const_value is not None:
+                    seen[id(value.const_value)] = value.const_value.nbytes
+        return sum(seen.values())
+
+    def external(self) -> bool:
+        """Whether the writer puts large weights into one external data file."""
+        return self.weights.external(self.weight_bytes(), self.input_was_external)
+
+    def copy_graph(self, model: ir.Model) -> ir.Model:
+        """A structural copy of ``model`` whose initializers hold the same tensor objects (no weight copied).
+
+        Args:
+            model: one of the set's graphs.
+
+        Returns:
+            A new ``ir.Model``; editing its graph leaves ``model`` untouched.
+        """
+        return proto_round_trip(model, lambda proto: proto)
+
+
+@dataclass
+class PipelineSettings:
+    """What a pass may validate its config against before anything runs (the config's non-pass sections).
+
+    Attributes:
+        verify_positions: ``len(prompt) + steps`` the runner will decode, or None without verification.
+        verify_prompt_len: the prompt's length in tokens (None without verification).
+        source: the pipeline file, for messages.
+    """
+
+    verify_positions: int | None = None
+    verify_prompt_len: int | None = None
+    source: str = "pipeline"
+
+
+@dataclass
+class PassContext:
+    """What a pass needs that is not in the graph.
+
+    Attributes:
+        model_path: the input ``.onnx`` file (its folder holds the input's external data).
+        target: a target id of ``matrices/`` or None.
+        calibration: calibration prompts (token id lists) for passes that collect activations.
+        session_factory: opens an ONNX Runtime session on a model path; the runner's own
+            (:func:`onnxdeploy.runner.session.open_session`), so passes and verification share options.
+        scratch_dir: a folder for probe models; removed by whoever made it.
+        passes_run: names of the passes that already ran, for error messages.
+    """
+
+    model_path: Path | None = None
+    target: str | None = None
+    calibration: list[list[int]] = field(default_factory=list)
+    session_factory: Callable[..., Any] | None = None
+    scratch_dir: Path | None = None
+    passes_run: list[str] = field(default_factory=list)
+
+    def scratch(self) -> Path:
+        """A scratch folder for probe models (made on first use, in the system temp folder if unset)."""
+        if self.scratch_dir is None:
+            self.scratch_dir = Path(tempfile.mkdtemp(prefix="onnxdeploy-scratch-"))
+        return self.scratch_dir
+
+
+@dataclass
+class PassResult:
+    """What a pass returns: the (possibly new) artifact set, whether anything changed, and the report."""
+
+    artifacts: ArtifactSet
+    modified: bool
+    report: PassReport
+
+
+def op_histogram(model: ir.Model) -> dict[str, int]:
+    """Count nodes of the main graph by op type (``domain::Op`` for non-default domains), sorted by op type."""
+    counts: dict[str, int] = {}
+    for node in model.graph:
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _snapshot(artifacts: ArtifactSet) -> list[tuple[int, ...]]:
+    return [tuple(id(node) for node in model.graph) for model in artifacts.models()]
+
+
+class Pass:
+    """A graph rewrite over an :class:`ArtifactSet`. Subclasses set the class attributes and implement :meth:`call`.
+
+    Class attributes:
+        name: the registry key used in ``pipeline.yaml``.
+        summary: one line for ``onnxdeploy passes``.
+        config_model: the pydantic config class (unknown keys are errors).
+        in_place: True when the pass edits the graphs it is given; False when it returns new ones.
+
+    Args:
+        config: the validated config (an instance of ``config_model``).
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    config_model: ClassVar[type[PassConfig]] = PassConfig
+    in_place: ClassVar[bool] = True
+
+    def __init__(self, config: PassConfig | None = None):
+        self.config = config if config is not None else self.config_model()
+
+    def check_settings(self, settings: PipelineSettings) -> None:
+        """Validate the config against the rest of the pipeline before anything runs.
+
+        Raises:
+            ConfigError: the combination cannot work (names the pipeline key).
+        """
+
+    def check_model(self, model: ir.Model, settings: PipelineSettings) -> None:
+        """Validate the config against the input model's graph (no weights read) before the first pass.
+
+        Raises:
+            OnnxDeployError: the run would fail later (e.g. cache buffers larger than the memory available).
+        """
+
+    def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
+        """Check preconditions; raise :class:`~onnxdeploy.errors.PreconditionError` naming what is missing."""
+
+    def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
+        """Transform the set; return ``(artifacts, modified)``. Changes, dims fixed and warnings go into ``report``."""
+        raise NotImplementedError
+
+    def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
+        """Check postconditions; raise :class:`~onnxdeploy.errors.PostconditionError` naming what is wrong."""
+
+    def __call__(self, artifacts: ArtifactSet | ir.Model, context: PassContext | None = None) -> PassResult:
+        """Run ``requires``, ``call`` and ``ensures``, filling the report's sizes, op diff and wall time.
+
+        Args:
+            artifacts: the set (a bare ``ir.Model`` is taken as a set of one named ``model.onnx``).
+            context: the pass context (a default one when omitted).
+
+        Returns:
+            The result; ``result.artifacts`` is the set to hand to the next pass.
+
+        Raises:
+            PreconditionError: ``requires`` failed.
+            PostconditionError: ``ensures`` failed, or a pass declared not in place edited its input.
+            PassError: anything else went wrong inside the pass (names the pass and the passes already run).
+        """
+        if isinstance(artifacts, ir.Model):
+            artifacts = ArtifactSet([Artifact("model.onnx", artifacts)])
+        context = context or PassContext()
+        start = time.perf_counter()
+        first = artifacts.primary
+        report = PassReport(
+            name=self.name,
+            config=self.config.model_dump(mode="json"),
+            nodes_before=sum(len(m.graph) for m in artifacts.models()),
+            initializers_before=len(first.graph.initializers),
+            initializer_bytes_before=artifacts.weight_bytes(),
+            op_histogram_before=op_histogram(first),
+        )
+        before = None if self.in_place else _snapshot(artifacts)
+        try:
+            self.requires(artifacts, context)
+            out, modified = self.call(artifacts, context, report)
+            self.ensures(out, context)
+        except PassError as exc:
+            if context.passes_run and "passes already run" not in exc.detail:
+                exc.args = (f"{exc.args[0]} (passes already run: {', '.join(context.passes_run)})",)
+            raise
+        except OnnxDeployError:
+            raise
+        except Exception as exc:  # a bug or an unforeseen graph: name the pass, keep the cause
+            ran = f" (passes already run: {', '.join(context.passes_run)})" if context.passes_run else ""
+            raise PassError(self.name, f"{type(exc).__name__}: {exc}{ran}") from exc
+        if before is not None and _snapshot(artifacts) != before:
+            raise PostconditionError(self.name, "the pass is declared not in place but edited the graphs it was given")
+        hist_after = op_histogram(out.primary)
+        keys = set(report.op_histogram_before) | set(hist_after)
+        diff = {k: hist_after.get(k, 0) - report.op_histogram_before.get(k, 0) for k in sorted(keys)}
+        report.modified = modified
+        report.nodes_after = sum(len(m.graph) for m in out.models())
+        report.initializers_after = len(out.primary.graph.initializers)
+        report.initializer_bytes_after = out.weight_bytes()
+        report.op_histogram_after = hist_after
+        report.ops_added = {k: v for k, v in diff.items() if v > 0}
+        report.ops_removed = {k: -v for k, v in diff.items() if v < 0}
+        report.wall_time_s = round(time.perf_counter() - start, 4)
+        context.passes_run.append(self.name)
+        return PassResult(artifacts=out, modified=modified, report=report)
+
+    @classmethod
+    def describe_config(cls) -> list[dict[str, Any]]:
+        """List the config fields: name, type, default and description (for ``onnxdeploy passes``)."""
+        rows = []
+        for fname, fld in cls.config_model.model_fields.items():
+            ann = fld.annotation
+            if typing.get_origin(ann) is typing.Literal:
+                type_name = " | ".join(str(a) for a in typing.get_args(ann))
+            else:
+                type_name = getattr(ann, "__name__", str(ann)).replace("typing.", "")
+            rows.append(
+                {
+                    "name": fname,
+                    "type": type_name,
+                    "default": None if fld.is_required() else fld.get_default(call_default_factory=True),
+                    "required": fld.is_required(),
+                    "description": fld.description or "",
+                }
+            )
+        return rows
+
+
+PASS_REGISTRY: dict[str, type[Pass]] = {}
+"""Pass classes by the name used in ``pipeline.yaml``; filled by :func:`register_pass`."""
+
+
+def register_pass(cls: type[Pass]) -> type[Pass]:
+    """Class decorator adding a :class:`Pass` subclass to :data:`PASS_REGISTRY` under ``cls.name``.
+
+    Raises:
+        ValueError: the name is empty or already registered by another class.
+    """
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if PASS_REGISTRY.get(cls.name, cls) is not cls:
+        raise ValueError(f"pass name '{cls.name}' is registered twice")
+    PASS_REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_pass(name: str) -> type[Pass]:
+    """Return the pass class registered as ``name``.
+
+    Raises:
+        ConfigError: no pass has that name (the message lists the known ones).
+    """
+    try:
+        return PASS_REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown pass '{name}'; known passes: {', '.join(sorted(PASS_REGISTRY))}") from None

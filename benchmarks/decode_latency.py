@@ -15,9 +15,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
 
-from onnxdeploy.graph import save_model_atomic
+from onnxdeploy.model_io import load_model, write_for_ort
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import open_decoder
 
@@ -59,8 +58,10 @@ def main() -> None:
                     continue
                 for update in ("full_buffer", "new_token_only"):
                     cfg = StaticKVConfig(max_cache_len=length, cache_update=update)
-                    static = StaticKVCachePass(cfg)(onnx.load(original)).model
-                    path = save_model_atomic(static, Path(tmp) / f"{entry['name']}_{length}_{update}.onnx")
+                    static = StaticKVCachePass(cfg)(load_model(original).model).artifacts.primary
+                    folder = Path(tmp) / f"{entry['name']}_{length}_{update}"
+                    folder.mkdir()
+                    path = write_for_ort(static, folder)
                     lat = _generate_latencies(path, args.steps)
                     p50, p99 = np.percentile(lat, 50), np.percentile(lat, 99)
                     rows.append((entry["name"], f"static {update}", str(length), p50, p99, p50 / b50))

@@ -55,6 +55,21 @@ def _fail(err: Console, exc: OnnxDeployError, *, as_json: bool = False) -> typer
     return typer.Exit(exc.exit_code)
 
 
+EXIT_INTERRUPTED = 130
+"""Exit status after SIGINT (128 + 2, the shell convention)."""
+
+
+def _interrupted(err: Console, *, as_json: bool) -> typer.Exit:
+    """Say that the run was interrupted and that nothing was left behind; return the Exit (status 130)."""
+    message = "interrupted: the run stopped and its temporary files were removed; no output was written"
+    err.print(f"[bold yellow]{message}[/]")
+    if as_json:
+        global _json_error_written
+        sys.stdout.write(json.dumps({"status": "interrupted", "exit_code": EXIT_INTERRUPTED, "error": message}) + "\n")
+        _json_error_written = True
+    return typer.Exit(EXIT_INTERRUPTED)
+
+
 def _verify_table(verify: Any) -> Table:
     first = next(iter(verify.modes.values()))
     table = Table(
@@ -133,6 +148,8 @@ def run(
     except OSError as exc:  # e.g. the pipeline file is unreadable
         error = OnnxDeployError(f"{exc.filename or pipeline}: {exc.strerror or exc}")
         raise _fail(err, error, as_json=as_json) from None
+    except KeyboardInterrupt:
+        raise _interrupted(err, as_json=as_json) from None
     report = outcome.report
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
@@ -262,7 +279,7 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the step-by-step runner alone: decode both models greedily and compare logits per position."""
-    from onnxdeploy.graph import check_not_an_input, input_files
+    from onnxdeploy.model_io import check_not_an_input, input_files
     from onnxdeploy.pipeline import write_text_atomic
     from onnxdeploy.runner import verify
 
@@ -288,6 +305,8 @@ def verify_cmd(
             )
     except OnnxDeployError as exc:
         raise _fail(err, exc, as_json=as_json) from None
+    except KeyboardInterrupt:
+        raise _interrupted(err, as_json=as_json) from None
     if report is not None:
         try:
             inputs = input_files(original) | input_files(candidate)

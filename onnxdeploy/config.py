@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from onnxdeploy.errors import ConfigError
-from onnxdeploy.passes import Pass, get_pass
+from onnxdeploy.passes import Pass, PipelineSettings, get_pass
 
 __all__ = ["VerifyConfig", "PassSpec", "PipelineConfig", "load_pipeline", "format_validation_error"]
 
@@ -82,6 +82,15 @@ class PipelineConfig(BaseModel):
         default_factory=VerifyConfig, description="Runner settings; null skips verification."
     )
     source: Path | None = Field(None, description="Set by the loader: the pipeline file this was read from.")
+
+    def settings(self) -> PipelineSettings:
+        """What a pass may validate its config against (the verify section's sizes, the pipeline file)."""
+        v = self.verify
+        return PipelineSettings(
+            verify_positions=None if v is None else len(v.prompt) + v.steps,
+            verify_prompt_len=None if v is None else len(v.prompt),
+            source=str(self.source) if self.source else "pipeline",
+        )
 
     @field_validator("model", "output_dir", mode="before")
     @classmethod
@@ -162,27 +171,14 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _check_verify_fits(cfg: PipelineConfig, where: str) -> None:
-    """Refuse, before any work, a verification the static graph cannot run."""
-    if cfg.verify is None:
-        return
-    positions = len(cfg.verify.prompt) + cfg.verify.steps
+def _check_pass_settings(cfg: PipelineConfig, where: str) -> None:
+    """Let each pass refuse, before any work, a combination with the rest of the pipeline it cannot run."""
+    settings = cfg.settings()
     for i, spec in enumerate(cfg.passes):
-        if spec.name != "static_kv":
-            continue
-        key = f"passes[{i}].static_kv"
-        if positions > spec.config.max_cache_len:
-            raise ConfigError(
-                f"{where}: key 'verify.steps': {len(cfg.verify.prompt)} prompt tokens + {cfg.verify.steps} steps = "
-                f"{positions} positions do not fit {key}.max_cache_len={spec.config.max_cache_len}; lower "
-                "verify.steps or raise max_cache_len"
-            )
-        if spec.config.step_len > 1:
-            raise ConfigError(
-                f"{where}: key '{key}.step_len': the runner decodes one token per call, so a step_len "
-                f"{spec.config.step_len} graph (a prefill bucket) cannot be verified greedily yet; use step_len 1 "
-                "or set verify: null"
-            )
+        try:
+            spec.build().check_settings(settings)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: key 'passes[{i}].{spec.name}': {exc}") from None
 
 
 def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> PipelineConfig:
@@ -198,8 +194,8 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
     Raises:
         ConfigError: the file is missing or not YAML, a key is unknown or invalid (named as a dotted
             path, e.g. ``passes[0].static_kv.max_cache_len``), a key is repeated, a pass or check name
-            is unknown, the model file does not exist, or the verification cannot fit the static graph
-            (``len(prompt) + steps > max_cache_len``, or ``step_len > 1``).
+            is unknown, the model file does not exist, or a pass refuses the rest of the pipeline through its
+            ``check_settings`` hook (e.g. ``static_kv``: ``len(prompt) + steps > max_cache_len``).
     """
     p = Path(path)
     if p.is_dir():
@@ -247,5 +243,5 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
         except ConfigError as exc:
             raise ConfigError(f"{p}: key 'target': {exc}") from None
     cfg = cfg.model_copy(update={"model": model.resolve(), "output_dir": out.resolve(), "passes": passes, "source": p})
-    _check_verify_fits(cfg, str(p))
+    _check_pass_settings(cfg, str(p))
     return cfg

@@ -9,7 +9,8 @@ import onnx
 from onnx import helper
 
 from onnxdeploy.contract import read_contract
-from onnxdeploy.graph import initializer_bytes, load_model, op_histogram, opset_imports, tensor_dims
+from onnxdeploy.graph import op_histogram, opset_imports, tensor_dims
+from onnxdeploy.model_io import check_external_data, read_model_header, tensor_nbytes
 
 __all__ = ["inspect_model"]
 
@@ -26,7 +27,7 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
     """Describe a model: I/O (dims: int static, str symbolic, None unknown), opsets, ops, sizes, contract.
 
     Args:
-        path: the ``.onnx`` file; external data is not loaded, only listed.
+        path: the ``.onnx`` file; external data is not read, only checked (location, presence, length) and listed.
 
     Returns:
         A JSON-serialisable dict with keys ``path``, ``file_bytes``, ``ir_version``, ``producer``,
@@ -34,20 +35,17 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
         ``initializers``, ``initializer_bytes``, ``external_data``, ``contract``.
 
     Raises:
-        ModelLoadError: the file is missing or not ONNX.
+        ModelLoadError: the file is missing, not ONNX or incomplete, or an external-data location is absolute,
+            contains ``..``, leaves the folder through a symlink, or names a missing or short file.
         ContractError: the model's contract metadata is malformed.
     """
     p = Path(path)
-    model = load_model(p, load_external_data=False)
+    model = read_model_header(p)
+    files = check_external_data(model, p)
     inits = {t.name for t in model.graph.initializer}
     inputs = [_tensor(v) for v in model.graph.input if v.name not in inits]
     outputs = [_tensor(v) for v in model.graph.output]
     symbolic = sorted({d for t in inputs + outputs for d in (t["shape"] or []) if isinstance(d, str)})
-    ext: dict[str, int] = {}
-    for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in t.external_data if e.key == "location"), "?")
-            ext[loc] = ext.get(loc, 0) + 1
     contract = read_contract(model, source=str(p))
     return {
         "path": str(p),
@@ -61,9 +59,9 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
         "op_histogram": op_histogram(model),
         "nodes": len(model.graph.node),
         "initializers": len(model.graph.initializer),
-        "initializer_bytes": initializer_bytes(model),
+        "initializer_bytes": sum(tensor_nbytes(t) for t in model.graph.initializer),
         "external_data": [
-            {"location": k, "tensors": v, "present": (p.parent / k).is_file()} for k, v in sorted(ext.items())
+            {"location": f.location, "tensors": f.tensors, "bytes": f.bytes_needed, "present": True} for f in files
         ],
         "contract": contract.model_dump() if contract else None,
     }

@@ -345,7 +345,10 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     late = _unsorted_node(model.graph)
     if late is not None:
         ir.passes.common.TopologicalSortPass()(model)
-        note = f"the graph was out of topological order (node '{late.name}' ({late.op_type}) read a later output); sorted at load"
+        note = (
+            f"the graph was out of topological order (node '{late.name}' ({late.op_type}) read a later output); "
+            "sorted at load"
+        )
     return LoadedModel(path=p, model=model, external_files=files, sorted_at_load=note)
 
 
@@ -409,21 +412,26 @@ def _stripped(model: ir.Model, threshold: int, as_inputs: bool) -> Iterator[dict
         graph.inputs.extend(kept)
 
 
-def stand_in_proto(model: ir.Model, *, threshold: int = STAND_IN_THRESHOLD_BYTES) -> onnx.ModelProto:
+def stand_in_proto(
+    model: ir.Model, *, threshold: int = STAND_IN_THRESHOLD_BYTES, as_inputs: bool = False
+) -> onnx.ModelProto:
     """A ``ModelProto`` of ``model`` whose initializers above ``threshold`` bytes carry no data.
 
-    The stripped initializers stay initializers with their dtype and dims and an external-data reference
-    to a file that does not exist, so the checker, shape inference and graph checks see the graph as it
-    will be saved, at a cost that does not grow with weight bytes. ``model`` is unchanged afterwards.
+    By default the stripped initializers stay initializers with their dtype and dims and an external-data
+    reference to a file that does not exist, so shape inference and graph checks see the graph as it will
+    be saved; with ``as_inputs`` they become typed graph inputs instead (what onnx's checker accepts, since
+    it looks for external files). Either way the cost does not grow with weight bytes and ``model`` is
+    unchanged afterwards.
 
     Args:
         model: the in-memory model.
         threshold: bytes above which an initializer is stripped.
+        as_inputs: strip to typed graph inputs instead of data-less initializers.
 
     Returns:
         A new ``ModelProto`` (never hand it to ONNX Runtime: the stand-ins have no data).
     """
-    with _stripped(model, threshold, as_inputs=False):
+    with _stripped(model, threshold, as_inputs=as_inputs):
         return ir.serde.serialize_model(model)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import platform
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,25 +18,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+import onnx_ir
 import onnxruntime
+import onnxsim
 
 from onnxdeploy import __version__
 from onnxdeploy.checks import CheckContext, get_check
 from onnxdeploy.config import PipelineConfig
 from onnxdeploy.contract import read_contract
-from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, OnnxDeployError, OutputError
-from onnxdeploy.graph import (
-    PROTOBUF_LIMIT_BYTES,
+from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, OutputError
+from onnxdeploy.model_io import (
+    StagedArtifacts,
     check_not_an_input,
     default_file_mode,
-    initializer_bytes,
     input_files,
     load_model,
-    save_model_atomic,
+    release_weights,
+    stage_artifacts,
+    stand_in_proto,
 )
+from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
 from onnxdeploy.render import render_markdown
 from onnxdeploy.report import Finding, PassReport, RunReport
-from onnxdeploy.runner import verify
+from onnxdeploy.runner import open_session, verify
 
 __all__ = ["RunOutcome", "run_pipeline", "write_text_atomic"]
 
@@ -86,7 +91,13 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def _versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+    return {
+        "python": platform.python_version(),
+        "onnx": onnx.__version__,
+        "onnx_ir": onnx_ir.__version__,
+        "onnxsim": getattr(onnxsim, "__version__", "unknown"),
+        "onnxruntime": onnxruntime.__version__,
+    }
 
 
 def _lock_folder(folder: Path) -> int:
@@ -113,7 +124,13 @@ def _check_output_location(config: PipelineConfig) -> None:
     inputs = input_files(config.model)
     if config.source is not None:
         inputs.add(Path(config.source).resolve())
-    for name, what in ((config.output_name, "output model"), ("report.json", "report"), ("report.md", "report")):
+    outputs = (
+        (config.output_name, "output model"),
+        (f"{config.output_name}.data", "output weights"),
+        ("report.json", "report"),
+        ("report.md", "report"),
+    )
+    for name, what in outputs:
         check_not_an_input(out_dir / name, inputs, what)
     for parent in (out_dir, *out_dir.parents):
         if parent.exists():
@@ -124,13 +141,66 @@ def _check_output_location(config: PipelineConfig) -> None:
             break
 
 
+def _check_before_passes(config: PipelineConfig, artifacts: ArtifactSet) -> None:
+    """Everything the config and the model's graph decide, checked before the first pass (no weight read).
+
+    Raises:
+        ConfigError: a pass's ``check_model`` hook refuses (prefixed with the pipeline key), or a prompt id is
+            outside the vocabulary of the model's logits output.
+    """
+    where = str(config.source) if config.source else str(config.model)
+    settings = config.settings()
+    for i, spec in enumerate(config.passes):
+        try:
+            spec.build().check_model(artifacts.primary, settings)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: key 'passes[{i}].{spec.name}': {exc}") from None
+    if config.verify is not None:
+        _check_prompt_vocab(config, artifacts.primary, where)
+
+
+def _check_prompt_vocab(config: PipelineConfig, model: onnx_ir.Model, where: str) -> None:
+    """Refuse prompt ids outside the vocabulary (the logits output's last dim, when the export fixes it)."""
+    from onnxdeploy.kv_cache import logits_vocab_size  # noqa: PLC0415  (kept beside the cache discovery)
+
+    vocab = logits_vocab_size(model)
+    prompt = config.verify.prompt if config.verify else []
+    if vocab is not None and prompt and max(prompt) >= vocab:
+        raise ConfigError(
+            f"{where}: key 'verify.prompt': token id {max(prompt)} is outside the vocabulary of {config.model} "
+            f"(logits have {vocab} entries: ids 0..{vocab - 1})"
+        )
+
+
+def _checked(config: PipelineConfig, staged: StagedArtifacts, artifacts: ArtifactSet, say: Progress) -> list[Finding]:
+    """Run the pipeline's checks on every staged graph as written (its header; weights are not read)."""
+    checks = _check_names(config)
+    findings: list[Finding] = []
+    several = len(artifacts.artifacts) > 1
+    for artifact in artifacts.artifacts:
+        path = staged.path(artifact.name)
+        header = onnx.load(str(path), format="protobuf", load_external_data=False)
+        ctx = CheckContext(model_path=path, target=config.target)
+        for name in checks:
+            say(f"check {name}" + (f" on {artifact.name}" if several else ""))
+            for f in get_check(name)().run(header, ctx):
+                message = f"{artifact.name}: {f.message}" if several else f.message
+                message = message.replace(str(staged.staging), str(config.output_dir))
+                findings.append(f.model_copy(update={"message": message}))
+    return findings
+
+
 def run_pipeline(
     config: PipelineConfig,
     *,
     progress: Progress | None = None,
     verify_progress: Callable[[str, int, int], None] | None = None,
 ) -> RunOutcome:
-    """Run a validated pipeline and write ``<output_dir>/{model.onnx, report.json, report.md}``.
+    """Run a validated pipeline and write ``<output_dir>/{model.onnx[, model.onnx.data], report.json, report.md}``.
+
+    Memory stays near the model's size whatever it is: the input's weights are memory-mapped, passes edit
+    the graph only, checks read the written graph without its weights, and verification opens one ONNX
+    Runtime session at a time by path (DESIGN.md, "Models of any size").
 
     Args:
         config: from :func:`onnxdeploy.config.load_pipeline`.
@@ -141,59 +211,69 @@ def run_pipeline(
         The outcome; ``exit_code`` is 0 (passed) or 1 (a check or the verification failed).
 
     Raises:
-        OnnxDeployError: bad input or config (exit 2). Nothing is written then: the model goes to a
-            temporary file that is removed, and the output folder is removed again if this run made it.
+        OnnxDeployError: bad input or config (exit 2), found before the first pass wherever the config and
+            the model's graph decide it. Nothing is written then: outputs are staged in a temporary folder
+            that is removed, and the output folder is removed again if this run made it (also on SIGINT).
         OutputError: the outputs cannot be written (names the path), or they would overwrite the input.
     """
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     model_in = config.model
     _check_output_location(config)
-    say(f"loading {model_in}")
-    model = load_model(model_in)
-    weights = initializer_bytes(model)
-    if weights > PROTOBUF_LIMIT_BYTES:
-        raise OnnxDeployError(
-            f"{model_in}: {weights / 2**30:.2f} GiB of weights is over the 2 GiB protobuf limit; models kept in "
-            "external data above that size are not supported yet (the passes copy and fold the whole ModelProto)"
-        )
-    pass_reports: list[PassReport] = []
-    findings: list[Finding] = []
-    for spec in config.passes:
-        say(f"pass {spec.name}")
-        result = spec.build()(model)
-        model = result.model
-        pass_reports.append(result.report)
-        if config.check_after_each_pass:
-            findings += [
-                f.model_copy(update={"message": f"after pass {spec.name}: {f.message}"})
-                for f in get_check("checker")().run(model, CheckContext(model_path=model_in, target=config.target))
-            ]
-
     out_dir = config.output_dir
     made_dir = not out_dir.exists()
-    final_model = out_dir / config.output_name
-    lock = None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         lock = _lock_folder(out_dir)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{config.output_name}.", suffix=".tmp", dir=out_dir)
-        os.close(fd)
     except OSError as exc:
-        if lock is not None:
-            os.close(lock)
         raise OutputError(f"cannot write to output_dir {out_dir}: {exc.strerror or exc}") from exc
-    tmp_model = Path(tmp_name)
-    temps: list[Path] = []
+    except BaseException:
+        _remove_if_made(out_dir, made_dir)
+        raise
+    staged: StagedArtifacts | None = None
+    context = PassContext(model_path=model_in, target=config.target, session_factory=open_session)
     try:
-        save_model_atomic(model, tmp_model)
-        ctx = CheckContext(model_path=tmp_model, target=config.target)
-        checks = list(config.checks)
-        if config.target and "target_opset" not in checks:
-            checks.append("target_opset")  # a target always gets its opset/IR range checked
-        for name in checks:
-            say(f"check {name}")
-            findings += get_check(name)().run(model, ctx)
+        say(f"loading {model_in}")
+        loaded = load_model(model_in)
+        artifacts = ArtifactSet(
+            [Artifact(config.output_name, loaded.model)],
+            input_was_external=bool(loaded.external_files),
+            notes=[loaded.sorted_at_load] if loaded.sorted_at_load else [],
+        )
+        for note in artifacts.notes:
+            say(note)
+        _check_before_passes(config, artifacts)
+
+        pass_reports: list[PassReport] = []
+        findings: list[Finding] = []
+        for spec in config.passes:
+            say(f"pass {spec.name}")
+            result = spec.build()(artifacts, context)
+            artifacts = result.artifacts
+            pass_reports.append(result.report)
+            if config.check_after_each_pass:
+                for artifact in artifacts.artifacts:
+                    header = stand_in_proto(artifact.model, as_inputs=True)
+                    findings += [
+                        f.model_copy(update={"message": f"after pass {spec.name}: {f.message}"})
+                        for f in get_check("checker")().run(header, CheckContext(target=config.target))
+                    ]
+
+        external = artifacts.external()
+        say(f"writing {len(artifacts.artifacts)} graph(s)" + (" and one external data file" if external else ""))
+        staged = stage_artifacts(
+            [(a.name, a.model) for a in artifacts.artifacts],
+            out_dir,
+            external=external,
+            data_name=f"{config.output_name}.data",
+            size_threshold_bytes=artifacts.weights.size_threshold_bytes,
+        )
+        for model in artifacts.models():
+            release_weights(model)  # the input's pages leave memory before ONNX Runtime maps the outputs
+        findings += _checked(config, staged, artifacts, say)
+        primary = artifacts.artifacts[0]
+        final_model = out_dir / primary.name
+        tmp_model = staged.path(primary.name)
 
         verify_report = None
         if config.verify is not None:
@@ -223,16 +303,18 @@ def run_pipeline(
         if verify_report is not None and not verify_report.passed:
             for mode in verify_report.modes.values():
                 failures += [f"verify {mode.mode}: {msg}" for msg in mode.failures]
-        contract = read_contract(model, source=str(final_model))
+        contract = read_contract(primary.model, source=str(final_model))
         report = RunReport(
             status="failed" if failures else "passed",
             pipeline=str(config.source.resolve()) if config.source else None,
             input_model=str(model_in),
             output_model=str(final_model),
+            output_files=[str(out_dir / name) for name in staged.files],
+            notes=artifacts.notes,
             target=config.target,
             contract=contract.model_dump() if contract else None,
             passes=pass_reports,
-            checks_run=checks,
+            checks_run=_check_names(config),
             findings=findings,
             verify=verify_report,
             failures=failures,
@@ -242,26 +324,22 @@ def run_pipeline(
         )
         report_json = out_dir / "report.json"
         report_md = out_dir / "report.md"
-        json_text = report.model_dump_json(indent=2)
-        md_text = render_markdown(report)
-        for path, text in ((report_json, json_text), (report_md, md_text)):
-            temps.append(_write_temp(path, text))
-        # Everything is on disk under temporary names: only renames remain.
-        os.replace(tmp_model, final_model)
-        for tmp, path in zip(temps, (report_json, report_md), strict=True):
-            os.replace(tmp, path)
+        staged.add_text("report.json", report.model_dump_json(indent=2))
+        staged.add_text("report.md", render_markdown(report))
+        # Everything is on disk under the staging folder: only renames remain.
+        staged.commit()
     except BaseException as exc:
-        tmp_model.unlink(missing_ok=True)
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
-        if made_dir and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()
+        if staged is not None:
+            staged.discard()
+        _remove_if_made(out_dir, made_dir)
         if isinstance(exc, OSError):
             raise OutputError(f"cannot write the outputs to {out_dir}: {exc.strerror or exc}") from exc
         raise
     finally:
         os.close(lock)  # releases the flock
-    say(f"wrote {final_model}, {report_json}, {report_md}")
+        if context.scratch_dir is not None:
+            shutil.rmtree(context.scratch_dir, ignore_errors=True)
+    say(f"wrote {', '.join(str(out_dir / n) for n in staged.files)}")
     return RunOutcome(
         report=report,
         exit_code=EXIT_FAILED if failures else EXIT_OK,
@@ -269,3 +347,17 @@ def run_pipeline(
         report_json=report_json,
         report_md=report_md,
     )
+
+
+def _check_names(config: PipelineConfig) -> list[str]:
+    """The pipeline's checks, plus ``target_opset`` whenever a target is set."""
+    checks = list(config.checks)
+    if config.target and "target_opset" not in checks:
+        checks.append("target_opset")
+    return checks
+
+
+def _remove_if_made(out_dir: Path, made_dir: bool) -> None:
+    """Remove ``out_dir`` again when this run made it and left it empty."""
+    if made_dir and out_dir.is_dir() and not any(out_dir.iterdir()):
+        out_dir.rmdir()

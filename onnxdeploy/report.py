@@ -151,6 +151,10 @@ class RunReport(BaseModel):
     pipeline: str | None = None
     input_model: str
     output_model: str | None
+    output_files: list[str] = Field(
+        default_factory=list, description="Every file the run wrote: external data, graphs, reports."
+    )
+    notes: list[str] = Field(default_factory=list, description="What the loader did (e.g. sorted the graph).")
     target: str | None = None
     contract: dict[str, Any] | None = None
     passes: list[PassReport] = Field(default_factory=list)

@@ -1,28 +1,39 @@
-"""Passes: graph rewrites, each a :class:`~onnxdeploy.passes.base.Pass` returning a ``PassResult``.
+"""Passes: graph rewrites over a run's artifact set, each returning a ``PassResult``.
 
-The registry maps the name used in ``pipeline.yaml`` to the pass class; ``onnxdeploy passes`` lists
-them with their config fields.
+Every pass module registers its class with :func:`~onnxdeploy.passes._pass_infra.register_pass`; the
+registry maps the name used in ``pipeline.yaml`` to the class, and ``onnxdeploy passes`` lists them with
+their config fields. Importing this package imports every pass module, so the registry is complete.
 """
 
 from __future__ import annotations
 
-from onnxdeploy.errors import ConfigError
-from onnxdeploy.passes.base import Pass, PassConfig, PassResult
-from onnxdeploy.passes.pin_opset import PinOpsetPass
-from onnxdeploy.passes.static_kv import StaticKVCachePass
+from onnxdeploy.passes import external_data, pin_opset, static_kv  # noqa: F401  (modules register their passes)
+from onnxdeploy.passes._pass_infra import (
+    PASS_REGISTRY,
+    Artifact,
+    ArtifactSet,
+    Pass,
+    PassConfig,
+    PassContext,
+    PassResult,
+    PipelineSettings,
+    get_pass,
+    register_pass,
+)
 
-__all__ = ["PASSES", "Pass", "PassConfig", "PassResult", "get_pass"]
+PASSES = PASS_REGISTRY
+"""Alias of :data:`~onnxdeploy.passes._pass_infra.PASS_REGISTRY` (name in ``pipeline.yaml`` -> class)."""
 
-PASSES: dict[str, type[Pass]] = {cls.name: cls for cls in (StaticKVCachePass, PinOpsetPass)}
-
-
-def get_pass(name: str) -> type[Pass]:
-    """Return the pass class registered as ``name``.
-
-    Raises:
-        ConfigError: no pass has that name (the message lists the known ones).
-    """
-    try:
-        return PASSES[name]
-    except KeyError:
-        raise ConfigError(f"unknown pass '{name}'; known passes: {', '.join(sorted(PASSES))}") from None
+__all__ = [
+    "PASSES",
+    "PASS_REGISTRY",
+    "Artifact",
+    "ArtifactSet",
+    "Pass",
+    "PassConfig",
+    "PassContext",
+    "PassResult",
+    "PipelineSettings",
+    "get_pass",
+    "register_pass",
+]

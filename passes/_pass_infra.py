@@ -26,6 +26,7 @@ import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict
 
 from onnxdeploy.errors import ConfigError, OnnxDeployError, PassError, PostconditionError
+from onnxdeploy.graph import op_histogram
 from onnxdeploy.model_io import WeightsPolicy, proto_round_trip
 from onnxdeploy.report import PassReport
 
@@ -39,7 +40,6 @@ __all__ = [
     "PASS_REGISTRY",
     "PipelineSettings",
     "get_pass",
-    "op_histogram",
     "register_pass",
 ]
 
@@ -167,15 +167,6 @@ class PassResult:
     artifacts: ArtifactSet
     modified: bool
     report: PassReport
-
-
-def op_histogram(model: ir.Model) -> dict[str, int]:
-    """Count nodes of the main graph by op type (``domain::Op`` for non-default domains), sorted by op type."""
-    counts: dict[str, int] = {}
-    for node in model.graph:
-        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-        counts[key] = counts.get(key, 0) + 1
-    return dict(sorted(counts.items()))
 
 
 def _snapshot(artifacts: ArtifactSet) -> list[tuple[int, ...]]:

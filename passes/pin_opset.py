@@ -12,11 +12,13 @@ from __future__ import annotations
 import re
 
 import onnx
+import onnx_ir as ir
 from onnx import version_converter
 from pydantic import Field
 
 from onnxdeploy.errors import PassError
-from onnxdeploy.passes.base import Pass, PassConfig
+from onnxdeploy.model_io import proto_round_trip, stand_in_proto
+from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["PinOpsetConfig", "PinOpsetPass"]
@@ -28,15 +30,15 @@ class PinOpsetConfig(PassConfig):
     opset: int = Field(..., ge=7, description="Target ai.onnx opset version (e.g. 17); raised or lowered.")
 
 
-def _default_opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+def _default_opset(model: ir.Model) -> int:
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
 
 
-def _ops_needing_adapter(model: onnx.ModelProto, current: int, target: int) -> list[tuple[str, int]]:
+def _ops_needing_adapter(model: ir.Model, current: int, target: int) -> list[tuple[str, int]]:
     """Ops of the default domain whose schema changes between ``current`` and ``target``: (op, since_version)."""
     lo, hi = sorted((current, target))
     found = {}
-    for node in model.graph.node:
+    for node in model.graph:
         if node.domain not in ("", "ai.onnx") or node.op_type in found:
             continue
         try:
@@ -55,8 +57,13 @@ def _ops_needing_adapter(model: onnx.ModelProto, current: int, target: int) -> l
     return sorted(found.items())
 
 
+@register_pass
 class PinOpsetPass(Pass):
     """Convert the default (``ai.onnx``) domain to ``opset``; other domains are kept as they are.
+
+    Functional (``in_place = False``): the converter runs on a weightless copy of each graph
+    (:func:`onnxdeploy.model_io.proto_round_trip`: initializers above 1 KiB are typed stand-ins), and the
+    converted graphs hold the same weight tensors, so its cost does not grow with weight bytes.
 
     Raises:
         PassError: the target opset is beyond what the installed onnx knows, or the version converter
@@ -67,15 +74,30 @@ class PinOpsetPass(Pass):
     summary = "Convert ai.onnx to a target opset (onnx version_converter); names any op it cannot convert."
     config_model = PinOpsetConfig
     config: PinOpsetConfig
+    in_place = False
 
-    def call(self, model: onnx.ModelProto, report: PassReport) -> tuple[onnx.ModelProto, bool]:
-        """Convert the model; see the class docstring."""
+    def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
+        """Convert every graph of the set; see the class docstring."""
         target = self.config.opset
-        current = _default_opset(model)
         newest = onnx.defs.onnx_opset_version()
         if target > newest:
             raise PassError(self.name, f"opset {target} is newer than this onnx ({onnx.__version__}) knows ({newest})")
-        others = {o.domain: o.version for o in model.opset_import if o.domain not in ("", "ai.onnx")}
+        converted = []
+        modified = False
+        for artifact in artifacts.artifacts:
+            model, changed = self._convert(artifact.model, report)
+            converted.append(type(artifact)(artifact.name, model))
+            modified |= changed
+        if not modified:
+            return artifacts, False
+        return ArtifactSet(
+            converted, weights=artifacts.weights, input_was_external=artifacts.input_was_external, notes=artifacts.notes
+        ), True
+
+    def _convert(self, model: ir.Model, report: PassReport) -> tuple[ir.Model, bool]:
+        target = self.config.opset
+        current = _default_opset(model)
+        others = {d: v for d, v in model.opset_imports.items() if d not in ("", "ai.onnx")}
         if others:
             report.warnings.append(f"domains kept unconverted: {others}")
         if current == target:
@@ -83,13 +105,13 @@ class PinOpsetPass(Pass):
             return model, False
         pending = _ops_needing_adapter(model, current, target)
         try:
-            converted = version_converter.convert_version(model, target)
+            converted = proto_round_trip(model, lambda proto: version_converter.convert_version(proto, target))
         except Exception as exc:  # the converter raises RuntimeError/ValueError/InferenceError
             text = str(exc)
             op = _op_from_message(text, [p[0] for p in pending])
             since = dict(pending).get(op) if op else None
             where = f"{op} (opset {since})" if op else "an op"
-            nodes = [n.name or f"#{i}" for i, n in enumerate(model.graph.node) if op and n.op_type == op]
+            nodes = [n.name or f"#{i}" for i, n in enumerate(model.graph) if op and n.op_type == op]
             raise PassError(
                 self.name,
                 f"cannot convert {where} from opset {current} to {target}: onnx version_converter says: "
@@ -104,7 +126,8 @@ class PinOpsetPass(Pass):
                 f"removed noop_with_empty_axes (not in the target schema) from {len(repaired)} Reduce node(s) "
                 "the converter lowered: " + ", ".join(repaired[:5]) + (" …" if len(repaired) > 5 else "")
             )
-        needed_ir = onnx.helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)
+        imports = [onnx.helper.make_opsetid(d, v) for d, v in converted.opset_imports.items()]
+        needed_ir = onnx.helper.find_min_ir_version_for(imports, ignore_unknown=True)
         if converted.ir_version < needed_ir:
             report.changes.append(f"IR version {converted.ir_version} -> {needed_ir} (required by opset {target})")
             converted.ir_version = needed_ir
@@ -112,19 +135,20 @@ class PinOpsetPass(Pass):
             report.changes.append("ops converted: " + ", ".join(f"{op}-{since}" for op, since in pending))
         return converted, True
 
-    def ensures(self, model: onnx.ModelProto) -> None:
+    def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
         """The default domain is at the target opset and every node matches its schema there."""
-        if _default_opset(model) != self.config.opset:
-            raise PassError(self.name, f"ai.onnx opset is {_default_opset(model)}, expected {self.config.opset}")
-        try:
-            onnx.checker.check_model(model)
-        except onnx.checker.ValidationError as exc:
-            raise PassError(
-                self.name, f"the converted model breaks the opset {self.config.opset} schemas: {exc}"
-            ) from exc
+        for model in artifacts.models():
+            if _default_opset(model) != self.config.opset:
+                raise PassError(self.name, f"ai.onnx opset is {_default_opset(model)}, expected {self.config.opset}")
+            try:
+                onnx.checker.check_model(stand_in_proto(model, as_inputs=True))
+            except onnx.checker.ValidationError as exc:
+                raise PassError(
+                    self.name, f"the converted model breaks the opset {self.config.opset} schemas: {exc}"
+                ) from exc
 
 
-def _drop_stale_noop_with_empty_axes(model: onnx.ModelProto, target: int) -> list[str]:
+def _drop_stale_noop_with_empty_axes(model: ir.Model, target: int) -> list[str]:
     """Remove ``noop_with_empty_axes`` from Reduce nodes whose target-opset schema lacks it; return node names.
 
     onnx's version converter (1.17–1.23) moves ``axes`` from input to attribute when lowering the
@@ -137,7 +161,7 @@ def _drop_stale_noop_with_empty_axes(model: onnx.ModelProto, target: int) -> lis
             expressed in the older schema.
     """
     fixed = []
-    for i, node in enumerate(model.graph.node):
+    for i, node in enumerate(model.graph):
         if node.domain not in ("", "ai.onnx") or not node.op_type.startswith("Reduce"):
             continue
         try:
@@ -146,17 +170,17 @@ def _drop_stale_noop_with_empty_axes(model: onnx.ModelProto, target: int) -> lis
             continue
         if "noop_with_empty_axes" in schema.attributes:
             continue
-        attrs = {a.name: a for a in node.attribute}
-        flag = attrs.get("noop_with_empty_axes")
+        flag = node.attributes.get("noop_with_empty_axes")
         if flag is None:
             continue
-        if flag.i == 1 and not ("axes" in attrs and attrs["axes"].ints):
+        axes = node.attributes.get("axes")
+        if flag.as_int() == 1 and not (axes is not None and list(axes.as_ints())):
             raise PassError(
                 "pin_opset",
                 f"{node.op_type} node '{node.name or i}' has noop_with_empty_axes=1 and no axes, which opset "
                 f"{target} cannot express",
             )
-        node.attribute.remove(flag)
+        node.attributes.pop("noop_with_empty_axes")
         fixed.append(node.name or f"#{i}")
     return fixed
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from onnxdeploy.errors import ContractError, PreconditionError
 from onnxdeploy.kv_cache import find_kv_cache
@@ -60,7 +61,7 @@ def exporter_cache_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
     if found:
         return [(past, present) for _, _, past, present in sorted(found)]
     try:
-        return find_kv_cache(model, who="runner").pairs()
+        return find_kv_cache(ir.serde.deserialize_model(model), who="runner").pairs()
     except PreconditionError as exc:
         raise ContractError(
             "the model has neither a decode contract nor 'past_key_values.{i}.key|value' inputs, and no "

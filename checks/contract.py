@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -19,7 +18,7 @@ from onnxdeploy.contract import CONTRACT_KEY, DecodeContract, read_contract
 from onnxdeploy.errors import ContractError
 from onnxdeploy.report import Finding
 
-__all__ = ["ContractCheck", "onnx_dtype"]
+__all__ = ["ContractCheck"]
 
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 _CONTRACT_HINT = "Re-run static_kv (and kv_layout) so the contract is rewritten from the graph."
@@ -28,43 +27,23 @@ _CONTRACT_HINT = "Re-run static_kv (and kv_layout) so the contract is rewritten 
 _ANY = "V"
 
 
-def onnx_dtype(name: str) -> int | None:
-    """Map a contract ``kv_dtype`` name to a ``TensorProto.DataType`` value.
-
-    Accepts ONNX names in any case (``float``, ``FLOAT16``, ``bfloat16``) and NumPy names
-    (``float32``, ``float64``, ``int8``).
-
-    Returns:
-        The data type, or ``None`` for an unknown name.
-    """
-    lowered = name.strip().lower()
-    for onnx_name, value in TensorProto.DataType.items():
-        if onnx_name.lower() == lowered and value != TensorProto.UNDEFINED:
-            return value
-    try:
-        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(lowered))
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
 @register_check
 class ContractCheck(Check):
     """Check the decode contract in ``metadata_props`` against the graph.
 
     What is checked:
 
-    - the contract is present (``OD401``) and parses and validates (``OD402``);
-    - it is consistent in itself: ``num_layers == len(cache)``, layers numbered ``0..n-1``, each cache
-      entry names the tensors of its ``kv_layout``, ``head_dim_padded >= head_dim``, ``kv_dtype`` is a
-      known dtype, no name used twice (``OD403``);
+    - the contract is present (``OD401``) and parses and validates (``OD402``; validation is
+      :class:`DecodeContract`'s: a ``kv_dtype`` outside float32/float16/bfloat16, a cache entry lacking a
+      name its ``kv_layout`` needs);
+    - it is consistent in itself: ``num_layers == len(cache)``, layers numbered ``0..n-1``,
+      ``head_dim_padded >= head_dim``, no name used twice (``OD403``);
     - every named input is a graph input and every named output a graph output (``OD404``);
     - dtypes and shapes (``OD405``/``OD406``): ``input_ids`` int64 ``[batch, step_len]``;
       ``cache_position`` int64 ``[step_len]``; ``position_ids`` int64 ``[batch, step_len]``;
-      ``attention_mask`` int64 ``[batch, max_cache_len]``; past inputs of ``kv_dtype`` with shape
-      ``(batch, num_kv_heads, max_cache_len, head_dim_padded)`` for BHSD or
-      ``(batch, max_cache_len, num_kv_heads, 2*head_dim_padded)`` for BSH2D; present outputs the same
-      for ``full_buffer``, with ``step_len`` in place of ``max_cache_len`` for ``new_token_only``;
-      logits float ``[batch, step_len, V]`` with a static ``V``;
+      ``attention_mask`` int64 ``[batch, max_cache_len]``; past inputs of ``kv_dtype`` with
+      :meth:`DecodeContract.cache_input_shape`, present outputs with
+      :meth:`DecodeContract.cache_output_shape`; logits float ``[batch, step_len, V]`` with a static ``V``;
     - no graph input is left that the contract does not mention (``OD407``: the host cannot feed it;
       inputs with an initializer default are exempt); graph outputs it does not mention are a
       warning (``OD408``).
@@ -77,8 +56,8 @@ class ContractCheck(Check):
     description = "The decode contract is present, valid and consistent with the graph's inputs and outputs."
     codes = {
         "OD401": "error: the model carries no decode contract.",
-        "OD402": "error: the contract JSON is malformed or does not validate.",
-        "OD403": "error: the contract contradicts itself (layer count, cache names, head dims, kv_dtype).",
+        "OD402": "error: the contract JSON is malformed or does not validate (fields, kv_dtype, layout names).",
+        "OD403": "error: the contract contradicts itself (layer count, layer numbers, head dims, repeated names).",
         "OD404": "error: a tensor named by the contract is not a graph input/output.",
         "OD405": "error: a contract tensor has the wrong dtype.",
         "OD406": "error: a contract tensor has the wrong or a non-static shape.",
@@ -113,22 +92,10 @@ class ContractCheck(Check):
         layers = [entry.layer for entry in contract.cache]
         if sorted(layers) != list(range(len(layers))):
             yield self._inconsistent(f"cache layers are {layers}, expected 0..{len(layers) - 1} once each")
-        fields = (
-            ("kv_in", "kv_out") if contract.kv_layout == "BSH2D" else ("key_in", "value_in", "key_out", "value_out")
-        )
-        for entry in contract.cache:
-            absent = [f for f in fields if not getattr(entry, f)]
-            if absent:
-                yield self._inconsistent(
-                    f"cache entry of layer {entry.layer} lacks {', '.join(absent)} required by kv_layout "
-                    f"{contract.kv_layout}"
-                )
         if contract.head_dim_padded < contract.head_dim:
             yield self._inconsistent(
                 f"head_dim_padded ({contract.head_dim_padded}) is smaller than head_dim ({contract.head_dim})"
             )
-        if onnx_dtype(contract.kv_dtype) is None:
-            yield self._inconsistent(f"kv_dtype '{contract.kv_dtype}' is not a known ONNX/NumPy dtype")
         names = [n for n in _all_names(contract) if n]
         for name, count in Counter(names).items():
             if count > 1:
@@ -161,29 +128,19 @@ class _GraphComparison:
 
     def findings(self) -> Iterator[Finding]:
         c = self.contract
-        b, s, m = c.batch, c.step_len, c.max_cache_len
-        int64 = TensorProto.INT64
-        yield from self._input(c.inputs.input_ids, "input_ids", (int64,), (b, s))
-        yield from self._input(c.inputs.cache_position, "cache_position", (int64,), (s,))
-        yield from self._input(c.inputs.position_ids, "position_ids", (int64,), (b, s))
-        yield from self._input(c.inputs.attention_mask, "attention_mask", (int64,), (b, m))
+        names = c.inputs.model_dump()
+        for role, shape in c.input_shapes().items():
+            yield from self._input(names[role], role, (TensorProto.INT64,), shape)
 
-        kv_dtype = onnx_dtype(c.kv_dtype)
-        kv_types = (kv_dtype,) if kv_dtype is not None else ()
-        h, d = c.num_kv_heads, c.head_dim_padded
-        new_len = s if c.cache_update == "new_token_only" else m
-        if c.kv_layout == "BSH2D":
-            past_shape, present_shape = (b, m, h, 2 * d), (b, new_len, h, 2 * d)
-        else:
-            past_shape, present_shape = (b, h, m, d), (b, h, new_len, d)
+        kv_types = (int(c.kv_onnx_type),)
+        past_shape, present_shape = c.cache_input_shape(), c.cache_output_shape()
         for entry in c.cache:
-            ins = (entry.kv_in,) if c.kv_layout == "BSH2D" else (entry.key_in, entry.value_in)
-            outs = (entry.kv_out,) if c.kv_layout == "BSH2D" else (entry.key_out, entry.value_out)
-            for name in ins:
-                yield from self._input(name, f"layer {entry.layer} past cache", kv_types, past_shape)
-            for name in outs:
-                yield from self._output(name, f"layer {entry.layer} present cache", kv_types, present_shape)
-        yield from self._output(c.logits, "logits", _FLOAT_TYPES, (b, s, _ANY))
+            pairs = c.layer_cache_pairs(entry)
+            for past, _ in pairs:
+                yield from self._input(past, f"layer {entry.layer} past cache", kv_types, past_shape)
+            for _, present in pairs:
+                yield from self._output(present, f"layer {entry.layer} present cache", kv_types, present_shape)
+        yield from self._output(c.logits, "logits", _FLOAT_TYPES, (c.batch, c.step_len, _ANY))
 
         mentioned = {n for n in _all_names(c) if n}
         for name in self.inputs:

@@ -2,24 +2,31 @@
 
 A transformed model carries the contract as JSON in ``metadata_props`` under the key
 ``onnxdeploy.contract`` so the runner, or a C++ host on the device, can feed it without guessing.
+:class:`DecodeContract` owns the contract's meaning: the cache dtype (one mapping to numpy and ONNX),
+which names each layout needs, and the shape of every input and output it names. Checks and the runner
+ask it; nobody re-derives it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import onnx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import onnx_ir as ir
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from onnxdeploy.errors import ContractError
 
 __all__ = [
     "CONTRACT_KEY",
     "CONTRACT_VERSION",
+    "KV_DTYPES",
     "CacheBinding",
     "ContractInputs",
     "DecodeContract",
+    "KVDtype",
     "read_contract",
     "write_contract",
 ]
@@ -27,22 +34,43 @@ __all__ = [
 CONTRACT_KEY = "onnxdeploy.contract"
 CONTRACT_VERSION = 1
 
+KVDtype = Literal["float32", "float16", "bfloat16"]
+"""Element types a contract's cache may have."""
+
+KV_DTYPES: dict[str, ir.DataType] = {
+    "float32": ir.DataType.FLOAT,
+    "float16": ir.DataType.FLOAT16,
+    "bfloat16": ir.DataType.BFLOAT16,
+}
+"""The one mapping of ``kv_dtype`` to ONNX element types (numpy dtypes follow from ``ir.DataType.numpy()``)."""
+
+_LEGACY_KV_DTYPES = {"float": "float32"}
+"""Names older contracts wrote (ONNX's ``float``); read with their meaning, written in the current spelling."""
+
+_LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
+    "BHSD": ("key_in", "value_in", "key_out", "value_out"),
+    "BSH2D": ("kv_in", "kv_out"),
+}
+"""The cache-entry names each ``kv_layout`` needs."""
+
+Shape = tuple[int, ...]
+
 
 class CacheBinding(BaseModel):
     """Names of one layer's cache tensors.
 
-    With ``kv_layout`` ``BHSD`` the key/value names are set: inputs ``(B, H_kv, max_cache_len, D)``;
-    outputs the same shape for ``full_buffer`` or ``(B, H_kv, step_len, D)`` for ``new_token_only``.
-    With ``BSH2D`` one packed ``kv_in``/``kv_out`` pair is used instead.
+    With ``kv_layout`` ``BHSD`` the key/value names are set; with ``BSH2D`` one packed ``kv_in``/``kv_out``
+    pair is used instead. :meth:`DecodeContract.cache_input_shape` and
+    :meth:`DecodeContract.cache_output_shape` give their shapes.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     layer: int = Field(description="0-based decoder layer index, in graph (data-flow) order.")
-    key_in: str | None = Field(default=None, description="Past key input name.")
-    value_in: str | None = Field(default=None, description="Past value input name.")
-    key_out: str | None = Field(default=None, description="Present key output name.")
-    value_out: str | None = Field(default=None, description="Present value output name.")
+    key_in: str | None = Field(default=None, description="Past key input name (BHSD layout).")
+    value_in: str | None = Field(default=None, description="Past value input name (BHSD layout).")
+    key_out: str | None = Field(default=None, description="Present key output name (BHSD layout).")
+    value_out: str | None = Field(default=None, description="Present value output name (BHSD layout).")
     kv_in: str | None = Field(default=None, description="Packed past K/V input (BSH2D layout).")
     kv_out: str | None = Field(default=None, description="Packed present K/V output (BSH2D layout).")
 
@@ -63,74 +91,188 @@ class ContractInputs(BaseModel):
 class DecodeContract(BaseModel):
     """The I/O contract of a static decode graph (contract_version 1).
 
-    Shapes: ``input_ids`` int64 ``(batch, step_len)``; ``cache_position`` int64 ``(step_len,)``;
-    past cache ``(batch, num_kv_heads, max_cache_len, head_dim_padded)`` of ``kv_dtype`` (BHSD);
-    logits float ``(batch, step_len, vocab)``.
+    Shapes (``B`` = ``batch``, ``S`` = ``step_len``, ``M`` = ``max_cache_len``, ``H_kv`` = ``num_kv_heads``,
+    ``D`` = ``head_dim_padded``): ``input_ids`` int64 ``(B, S)``; ``cache_position`` int64 ``(S,)``;
+    ``position_ids`` int64 ``(B, S)``; ``attention_mask`` int64 ``(B, M)``; past cache of ``kv_dtype``
+    ``(B, H_kv, M, D)`` (BHSD) or ``(B, M, H_kv, 2·D)`` (BSH2D, K and V packed on the last axis); present
+    cache the same with ``S`` in place of ``M`` for ``new_token_only``; logits float ``(B, S, V)``.
+
+    Raises:
+        pydantic.ValidationError: on construction, an unknown ``kv_dtype`` or ``kv_layout``, or a cache
+            entry lacking a name its ``kv_layout`` needs (:func:`read_contract` turns it into a
+            :class:`~onnxdeploy.errors.ContractError`).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     contract_version: int = CONTRACT_VERSION
-    batch: int = Field(ge=1)
-    step_len: int = Field(ge=1)
-    max_cache_len: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
-    num_kv_heads: int = Field(ge=1)
-    head_dim: int = Field(ge=1)
-    head_dim_padded: int = Field(ge=1)
-    kv_layout: Literal["BHSD", "BSH2D"] = "BHSD"
-    kv_dtype: str = "float32"
-    cache_update: Literal["full_buffer", "new_token_only"] = "full_buffer"
+    batch: int = Field(ge=1, description="Batch rows B of every input and output.")
+    step_len: int = Field(ge=1, description="Tokens per call S.")
+    max_cache_len: int = Field(ge=1, description="Cache slots M.")
+    num_layers: int = Field(ge=1, description="Decoder layers (entries of cache).")
+    num_kv_heads: int = Field(ge=1, description="KV heads H_kv.")
+    head_dim: int = Field(ge=1, description="Head dim of the model.")
+    head_dim_padded: int = Field(ge=1, description="Head dim of the cache tensors, >= head_dim.")
+    kv_layout: Literal["BHSD", "BSH2D"] = Field(default="BHSD", description="Cache tensor layout.")
+    kv_dtype: KVDtype = Field(default="float32", description="Cache element type; legacy 'float' reads as float32.")
+    cache_update: Literal["full_buffer", "new_token_only"] = Field(
+        default="full_buffer",
+        description="full_buffer: present outputs are the updated buffers; new_token_only: only the step's K/V.",
+    )
     inputs: ContractInputs
-    logits: str = "logits"
+    logits: str = Field(default="logits", description="Logits output name, float (B, S, V).")
     cache: list[CacheBinding]
+
+    @field_validator("kv_dtype", mode="before")
+    @classmethod
+    def _legacy_kv_dtype(cls, value: Any) -> Any:
+        return _LEGACY_KV_DTYPES.get(value, value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _layout_names(self) -> DecodeContract:
+        needed = _LAYOUT_NAMES[self.kv_layout]
+        for entry in self.cache:
+            absent = [name for name in needed if not getattr(entry, name)]
+            if absent:
+                raise ValueError(
+                    f"cache entry of layer {entry.layer} lacks {', '.join(absent)} required by kv_layout "
+                    f"{self.kv_layout}"
+                )
+        return self
+
+    # -- dtypes ------------------------------------------------------------------------------------
+
+    @property
+    def kv_onnx_type(self) -> ir.DataType:
+        """The cache element type as an ONNX data type (an ``IntEnum`` equal to ``TensorProto.DataType``)."""
+        return KV_DTYPES[self.kv_dtype]
+
+    @property
+    def kv_numpy_dtype(self) -> np.dtype:
+        """The cache element type as a numpy dtype (``bfloat16`` is ``ml_dtypes.bfloat16``)."""
+        return np.dtype(self.kv_onnx_type.numpy())
+
+    # -- shapes ------------------------------------------------------------------------------------
+
+    @property
+    def cache_sequence_axis(self) -> int:
+        """Axis of the cache tensors that indexes slots: 2 for BHSD, 1 for BSH2D."""
+        return 2 if self.kv_layout == "BHSD" else 1
+
+    def _cache_shape(self, slots: int) -> Shape:
+        b, h, d = self.batch, self.num_kv_heads, self.head_dim_padded
+        return (b, h, slots, d) if self.kv_layout == "BHSD" else (b, slots, h, 2 * d)
+
+    def cache_input_shape(self) -> Shape:
+        """Shape of every past cache input.
+
+        Returns:
+            ``(B, H_kv, max_cache_len, D_padded)`` for BHSD, ``(B, max_cache_len, H_kv, 2·D_padded)`` for BSH2D.
+        """
+        return self._cache_shape(self.max_cache_len)
+
+    def cache_output_shape(self) -> Shape:
+        """Shape of every present cache output.
+
+        Returns:
+            :meth:`cache_input_shape` for ``full_buffer``; for ``new_token_only`` the same with ``step_len``
+            in place of ``max_cache_len`` on the sequence axis (:attr:`cache_sequence_axis`).
+        """
+        return self._cache_shape(self.step_len if self.cache_update == "new_token_only" else self.max_cache_len)
+
+    def input_ids_shape(self) -> Shape:
+        """Shape of ``input_ids`` (int64): ``(B, step_len)``."""
+        return (self.batch, self.step_len)
+
+    def cache_position_shape(self) -> Shape:
+        """Shape of ``cache_position`` (int64): ``(step_len,)``."""
+        return (self.step_len,)
+
+    def position_ids_shape(self) -> Shape:
+        """Shape of ``position_ids`` (int64): ``(B, step_len)``."""
+        return (self.batch, self.step_len)
+
+    def attention_mask_shape(self) -> Shape:
+        """Shape of ``attention_mask`` (int64): ``(B, max_cache_len)``."""
+        return (self.batch, self.max_cache_len)
+
+    def input_shapes(self) -> dict[str, Shape]:
+        """Shape of each named non-cache input, by role (``input_ids``, ``cache_position``, …); int64 all."""
+        shapes = {
+            "input_ids": self.input_ids_shape(),
+            "cache_position": self.cache_position_shape(),
+            "position_ids": self.position_ids_shape(),
+            "attention_mask": self.attention_mask_shape(),
+        }
+        return {role: shapes[role] for role, name in self.inputs.model_dump().items() if name is not None}
+
+    # -- names -------------------------------------------------------------------------------------
 
     def cache_pairs(self) -> list[tuple[str, str]]:
         """Return ``(past_input, present_output)`` name pairs, layer by layer, key before value.
 
         Returns:
-            A list of ``2 * num_layers`` pairs for BHSD, ``num_layers`` for BSH2D.
+            A list of ``2 * len(cache)`` pairs for BHSD, ``len(cache)`` for BSH2D.
         """
-        pairs: list[tuple[str, str]] = []
-        for entry in self.cache:
-            if self.kv_layout == "BSH2D":
-                pairs.append((entry.kv_in, entry.kv_out))  # type: ignore[arg-type]
-            else:
-                pairs.append((entry.key_in, entry.key_out))  # type: ignore[arg-type]
-                pairs.append((entry.value_in, entry.value_out))  # type: ignore[arg-type]
-        return pairs
+        return [pair for entry in self.cache for pair in self.layer_cache_pairs(entry)]
+
+    def layer_cache_pairs(self, entry: CacheBinding) -> list[tuple[str, str]]:
+        """Return one cache entry's ``(past_input, present_output)`` name pairs, key before value.
+
+        Args:
+            entry: an entry of :attr:`cache`.
+
+        Returns:
+            ``[(key_in, key_out), (value_in, value_out)]`` for BHSD, ``[(kv_in, kv_out)]`` for BSH2D.
+        """
+        # The names are set: the model validator refuses an entry lacking one its layout needs.
+        if self.kv_layout == "BSH2D":
+            return [(entry.kv_in, entry.kv_out)]  # type: ignore[list-item]
+        return [(entry.key_in, entry.key_out), (entry.value_in, entry.value_out)]  # type: ignore[list-item]
 
 
-def read_contract(model: onnx.ModelProto, *, source: str = "model") -> DecodeContract | None:
+def _metadata(model: onnx.ModelProto | ir.Model) -> dict[str, str]:
+    if isinstance(model, ir.Model):
+        return model.metadata_props
+    return {prop.key: prop.value for prop in model.metadata_props}
+
+
+def read_contract(model: onnx.ModelProto | ir.Model, *, source: str = "model") -> DecodeContract | None:
     """Read the decode contract from ``model.metadata_props``.
 
     Args:
-        model: the ONNX model.
+        model: the model, as a ``ModelProto`` (weights need not be loaded) or an ``onnx_ir.Model``.
         source: how to name the model in errors (usually its path).
 
     Returns:
         The contract, or ``None`` when the model carries none (an exporter-convention model).
 
     Raises:
-        ContractError: the key is present but the JSON is malformed or does not validate.
+        ContractError: the key is present but the JSON is malformed or does not validate (unknown
+            ``kv_dtype``, a cache entry lacking a name its layout needs, ...).
     """
-    for prop in model.metadata_props:
-        if prop.key == CONTRACT_KEY:
-            try:
-                return DecodeContract.model_validate(json.loads(prop.value))
-            except (json.JSONDecodeError, ValidationError) as exc:
-                raise ContractError(f"{source}: metadata_props['{CONTRACT_KEY}'] is invalid: {exc}") from exc
-    return None
+    text = _metadata(model).get(CONTRACT_KEY)
+    if text is None:
+        return None
+    try:
+        return DecodeContract.model_validate(json.loads(text))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise ContractError(f"{source}: metadata_props['{CONTRACT_KEY}'] is invalid: {exc}") from exc
 
 
-def write_contract(model: onnx.ModelProto, contract: DecodeContract) -> None:
+def write_contract(model: onnx.ModelProto | ir.Model, contract: DecodeContract) -> None:
     """Store ``contract`` in ``model.metadata_props`` (replacing any earlier one), in place.
 
     Args:
-        model: the model to annotate; its ``metadata_props`` is changed.
+        model: the model to annotate, a ``ModelProto`` or an ``onnx_ir.Model``; its ``metadata_props``
+            is changed.
         contract: the contract to write as compact JSON.
     """
+    text = contract.model_dump_json()
+    if isinstance(model, ir.Model):
+        model.metadata_props[CONTRACT_KEY] = text
+        return
     kept = [p for p in model.metadata_props if p.key != CONTRACT_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
-    model.metadata_props.add(key=CONTRACT_KEY, value=contract.model_dump_json())
+    model.metadata_props.add(key=CONTRACT_KEY, value=text)

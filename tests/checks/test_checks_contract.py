@@ -1,11 +1,12 @@
+import json
+
 import numpy as np
 import onnx
 import pytest
 from checks_testutil import by_code, codes, parse
-from onnx import TensorProto, numpy_helper
+from onnx import numpy_helper
 
 from onnxdeploy.checks import ContractCheck
-from onnxdeploy.checks.contract import onnx_dtype
 from onnxdeploy.contract import CONTRACT_KEY, CacheBinding, ContractInputs, DecodeContract, write_contract
 
 VOCAB = 10
@@ -101,15 +102,52 @@ def test_layer_count_mismatch():
 def test_self_inconsistencies_are_each_reported():
     bad = contract(
         head_dim_padded=2,
-        kv_dtype="float33",
-        cache=[CacheBinding(layer=1, key_in="past_key_0", value_in="past_key_0", key_out="present_key_0")],
+        cache=[
+            CacheBinding(
+                layer=1, key_in="past_key_0", value_in="past_key_0", key_out="present_key_0", value_out="present_v"
+            )
+        ],
     )
     messages = [f.message for f in by_code(run(decoder(), bad), "OD403")]
     assert any("layers are [1]" in m for m in messages)
-    assert any("lacks value_out" in m for m in messages)
     assert any("head_dim_padded (2)" in m for m in messages)
-    assert any("float33" in m for m in messages)
     assert any("'past_key_0' is used 2 times" in m for m in messages)
+    assert len(messages) == 3
+
+
+def with_raw_contract(model: onnx.ModelProto, **overrides) -> onnx.ModelProto:
+    """Write a contract JSON that skips validation (what a hand-edited or foreign model may carry)."""
+    fields = json.loads(contract().model_dump_json())
+    for key, value in overrides.items():
+        if value is None:
+            del fields[key]
+        else:
+            fields[key] = value
+    model.metadata_props.add(key=CONTRACT_KEY, value=json.dumps(fields))
+    return model
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"kv_dtype": "float33"}, "kv_dtype"),
+        ({"kv_dtype": "float64"}, "kv_dtype"),
+        (
+            {"cache": [{"layer": 0, "key_in": "past_key_0", "value_in": "past_value_0", "key_out": "present_key_0"}]},
+            "lacks value_out required by kv_layout BHSD",
+        ),
+        ({"kv_layout": "BSH2D"}, "lacks kv_in, kv_out required by kv_layout BSH2D"),
+    ],
+)
+def test_contract_that_does_not_validate_is_od402(overrides, message):
+    findings = run(with_raw_contract(decoder(), **overrides))
+    assert codes(findings) == ["OD402"] and message in findings[0].message
+
+
+def test_legacy_float_kv_dtype_is_float32():
+    assert run(with_raw_contract(decoder(), kv_dtype="float")) == []
+    findings = run(with_raw_contract(decoder(past="float16[1,2,8,4]", present="float16[1,2,8,4]"), kv_dtype="float"))
+    assert codes(findings) == ["OD405"] * 4 and findings[0].message.endswith("the contract requires float")
 
 
 def test_cache_shape_disagreeing_with_max_cache_len():
@@ -242,23 +280,5 @@ def test_bsh2d_layout():
     model.graph.initializer.append(numpy_helper.from_array(np.zeros((VOCAB, VOCAB), np.float32), "emb"))
     packed = contract(kv_layout="BSH2D", cache=[CacheBinding(layer=0, kv_in="past_kv_0", kv_out="present_kv_0")])
     assert run(model, packed) == []
-    unpacked = contract(kv_layout="BSH2D")
-    findings = run(model, unpacked)
-    assert by_code(findings, "OD403") and "lacks kv_in, kv_out" in by_code(findings, "OD403")[0].message
-
-
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("float32", TensorProto.FLOAT),
-        ("float", TensorProto.FLOAT),
-        ("FLOAT16", TensorProto.FLOAT16),
-        ("bfloat16", TensorProto.BFLOAT16),
-        ("int8", TensorProto.INT8),
-        ("float64", TensorProto.DOUBLE),
-        ("float33", None),
-        ("undefined", None),
-    ],
-)
-def test_onnx_dtype(name, expected):
-    assert onnx_dtype(name) == expected
+    findings = run(model, contract(kv_layout="BSH2D", max_cache_len=4, cache=packed.cache))
+    assert codes(findings) == ["OD406", "OD406"] and "(1, 4, 2, 8)" in findings[0].message

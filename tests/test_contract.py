@@ -1,0 +1,147 @@
+"""DecodeContract: dtype mapping, layout names, shapes, and metadata on both ModelProto and onnx_ir.Model."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+from pydantic import ValidationError
+
+from onnxdeploy.contract import (
+    CONTRACT_KEY,
+    CacheBinding,
+    ContractInputs,
+    DecodeContract,
+    read_contract,
+    write_contract,
+)
+from onnxdeploy.errors import ContractError
+
+BHSD_ENTRY = CacheBinding(layer=0, key_in="pk", value_in="pv", key_out="ok", value_out="ov")
+BSH2D_ENTRY = CacheBinding(layer=0, kv_in="pkv", kv_out="okv")
+
+
+def contract(**overrides) -> DecodeContract:
+    fields = dict(
+        batch=2,
+        step_len=3,
+        max_cache_len=16,
+        num_layers=1,
+        num_kv_heads=4,
+        head_dim=6,
+        head_dim_padded=8,
+        inputs=ContractInputs(input_ids="ids", cache_position="slots", attention_mask="mask"),
+        cache=[BHSD_ENTRY],
+    )
+    fields.update(overrides)
+    return DecodeContract(**fields)
+
+
+@pytest.mark.parametrize(
+    ("name", "onnx_type", "numpy_dtype"),
+    [
+        ("float32", TensorProto.FLOAT, np.float32),
+        ("float", TensorProto.FLOAT, np.float32),  # legacy spelling: float32, never float64
+        ("float16", TensorProto.FLOAT16, np.float16),
+        ("bfloat16", TensorProto.BFLOAT16, ml_dtypes.bfloat16),
+    ],
+)
+def test_kv_dtype_maps_once_to_onnx_and_numpy(name: str, onnx_type: int, numpy_dtype: type) -> None:
+    c = contract(kv_dtype=name)
+    assert c.kv_onnx_type == onnx_type
+    assert c.kv_numpy_dtype == np.dtype(numpy_dtype)
+
+
+def test_legacy_float_is_written_back_as_float32() -> None:
+    assert json.loads(contract(kv_dtype="float").model_dump_json())["kv_dtype"] == "float32"
+
+
+@pytest.mark.parametrize("name", ["float64", "FLOAT16", "int8", "float33"])
+def test_kv_dtype_outside_the_closed_set_is_refused(name: str) -> None:
+    with pytest.raises(ValidationError, match="kv_dtype"):
+        contract(kv_dtype=name)
+
+
+@pytest.mark.parametrize(
+    ("layout", "entry", "message"),
+    [
+        ("BHSD", CacheBinding(layer=0, key_in="pk", value_in="pv", key_out="ok"), "lacks value_out"),
+        ("BHSD", BSH2D_ENTRY, "lacks key_in, value_in, key_out, value_out required by kv_layout BHSD"),
+        ("BSH2D", BHSD_ENTRY, "layer 0 lacks kv_in, kv_out required by kv_layout BSH2D"),
+    ],
+)
+def test_each_layout_requires_its_names(layout: str, entry: CacheBinding, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        contract(kv_layout=layout, cache=[entry])
+
+
+def test_bhsd_shapes() -> None:
+    c = contract()
+    assert c.cache_input_shape() == (2, 4, 16, 8)
+    assert c.cache_output_shape() == (2, 4, 16, 8)
+    assert contract(cache_update="new_token_only").cache_output_shape() == (2, 4, 3, 8)
+    assert c.cache_sequence_axis == 2
+    assert c.cache_pairs() == [("pk", "ok"), ("pv", "ov")]
+
+
+def test_bsh2d_shapes() -> None:
+    c = contract(kv_layout="BSH2D", cache=[BSH2D_ENTRY])
+    assert c.cache_input_shape() == (2, 16, 4, 16)
+    assert c.cache_output_shape() == (2, 16, 4, 16)
+    assert contract(kv_layout="BSH2D", cache=[BSH2D_ENTRY], cache_update="new_token_only").cache_output_shape() == (
+        2,
+        3,
+        4,
+        16,
+    )
+    assert c.cache_sequence_axis == 1
+    assert c.cache_pairs() == [("pkv", "okv")]
+
+
+def test_input_shapes_cover_the_named_inputs_only() -> None:
+    c = contract()
+    assert (c.input_ids_shape(), c.cache_position_shape(), c.position_ids_shape(), c.attention_mask_shape()) == (
+        (2, 3),
+        (3,),
+        (2, 3),
+        (2, 16),
+    )
+    assert c.input_shapes() == {"input_ids": (2, 3), "cache_position": (3,), "attention_mask": (2, 16)}
+
+
+def _proto() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_read_and_write_on_modelproto_and_onnx_ir() -> None:
+    proto = _proto()
+    assert read_contract(proto) is None
+    write_contract(proto, contract(kv_dtype="float16"))
+    write_contract(proto, contract())  # replaces, never duplicates
+    assert [p.key for p in proto.metadata_props] == [CONTRACT_KEY]
+    assert read_contract(proto) == contract()
+
+    model = ir.serde.deserialize_model(proto)
+    assert read_contract(model) == contract()
+    write_contract(model, contract(step_len=1))
+    assert read_contract(model) == contract(step_len=1)
+    assert read_contract(ir.serde.serialize_model(model)) == contract(step_len=1)
+
+
+def test_read_refuses_an_invalid_contract_naming_the_source() -> None:
+    model = ir.serde.deserialize_model(_proto())
+    fields = json.loads(contract().model_dump_json())
+    model.metadata_props[CONTRACT_KEY] = json.dumps({**fields, "kv_dtype": "float64"})
+    with pytest.raises(ContractError, match=r"m\.onnx: metadata_props\['onnxdeploy\.contract'\] is invalid"):
+        read_contract(model, source="m.onnx")

@@ -7,7 +7,6 @@ protobuf exceeds the 2 GiB limit (``onnx.checker.MAXIMUM_PROTOBUF``) without cop
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,13 +14,13 @@ import onnx
 from google.protobuf.message import EncodeError
 from onnx import AttributeProto, TensorProto
 
+from onnxdeploy.model_io import PROTOBUF_LIMIT_BYTES
+
 __all__ = [
     "MAX_PROTOBUF_BYTES",
     "STUB_MIN_BYTES",
     "ValueType",
     "dtype_name",
-    "expected_raw_bytes",
-    "external_location",
     "format_dims",
     "infer",
     "iter_graphs",
@@ -33,11 +32,9 @@ __all__ = [
     "value_type",
 ]
 
-MAX_PROTOBUF_BYTES = onnx.checker.MAXIMUM_PROTOBUF
+MAX_PROTOBUF_BYTES = PROTOBUF_LIMIT_BYTES
 # Shape-carrying constants (Reshape targets, Slice bounds) are a few bytes; weights are far above this.
 STUB_MIN_BYTES = 64 * 1024
-
-_SUB_BYTE_BITS = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}
 
 
 def node_ref(node: onnx.NodeProto, index: int) -> str:
@@ -81,47 +78,12 @@ def iter_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
                     yield from attr.tensors
 
 
-def external_location(tensor: TensorProto) -> str | None:
-    """Return the ``location`` of a tensor stored as external data, or ``None`` if it is stored inline.
-
-    Source: ONNX IR spec, "External Tensor Data" (``data_location == EXTERNAL``, ``external_data`` keys).
-    A tensor marked external without a ``location`` key yields ``""``.
-    """
-    if tensor.data_location != TensorProto.EXTERNAL:
-        return None
-    for entry in tensor.external_data:
-        if entry.key == "location":
-            return entry.value
-    return ""
-
-
 def dtype_name(elem_type: int) -> str:
     """Return the lower-case ONNX name of a ``TensorProto.DataType`` value (``1`` -> ``"float"``)."""
     try:
         return TensorProto.DataType.Name(elem_type).lower()
     except ValueError:
         return f"dtype({elem_type})"
-
-
-def expected_raw_bytes(tensor: TensorProto) -> int | None:
-    """Bytes ``raw_data`` must hold for the tensor's dims and data type, or ``None`` if not fixed-width.
-
-    Sub-byte types (int4/uint4/float4e2m1, int2/uint2) are packed (ONNX IR spec, "Tensor Element Types").
-    """
-    try:
-        name = TensorProto.DataType.Name(tensor.data_type)
-    except ValueError:
-        return None
-    count = math.prod(tensor.dims)
-    if name in _SUB_BYTE_BITS:
-        return math.ceil(count * _SUB_BYTE_BITS[name] / 8)
-    if name in ("UNDEFINED", "STRING") or name.startswith("FLOAT6"):
-        return None
-    try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, ValueError, TypeError):
-        return None
-    return count * itemsize
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,12 @@ from onnx.checker import ValidationError
 from onnx.shape_inference import InferenceError
 
 from onnxdeploy.checks._graph import (
-    expected_raw_bytes,
-    external_location,
     iter_tensors,
     serialized_size,
     skeleton,
 )
 from onnxdeploy.checks.base import Check, CheckContext, register_check
+from onnxdeploy.model_io import external_location, tensor_nbytes
 from onnxdeploy.report import Finding
 
 __all__ = ["CheckerCheck"]
@@ -145,7 +144,7 @@ class CheckerCheck(Check):
             folder = Path(tmp)
             copy, stubbed = skeleton(model, stub_location=_STUB_FILE)
             for tensor in stubbed:
-                expected = expected_raw_bytes(tensor)
+                expected = tensor_nbytes(tensor)
                 if expected is not None and expected != len(tensor.raw_data):
                     yield self.finding(
                         "OD101",

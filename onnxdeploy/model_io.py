@@ -57,6 +57,7 @@ __all__ = [
     "check_external_data",
     "check_not_an_input",
     "default_file_mode",
+    "external_location",
     "input_files",
     "load_model",
     "proto_round_trip",
@@ -161,11 +162,32 @@ def read_model_header(path: str | os.PathLike[str]) -> onnx.ModelProto:
     return proto
 
 
-def tensor_nbytes(tensor: onnx.TensorProto) -> int:
-    """Bytes a tensor's data occupies: ``prod(dims) * itemsize`` (sub-byte types packed, rounded up)."""
-    count = math.prod(tensor.dims)
-    bits = ir.DataType(tensor.data_type).bitwidth
-    return (count * bits + 7) // 8
+def tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
+    """Bytes a tensor's data occupies: ``prod(dims) * itemsize``, sub-byte types packed and rounded up.
+
+    Source: ONNX IR spec, "Tensor Element Types" (int4/uint4/float4e2m1 two per byte, int2/uint2 four).
+
+    Returns:
+        The size in bytes, or None for types without a fixed width (string, undefined).
+    """
+    try:
+        bits = ir.DataType(tensor.data_type).bitwidth
+    except (ValueError, TypeError):
+        return None
+    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED) or not bits:
+        return None
+    return (math.prod(tensor.dims) * bits + 7) // 8
+
+
+def external_location(tensor: onnx.TensorProto) -> str | None:
+    """Return the ``location`` of a tensor stored as external data, or ``None`` if it is stored inline.
+
+    Source: ONNX IR spec, "External Tensor Data" (``data_location == EXTERNAL``, ``external_data`` keys).
+    A tensor marked external without a ``location`` key yields ``""``.
+    """
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    return _external_info(tensor).get("location", "")
 
 
 def _external_info(tensor: onnx.TensorProto) -> dict[str, str]:
@@ -265,13 +287,13 @@ def check_external_data(proto: onnx.ModelProto, model_path: str | os.PathLike[st
         where = f"{model}: tensor '{tensor.name}' (external data '{location}')"
         try:
             offset = int(info.get("offset", "0"))
-            length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
+            expected = tensor_nbytes(tensor)
+            length = int(info["length"]) if "length" in info else expected
         except ValueError:
             raise ModelLoadError(f"{where}: offset/length are not integers") from None
         if offset < 0 or length < 0:
             raise ModelLoadError(f"{where}: negative offset or length")
-        expected = tensor_nbytes(tensor)
-        if length != expected:
+        if length is None or (expected is not None and length != expected):
             raise ModelLoadError(f"{where}: length {length} bytes, but dims {list(tensor.dims)} need {expected}")
         entry = files.get(location)
         if entry is None:

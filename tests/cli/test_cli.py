@@ -14,10 +14,15 @@ import yaml
 from typer.testing import CliRunner
 
 from onnxdeploy.cli import app
-from onnxdeploy.graph import save_model_atomic, tensor_dims
+from onnxdeploy.graph import tensor_dims
 from tests.conftest import FIXTURE_NAMES, REPO, fixture_entry
 
 runner = CliRunner()
+
+
+def _save(model: onnx.ModelProto, path):
+    onnx.save(model, path)
+    return path
 
 
 def _sha(path: Path) -> str:
@@ -126,7 +131,7 @@ def test_verify_against_corrupted_copy_exits_1_naming_first_divergent_step(tmp_p
     target = next(t for t in model.graph.initializer if t.name == weight)
     arr = onnx.numpy_helper.to_array(target) * np.float32(1.05)
     target.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), target.name))
-    bad = save_model_atomic(model, tmp_path / "corrupted.onnx")
+    bad = _save(model, tmp_path / "corrupted.onnx")
     report_path = tmp_path / "verify.json"
     result, out = _invoke("verify", str(entry["model_path"]), str(bad), "--steps", "32", "--report", str(report_path))
     assert result.exit_code == 1, out
@@ -325,7 +330,7 @@ def test_model_without_kv_cache_exits_2_saying_what_was_looked_for(tmp_path):
         }
         """
     )
-    path = save_model_atomic(model, tmp_path / "no_cache.onnx")
+    path = _save(model, tmp_path / "no_cache.onnx")
     result, out = _invoke("run", str(_write_pipeline(tmp_path, model=str(path))))
     assert result.exit_code == 2, out
     assert "no KV cache found" in out and "Looked for" in out and "Found" in out

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import onnx
+import onnx_ir as ir
 import pytest
 
 from onnxdeploy.errors import PassError
-from onnxdeploy.graph import opset_imports, save_model_atomic
+from onnxdeploy.graph import opset_imports
+from onnxdeploy.model_io import load_model, stand_in_proto, write_for_ort
 from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
@@ -16,19 +18,24 @@ from tests.conftest import FIXTURE_NAMES, PROMPT, fixture_entry
 @pytest.mark.parametrize("name", [n for n in FIXTURE_NAMES if n.startswith("llama_gqa")])
 def test_pin_opset_17_on_llama_verifies_identical(tmp_path, name):
     entry = fixture_entry(name)
-    model = onnx.load(entry["model_path"])
-    static = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model).model
+    model = load_model(entry["model_path"]).model
+    static = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model).artifacts.primary
     result = PinOpsetPass(PinOpsetConfig(opset=17))(static)
-    assert opset_imports(result.model)["ai.onnx"] == 17
-    onnx.checker.check_model(result.model, full_check=True)
-    path = save_model_atomic(result.model, tmp_path / "pinned.onnx")
+    pinned = result.artifacts.primary
+    assert opset_imports(pinned)["ai.onnx"] == 17
+    onnx.checker.check_model(stand_in_proto(pinned, as_inputs=True), full_check=True)
+    # the weights were never copied: the pinned graph holds the very tensor objects static_kv held
+    assert {id(v.const_value) for v in pinned.graph.initializers.values()} <= {
+        id(v.const_value) for v in static.graph.initializers.values()
+    }
+    path = write_for_ort(pinned, tmp_path)
     report = verify(str(entry["model_path"]), str(path), prompt=PROMPT, steps=32)
     assert report.passed
     assert all(m.max_abs_logit_diff <= 1e-4 and m.top1_agreement == 1.0 for m in report.modes.values())
 
 
 def test_pin_opset_names_split_18_on_optimum_gpt2():
-    model = onnx.load(fixture_entry("gpt2_optimum")["model_path"])
+    model = load_model(fixture_entry("gpt2_optimum")["model_path"]).model
     with pytest.raises(PassError) as err:
         PinOpsetPass(PinOpsetConfig(opset=17))(model)
     text = str(err.value)
@@ -42,9 +49,11 @@ def test_pin_opset_same_opset_is_a_no_op():
         g (float[2] x) => (float[2] y) { y = Relu (x) }
         """
     )
-    result = PinOpsetPass(PinOpsetConfig(opset=17))(model)
+    ir_model = ir.serde.deserialize_model(model)
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(ir_model)
     assert not result.modified
-    assert result.model.SerializeToString() == model.SerializeToString()
+    assert result.artifacts.primary is ir_model
+    assert ir.serde.serialize_model(result.artifacts.primary).SerializeToString() == model.SerializeToString()
 
 
 def test_pin_opset_beyond_installed_onnx_is_refused():
@@ -55,7 +64,7 @@ def test_pin_opset_beyond_installed_onnx_is_refused():
         """
     )
     with pytest.raises(PassError, match="newer than"):
-        PinOpsetPass(PinOpsetConfig(opset=onnx.defs.onnx_opset_version() + 1))(model)
+        PinOpsetPass(PinOpsetConfig(opset=onnx.defs.onnx_opset_version() + 1))(ir.serde.deserialize_model(model))
 
 
 def test_lowering_reduce_mean_18_drops_the_attribute_opset_17_lacks():
@@ -71,12 +80,19 @@ def test_lowering_reduce_mean_18_drops_the_attribute_opset_17_lacks():
         }
         """
     )
-    result = PinOpsetPass(PinOpsetConfig(opset=17))(model)
-    onnx.checker.check_model(result.model, full_check=True)
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(ir.serde.deserialize_model(model))
+    lowered = ir.serde.serialize_model(result.artifacts.primary)
+    onnx.checker.check_model(lowered, full_check=True)
     assert any("noop_with_empty_axes" in c for c in result.report.changes)
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    after = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x}
-    )
+    after = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_array_equal(before[0], after[0])
+
+
+def test_pin_opset_leaves_the_graph_it_was_given_untouched():
+    model = load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
+    before = ir.serde.serialize_model(model).SerializeToString()
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(model)
+    assert result.modified and result.artifacts.primary is not model
+    assert ir.serde.serialize_model(model).SerializeToString() == before

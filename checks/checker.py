@@ -38,7 +38,7 @@ _HINTS: list[tuple[re.Pattern[str], str]] = [
     ),
     (
         re.compile(r"topologically sorted"),
-        "Sort the nodes topologically (e.g. onnx_graphsurgeon: graph.toposort()); see the topo_order check.",
+        "Sort the nodes topologically (onnx_ir TopologicalSortPass; onnxdeploy run sorts at load); see topo_order.",
     ),
     (
         re.compile(r"single static assignment|SSA"),

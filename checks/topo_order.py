@@ -19,7 +19,7 @@ from onnxdeploy.report import Finding
 
 __all__ = ["TopoOrderCheck"]
 
-_SORT_HINT = "Sort the nodes topologically (onnx_ir: ir.passes.common.TopologicalSortPass; onnxdeploy run sorts at load)."
+_SORT_HINT = "Sort the nodes topologically (onnx_ir TopologicalSortPass; onnxdeploy run sorts at load)."
 
 
 @register_check

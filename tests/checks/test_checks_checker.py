@@ -38,7 +38,7 @@ def test_unsorted_graph_names_node_and_tensor():
     assert codes(findings) == ["OD101"]
     assert "topologically sorted" in findings[0].message
     assert findings[0].nodes == ["late", "t"]
-    assert "toposort" in findings[0].hint
+    assert "TopologicalSortPass" in findings[0].hint
 
 
 def test_strict_inference_errors_become_one_finding_per_node():

@@ -21,12 +21,15 @@ def render_markdown(report: RunReport) -> str:
     lines += [
         f"- input model: `{report.input_model}`",
         f"- output model: `{report.output_model}`",
+        "- files written: " + (", ".join(f"`{f}`" for f in report.output_files) or "—"),
         f"- pipeline: `{report.pipeline}`" if report.pipeline else "- pipeline: (none)",
         f"- target: {report.target or '(none)'}",
         f"- wall time: {report.wall_time_s:.2f} s; onnxdeploy {report.onnxdeploy_version}; "
         + ", ".join(f"{k} {v}" for k, v in report.versions.items()),
         "",
     ]
+    if report.notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
     if report.failures:
         lines += ["## Failures", ""] + [f"- {f}" for f in report.failures] + [""]
     if report.passes:

@@ -59,7 +59,7 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
         "op_histogram": op_histogram(model),
         "nodes": len(model.graph.node),
         "initializers": len(model.graph.initializer),
-        "initializer_bytes": sum(tensor_nbytes(t) for t in model.graph.initializer),
+        "initializer_bytes": sum(tensor_nbytes(t) or 0 for t in model.graph.initializer),
         "external_data": [
             {"location": f.location, "tensors": f.tensors, "bytes": f.bytes_needed, "present": True} for f in files
         ],

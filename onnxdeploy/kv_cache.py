@@ -133,6 +133,8 @@ class CacheTensor:
         concat_output: the Concat's output.
         kind: ``key`` or ``value`` (``unknown`` until classified).
         softmax: the attention Softmax the tensor was matched to (None when not found).
+        past_name: the past input's name when found (the static graph keeps it).
+        present_name: the present output's name when found (the static graph keeps it).
     """
 
     past_input: ir.Value
@@ -143,16 +145,13 @@ class CacheTensor:
     concat_output: ir.Value
     kind: Literal["key", "value", "unknown"] = "unknown"
     softmax: ir.Node | None = None
+    past_name: str = field(init=False)
+    present_name: str = field(init=False)
 
-    @property
-    def past_name(self) -> str:
-        """Name of the past graph input."""
-        return str(self.past_input.name)
-
-    @property
-    def present_name(self) -> str:
-        """Name of the present graph output."""
-        return str(self.present_output.name)
+    def __post_init__(self) -> None:
+        # Names as found: the rewrite keeps them on the graph's inputs and outputs, though the values change.
+        self.past_name = str(self.past_input.name)
+        self.present_name = str(self.present_output.name)
 
 
 @dataclass

@@ -1,0 +1,77 @@
+"""What the machine can give a run: the memory available to this process (container limit or host).
+
+Used to refuse, before any work, a configuration whose buffers cannot fit (e.g. ``static_kv`` with a
+``max_cache_len`` of 10^8 slots), instead of growing until the kernel kills the process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["available_memory_bytes", "format_bytes"]
+
+_CGROUP_V2_MAX = Path("/sys/fs/cgroup/memory.max")
+_CGROUP_V1_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+_MEMINFO = Path("/proc/meminfo")
+_NO_LIMIT = 1 << 60  # cgroup v1 reports "unlimited" as a huge number (PAGE_COUNTER_MAX pages)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _cgroup_limit_bytes(v2: Path = _CGROUP_V2_MAX, v1: Path = _CGROUP_V1_LIMIT) -> int | None:
+    """The container's memory limit in bytes (cgroup v2 ``memory.max``, else v1), or None when unlimited."""
+    for path in (v2, v1):
+        text = _read(path)
+        if text is None or text == "max":
+            continue
+        try:
+            limit = int(text)
+        except ValueError:
+            continue
+        if 0 < limit < _NO_LIMIT:
+            return limit
+    return None
+
+
+def _mem_available_bytes(meminfo: Path = _MEMINFO) -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes, or None where the kernel does not report it."""
+    text = _read(meminfo)
+    if text is None:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            parts = line.split()
+            try:
+                return int(parts[1]) * 1024  # reported in kB
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process may still use, in bytes: the smaller of the container limit and ``MemAvailable``.
+
+    The container limit is cgroup v2 ``/sys/fs/cgroup/memory.max`` or cgroup v1
+    ``/sys/fs/cgroup/memory/memory.limit_in_bytes`` (absent or "max": no limit); ``MemAvailable`` is the
+    host's estimate of memory available without swapping (``/proc/meminfo``). Both are upper bounds, so
+    the smaller one is returned.
+
+    Returns:
+        Bytes, or None when neither is known (e.g. not Linux).
+    """
+    known = [b for b in (_cgroup_limit_bytes(), _mem_available_bytes()) if b is not None]
+    return min(known) if known else None
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable size with binary units, e.g. ``1.5 GiB`` (bytes → B/KiB/MiB/GiB/TiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

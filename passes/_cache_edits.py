@@ -1,0 +1,700 @@
+"""Cache edits several passes need, each one step on an ``onnx_ir`` graph (DESIGN.md, "Layout").
+
+The steps ``static_kv`` chains, usable on their own by later passes (prefill buckets, ``kv_layout``):
+
+* :func:`add_cache_position` — the int64 ``[step_len]`` input naming the cache slots a call writes.
+* :func:`find_query_positions` / :func:`feed_query_positions` — find the exporter's query-position vector
+  (``past_len + arange(S)``) by running the original at two past lengths, and feed ``cache_position`` there.
+* :func:`rewrite_cache_writes` — past inputs become fixed buffers written by ScatterElements at
+  ``cache_position``; every other reader of the past sees a Slice view of ``max_cache_len - S`` slots.
+* :func:`fix_io_dims` — fixed batch, step length and cache length on the graph inputs.
+* :func:`replace_neg_inf` — ``-inf`` constants become the dtype's lowest finite value.
+* :func:`refold_and_infer` — constant-fold shape arithmetic (onnxsim on a weightless copy) and re-infer
+  every shape from the static inputs.
+* :func:`build_contract` / :func:`write_contract` — the decode contract the host reads.
+
+Weights are never read or copied: onnxsim and onnx shape inference see protos whose large initializers
+are typed stand-ins (:mod:`onnxdeploy.model_io`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Literal
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as ir_common
+import onnxruntime as ort
+import onnxsim
+
+from onnxdeploy import model_io
+from onnxdeploy.contract import CONTRACT_KEY, CacheBinding, ContractInputs, DecodeContract
+from onnxdeploy.errors import PreconditionError
+from onnxdeploy.kv_cache import KVCache, find_logits_output, upstream_nodes
+from onnxdeploy.passes._pass_infra import PassContext
+
+__all__ = [
+    "CACHE_POSITION",
+    "KNOWN_INPUTS",
+    "add_cache_position",
+    "build_contract",
+    "feed_query_positions",
+    "find_query_positions",
+    "fix_io_dims",
+    "fold_constants",
+    "infer_shapes",
+    "refold_and_infer",
+    "replace_neg_inf",
+    "rewrite_cache_writes",
+    "write_contract",
+]
+
+CACHE_POSITION = "cache_position"
+"""Name of the int64 ``[step_len]`` input holding the cache slots a call writes."""
+
+KNOWN_INPUTS = ("input_ids", "attention_mask", "position_ids")
+"""Non-cache inputs of the exporter convention."""
+
+_PREFIX = "onnxdeploy/static_kv"
+_POSITION_OFFSET = 11  # position_ids fed during probing are offset so they cannot pass for past + arange(S)
+_PROBE_PAST = (3, 5)
+_PROBE_STEP = 2
+_NEG_INF_SCAN_LIMIT = 1 << 20  # memory-mapped initializers above 1 MiB are weights, not mask constants
+
+
+def _int64_const(graph: ir.Graph, name: str, values: list[int]) -> ir.Value:
+    """Add an int64 1-D initializer ``name`` (once) and return its value."""
+    if name in graph.initializers:
+        return graph.initializers[name]
+    tensor = ir.tensor(np.asarray(values, dtype=np.int64), name=name)
+    value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(ir.DataType.INT64))
+    value.const_value = tensor
+    graph.register_initializer(value)
+    return value
+
+
+def _names_in_use(graph: ir.Graph) -> set[str]:
+    names = {str(v.name) for v in graph.inputs} | set(graph.initializers)
+    names |= {str(o.name) for node in graph for o in node.outputs}
+    return names
+
+
+def _take_name(value: ir.Value, name: str) -> None:
+    """Give ``value`` the name ``name``, renaming whatever value held it first."""
+    graph = value.graph
+    if graph is not None:
+        for v in [*graph.outputs, *(o for node in graph for o in node.outputs)]:
+            if v.name == name and v is not value:
+                v.name = f"{name}/replaced"
+    value.name = name
+
+
+# ----------------------------------------------------------------------------------------- cache position
+
+
+def add_cache_position(graph: ir.Graph, step_len: int, *, who: str = "static_kv") -> ir.Value:
+    """Add the graph input ``cache_position``: int64 ``[step_len]``, the cache slots this call writes.
+
+    Args:
+        graph: the decoder's main graph (edited in place).
+        step_len: S, tokens per call.
+        who: the pass named in errors.
+
+    Returns:
+        The new input value.
+
+    Raises:
+        PreconditionError: the graph already has a value named ``cache_position``.
+    """
+    if CACHE_POSITION in _names_in_use(graph):
+        raise PreconditionError(who, f"the graph already has a tensor named '{CACHE_POSITION}'")
+    value = ir.Value(name=CACHE_POSITION, shape=ir.Shape([step_len]), type=ir.TensorType(ir.DataType.INT64))
+    graph.inputs.append(value)
+    return value
+
+
+def _session_options() -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # map external weights instead of copying them into prepacked buffers (DESIGN.md, "Models of any size")
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    return opts
+
+
+def _int64_rank1_values(model: ir.Model) -> set[str]:
+    """Names of values shape inference types as int64 of rank 1 (or of unknown rank), on a stand-in proto."""
+    inferred = onnx.shape_inference.infer_shapes(model_io.stand_in_proto(model), strict_mode=False)
+    names = set()
+    for vi in inferred.graph.value_info:
+        tt = vi.type.tensor_type
+        if tt.elem_type == onnx.TensorProto.INT64 and (not tt.HasField("shape") or len(tt.shape.dim) == 1):
+            names.add(vi.name)
+    return names
+
+
+def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, who: str = "static_kv") -> list[str]:
+    """Find the exporter's query-position tensors (value ``past_len + arange(S)``, int64 ``[S]``) by running it.
+
+    A structural copy of ``model`` exposes every int64 rank-1 intermediate value as a graph output; it is
+    written next to hard links of the input's data files (:func:`onnxdeploy.model_io.write_for_ort`, no
+    weight copied) and run twice on ONNX Runtime, at past lengths 3 and 5 with S=2, zero caches
+    ``(B, H_kv, past, D)``, and ``position_ids`` offset by 11 (so the RoPE positions cannot be mistaken for
+    it). B is the export's own batch when ``input_ids`` has a static batch dim, else 1. Values equal to
+    ``past_len + arange(S)`` in both runs are candidates; the ones not computed from another candidate are
+    returned (transformers' ``cache_position``: ``Range(past_len, past_len + S)``). The session and the probe
+    files are removed before returning.
+
+    Args:
+        model: the exporter-convention decoder (dynamic past length); unchanged.
+        kv: its cache, from :func:`onnxdeploy.kv_cache.find_kv_cache`.
+        context: gives the scratch folder and, when set, the session factory.
+        who: the pass named in errors.
+
+    Returns:
+        Names of the root query-position values (empty when the export has none).
+
+    Raises:
+        PreconditionError: ONNX Runtime cannot load or run the original model.
+    """
+    graph = model.graph
+    int64_rank1 = _int64_rank1_values(model)
+    outputs_now = {o.name for o in graph.outputs}
+    candidates = [
+        str(out.name)
+        for node in graph
+        if node.op_type != "Constant"
+        for out in node.outputs
+        if out.name in int64_rank1 and out.name not in outputs_now
+    ]
+    if not candidates:
+        return []
+    probe = model_io.proto_round_trip(model, lambda proto: proto)  # structural copy; same weight tensors
+    values = ir.convenience.create_value_mapping(probe.graph)
+    for name in candidates:
+        value = values[name]
+        value.dtype = ir.DataType.INT64
+        probe.graph.outputs.append(value)
+    folder = tempfile.mkdtemp(prefix="static_kv-probe-", dir=context.scratch())
+    try:
+        path = model_io.write_for_ort(probe, folder)
+        del probe, values
+        try:
+            if context.session_factory is not None:
+                opened = context.session_factory(path)
+                sess = getattr(opened, "session", opened)
+            else:
+                sess = ort.InferenceSession(str(path), _session_options(), providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises several unrelated exception types
+            raise PreconditionError(who, f"ONNX Runtime cannot load the original model: {exc}") from exc
+        matches = _probe(sess, model, kv, candidates, who)
+        del sess
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if not matches:
+        return []
+    by_name = ir.convenience.create_value_mapping(graph)
+    roots = []
+    for name in sorted(matches):
+        value = by_name[name]
+        producer = value.producer()
+        derived = any(
+            o.name in matches and o is not value
+            for up in upstream_nodes(value, 64)
+            if up is not producer
+            for o in up.outputs
+        )
+        if not derived:
+            roots.append(name)
+    return roots
+
+
+def _export_batch(graph: ir.Graph) -> int:
+    """The export's fixed batch: dim 0 of ``input_ids`` when static, else 1."""
+    ids = next((v for v in graph.inputs if v.name == "input_ids"), None)
+    if ids is not None and ids.shape is not None and len(ids.shape) >= 1 and isinstance(ids.shape[0], int):
+        return ids.shape[0]
+    return 1
+
+
+def _probe(sess: ort.InferenceSession, model: ir.Model, kv: KVCache, candidates: list[str], who: str) -> set[str]:
+    """Run the probe at each past length; return the candidates equal to ``past + arange(S)`` every time."""
+    inputs = {v.name for v in model.graph.inputs}
+    batch = _export_batch(model.graph)
+    s = _PROBE_STEP
+    matches: set[str] | None = None
+    for past in _PROBE_PAST:
+        feeds: dict[str, np.ndarray] = {
+            t.past_name: np.zeros((batch, kv.num_kv_heads, past, kv.head_dim), dtype=kv.numpy_dtype) for t in kv.tensors
+        }
+        feeds["input_ids"] = np.tile(np.array([[1, 2]], dtype=np.int64), (batch, 1))
+        if "attention_mask" in inputs:
+            feeds["attention_mask"] = np.ones((batch, past + s), dtype=np.int64)
+        if "position_ids" in inputs:
+            feeds["position_ids"] = np.tile(past + _POSITION_OFFSET + np.arange(s, dtype=np.int64), (batch, 1))
+        try:
+            results = sess.run(candidates, feeds)
+        except Exception as exc:  # ORT raises several unrelated exception types
+            raise PreconditionError(
+                who, f"ONNX Runtime cannot run the original model at past length {past}: {exc}"
+            ) from exc
+        expected = past + np.arange(s, dtype=np.int64)
+        hit = {
+            n
+            for n, v in zip(candidates, results, strict=True)
+            if v.ndim == 1 and v.shape == (s,) and np.array_equal(v, expected)
+        }
+        matches = hit if matches is None else matches & hit
+    return matches or set()
+
+
+def feed_query_positions(graph: ir.Graph, names: list[str], cache_position: ir.Value) -> None:
+    """Make every reader of the query-position values read ``cache_position`` (int64 ``[S]``) instead.
+
+    The values' producers are left for constant folding to drop.
+
+    Args:
+        graph: the decoder's main graph (edited in place).
+        names: values from :func:`find_query_positions`.
+        cache_position: the input from :func:`add_cache_position`.
+    """
+    by_name = ir.convenience.create_value_mapping(graph)
+    for name in names:
+        by_name[name].replace_all_uses_with(cache_position)
+
+
+# ------------------------------------------------------------------------------------------- cache writes
+
+
+def rewrite_cache_writes(
+    graph: ir.Graph,
+    kv: KVCache,
+    *,
+    cache_position: ir.Value,
+    seq_axis: int = 2,
+    layout: Literal["BHSD"] = "BHSD",
+    cache_update: Literal["full_buffer", "new_token_only"] = "full_buffer",
+    max_cache_len: int,
+    step_len: int,
+) -> list[str]:
+    """Turn each cache Concat into a ScatterElements write at ``cache_position``; readers of the past see a view.
+
+    For every cache tensor of ``kv`` (BHSD: past ``(B, H_kv, L, D)``, step's K/V ``(B, H_kv, S, D)``):
+
+    * the Concat ``(past, new)`` becomes ``ScatterElements(past, idx, new, axis=seq_axis)``, ``idx`` being
+      ``cache_position`` broadcast to ``(B, H_kv, S, D)`` — attention reads the whole ``L``-slot buffer;
+    * every other reader of the past (the exporters' shape arithmetic: mask width, GQA head-repeat shape)
+      reads ``Slice(past, 0, L - S, axis=seq_axis)``, so their ``past_len + S`` is ``L``;
+    * ``full_buffer``: the present output is the updated buffer ``(B, H_kv, L, D)``; ``new_token_only``: the
+      present output is the step's K/V ``(B, H_kv, S, D)`` for the host to write at ``cache_position``.
+
+    Args:
+        graph: the graph ``kv`` was found on (edited in place).
+        kv: the cache, from :func:`onnxdeploy.kv_cache.find_kv_cache` on ``graph``.
+        cache_position: the int64 ``[S]`` input (:func:`add_cache_position`).
+        seq_axis: the sequence axis of the cache tensors (2 for BHSD).
+        layout: the cache layout; only ``BHSD`` (what exporters emit) is rewritten here.
+        cache_update: ``full_buffer`` or ``new_token_only`` (see above).
+        max_cache_len: L, slots of the fixed buffer.
+        step_len: S, tokens per call.
+
+    Returns:
+        Human-readable lines, one per rewritten Concat.
+
+    Raises:
+        ValueError: an unsupported ``layout``, ``seq_axis`` other than the Concats', or ``max_cache_len <
+            step_len``.
+    """
+    if layout != "BHSD":
+        raise ValueError(f"rewrite_cache_writes rewrites BHSD caches only, not {layout}")
+    if seq_axis not in (2, -2):
+        raise ValueError(f"seq_axis {seq_axis}: a BHSD cache appends on axis 2")
+    if max_cache_len < step_len:
+        raise ValueError(f"max_cache_len={max_cache_len} is smaller than step_len={step_len}")
+    order = {id(n): i for i, n in enumerate(graph)}
+    tensors = sorted(kv.tensors, key=lambda t: order[id(t.concat)])
+    first = tensors[0]
+
+    # One index tensor for every write: cache_position (S,) broadcast to the update shape (B, H_kv, S, D).
+    # The update shape is read from the graph so it folds to a constant once the inputs are static.
+    pos_shape = [1, 1, 1, 1]
+    pos_shape[seq_axis] = step_len
+    reshape = ir.node(
+        "Reshape",
+        [cache_position, _int64_const(graph, f"{_PREFIX}/pos_shape", pos_shape)],
+        name=f"{_PREFIX}/pos_reshape",
+    )
+    reshape.outputs[0].name = f"{_PREFIX}/pos_4d"
+    update_shape = ir.node("Shape", [first.new_operand], name=f"{_PREFIX}/update_shape")
+    update_shape.outputs[0].name = f"{_PREFIX}/update_shape"
+    expand = ir.node("Expand", [reshape.outputs[0], update_shape.outputs[0]], name=f"{_PREFIX}/pos_expand")
+    indices = expand.outputs[0]
+    indices.name = f"{_PREFIX}/scatter_indices"
+    indices.dtype = ir.DataType.INT64
+    graph.insert_before(first.concat, [reshape, update_shape, expand])
+
+    starts = _int64_const(graph, f"{_PREFIX}/view_starts", [0])
+    ends = _int64_const(graph, f"{_PREFIX}/view_ends", [max_cache_len - step_len])
+    axes = _int64_const(graph, f"{_PREFIX}/view_axes", [seq_axis])
+    changes = []
+    for ct in tensors:
+        past = ct.past_name
+        view_node = ir.node("Slice", [ct.past_input, starts, ends, axes], name=f"{_PREFIX}/{past}/past_view/Slice")
+        view = view_node.outputs[0]
+        view.name = f"{_PREFIX}/{past}/past_view"
+        view.dtype = kv.dtype
+        graph.insert_before(graph[0], view_node)
+        for alias in ct.past_aliases:
+            for use in list(alias.uses()):
+                if use.node is not ct.concat and use.node is not view_node:
+                    use.node.replace_input_with(use.idx, view)
+
+        scatter = ir.node(
+            "ScatterElements",
+            [ct.past_input, indices, ct.new_operand],
+            {"axis": seq_axis},
+            name=f"{_PREFIX}/{past}/ScatterElements",
+        )
+        updated = scatter.outputs[0]
+        updated.name = f"{_PREFIX}/{past}/updated_buffer"
+        updated.dtype = kv.dtype
+        updated.shape = ir.Shape(ct.past_input.shape or [None] * 4)  # ScatterElements keeps the data's shape
+        graph.insert_before(ct.concat, scatter)
+        concat_out = ct.concat_output
+        present = ct.present_output
+        present_name = ct.present_name
+        if cache_update == "full_buffer":
+            concat_was_output = concat_out.is_graph_output()
+            concat_name = str(concat_out.name)
+            concat_out.replace_all_uses_with(updated, replace_graph_outputs=True)
+            if concat_was_output:
+                _take_name(updated, concat_name)
+        else:
+            new_node = ir.node("Identity", [ct.new_operand], name=f"{_PREFIX}/{present_name}/new")
+            graph.insert_after(scatter, new_node)
+            new_out = new_node.outputs[0]
+            new_out.dtype = kv.dtype
+            new_out.shape = ir.Shape(ct.new_operand.shape or [None] * 4)
+            slot = next(i for i, o in enumerate(graph.outputs) if o is present)
+            graph.outputs[slot] = new_out
+            _take_name(new_out, present_name)
+            concat_out.replace_all_uses_with(updated)
+        graph.remove(ct.concat, safe=True)
+        _remove_dead_chain(graph, present)
+        changes.append(
+            f"Concat '{ct.concat.name or '?'}' -> ScatterElements(axis={seq_axis}) into '{past}' at "
+            f"{cache_position.name} ({ct.kind}, present '{present_name}', {cache_update})"
+        )
+    return changes
+
+
+def _remove_dead_chain(graph: ir.Graph, value: ir.Value) -> None:
+    """Remove ``value``'s producer and its pass-through ancestors while nothing reads them."""
+    while value.graph is graph and not value.uses() and not value.is_graph_output():
+        node = value.producer()
+        if node is None or node.graph is not graph or any(o.uses() or o.is_graph_output() for o in node.outputs):
+            return
+        inputs = [i for i in node.inputs if i is not None]
+        graph.remove(node, safe=True)
+        if len(inputs) != 1:
+            return
+        value = inputs[0]
+
+
+# ----------------------------------------------------------------------------------------------- I/O dims
+
+
+def _dim_text(d: object) -> str:
+    if d is None:
+        return "?"
+    return str(d.value if isinstance(d, ir.SymbolicDim) else d)
+
+
+def _set_dims(value: ir.Value, dims: list[int]) -> list[str]:
+    """Set ``value``'s shape to ``dims``; return ``'name[axis]: old -> new'`` for each change."""
+    old = list(value.shape) if value.shape is not None else [None] * len(dims)
+    changes = []
+    for axis, d in enumerate(dims):
+        before = old[axis] if axis < len(old) else None
+        if before != d:
+            changes.append(f"{value.name}[{axis}]: {_dim_text(before)} -> {d}")
+    value.shape = ir.Shape(dims)
+    return changes
+
+
+def fix_io_dims(graph: ir.Graph, kv: KVCache, *, batch: int, step_len: int, max_cache_len: int) -> list[str]:
+    """Fix every graph input's dims and forget every other shape (they are re-inferred after folding).
+
+    Cache inputs become ``(B, H_kv, max_cache_len, D)``, ``attention_mask`` ``(B, max_cache_len)``,
+    ``input_ids`` and ``position_ids`` ``(B, step_len)``; ``cache_position`` stays ``[step_len]``. Intermediate
+    value infos are dropped and graph outputs keep only dtype and rank: their symbolic dims are stale.
+
+    Args:
+        graph: the decoder's main graph (edited in place).
+        kv: its cache (names of the past inputs).
+        batch: B.
+        step_len: S, tokens per call.
+        max_cache_len: L, slots of the fixed buffer.
+
+    Returns:
+        ``'tensor[axis]: old -> new'`` for every input dim changed, for the pass report.
+    """
+    cache_inputs = {t.past_name for t in kv.tensors}
+    fixed: list[str] = []
+    for value in graph.inputs:
+        if value.name in graph.initializers:
+            continue
+        if value.name in cache_inputs:
+            fixed += _set_dims(value, [batch, kv.num_kv_heads, max_cache_len, kv.head_dim])
+        elif value.name == "attention_mask":
+            fixed += _set_dims(value, [batch, max_cache_len])
+        elif value.name in ("input_ids", "position_ids"):
+            fixed += _set_dims(value, [batch, step_len])
+    _forget_shapes(graph)
+    return fixed
+
+
+def _forget_shapes(graph: ir.Graph) -> None:
+    """Drop intermediate value infos; keep graph outputs' dtype and rank with unknown dims."""
+    for node in graph:
+        for out in node.outputs:
+            if out.is_graph_output():
+                if out.shape is not None:
+                    out.shape = ir.Shape([None] * len(out.shape))
+            else:
+                out.shape = None
+                out.type = None
+
+
+# ------------------------------------------------------------------------------------------------ -inf
+
+
+def _finite(tensor: ir.TensorProtocol) -> ir.TensorProtocol | None:
+    """``tensor`` with ``-inf`` replaced by ``finfo(dtype).min``; None when it holds no ``-inf``."""
+    if tensor.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+        return None
+    arr = tensor.numpy()
+    mask = np.isneginf(arr)
+    if not mask.any():
+        return None
+    fixed = np.array(arr, copy=True)
+    fixed[mask] = np.finfo(fixed.dtype).min
+    return ir.tensor(fixed, name=tensor.name)
+
+
+def replace_neg_inf(graph: ir.Graph) -> int:
+    """Replace ``-inf`` in float constants by the dtype's lowest finite value (``numpy.finfo(dtype).min``).
+
+    What transformers itself uses for masks: a fully masked row then stays finite (no NaN in fp16).
+    Scanned: initializers held in memory or mapped and at most 1 MiB (larger mapped ones are weights and
+    are never read), and the ``value`` of Constant / ConstantOfShape nodes. Tensors are replaced, never
+    written into (mapped input files stay untouched).
+
+    Args:
+        graph: the main graph (edited in place).
+
+    Returns:
+        How many tensors were replaced.
+    """
+    count = 0
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if tensor is None or (isinstance(tensor, ir.ExternalTensor) and tensor.nbytes > _NEG_INF_SCAN_LIMIT):
+            continue
+        new = _finite(tensor)
+        if new is not None:
+            value.const_value = new
+            count += 1
+    for node in graph:
+        if node.op_type not in ("Constant", "ConstantOfShape") or node.domain not in ("", "ai.onnx"):
+            continue
+        attr = node.attributes.get("value")
+        if attr is None or attr.type != ir.AttributeType.TENSOR:
+            continue
+        new = _finite(attr.as_tensor())
+        if new is not None:
+            node.attributes["value"] = ir.AttrTensor("value", new)
+            count += 1
+    return count
+
+
+# --------------------------------------------------------------------------------------- fold and infer
+
+
+@contextlib.contextmanager
+def _quiet_native_output() -> Iterator[None]:
+    """Discard C-level writes to fd 1 and fd 2 during folding.
+
+    onnxsim prints per-node "failed to run ... skip" notes when a node cannot be folded (the node simply
+    stays in the graph, and the static_shapes check reports anything left dynamic); on stdout they would
+    corrupt ``--json`` output. Errors still arrive as exceptions.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in saved:
+            os.dup2(devnull, fd)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(devnull)
+
+
+def fold_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Fold constant subgraphs of a (weightless) proto with onnxsim, fusions off; drop onnxsim's metadata.
+
+    Only for use inside :func:`onnxdeploy.model_io.proto_round_trip`: weights arrive as typed graph inputs,
+    so onnxsim can neither fold nor copy them.
+
+    Args:
+        proto: a model whose graph inputs all have static shapes.
+
+    Returns:
+        The folded proto (a new object), computing the same arithmetic with constants precomputed.
+
+    Raises:
+        RuntimeError: onnxsim failed (its message names the node).
+    """
+    with _quiet_native_output():
+        folded, _ = onnxsim.simplify(proto, check_n=0, perform_optimization=False)
+    # onnxsim records its own bookkeeping (removed nodes, versions) in metadata_props; it is not ours to ship.
+    kept = [p for p in folded.metadata_props if not p.key.startswith("onnxsim")]
+    del folded.metadata_props[:]
+    folded.metadata_props.extend(kept)
+    return folded
+
+
+def infer_shapes(model: ir.Model) -> None:
+    """Infer every value's shape and dtype from the graph inputs, in place (onnx, on a stand-in proto).
+
+    Intermediate shapes are forgotten first, so stale symbolic dims (onnxsim keeps some for values it
+    folded away) cannot survive. Runs with ``data_prop`` so shapes computed by Shape/Gather/Concat resolve.
+
+    Args:
+        model: the model (weights never read).
+    """
+    graph = model.graph
+    _forget_shapes(graph)
+    inferred = onnx.shape_inference.infer_shapes(model_io.stand_in_proto(model), strict_mode=False, data_prop=True)
+    types = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    for node in graph:
+        for out in node.outputs:
+            vi = types.get(str(out.name))
+            if vi is None or not vi.type.HasField("tensor_type"):
+                continue
+            tt = vi.type.tensor_type
+            if tt.elem_type:
+                out.dtype = ir.DataType(tt.elem_type)
+            if tt.HasField("shape"):
+                out.shape = ir.Shape(
+                    [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+                )
+
+
+def refold_and_infer(model: ir.Model) -> ir.Model:
+    """Constant-fold the shape arithmetic of a model with static inputs and re-infer every shape.
+
+    onnxsim runs on a weightless copy (:func:`onnxdeploy.model_io.proto_round_trip`: initializers above
+    1 KiB are typed graph inputs while it runs and come back as the very same tensor objects); dead nodes
+    and unused initializers are dropped; then every shape is re-derived (:func:`infer_shapes`).
+
+    Args:
+        model: the rewritten model (unchanged).
+
+    Returns:
+        A new model sharing ``model``'s weight tensors.
+
+    Raises:
+        RuntimeError: onnxsim failed.
+    """
+    folded = model_io.proto_round_trip(model, fold_constants)
+    ir_common.RemoveUnusedNodesPass()(folded)
+    infer_shapes(folded)
+    return folded
+
+
+# ---------------------------------------------------------------------------------------------- contract
+
+
+def build_contract(
+    model: ir.Model,
+    kv: KVCache,
+    *,
+    batch: int,
+    step_len: int,
+    max_cache_len: int,
+    cache_update: Literal["full_buffer", "new_token_only"],
+    who: str = "static_kv",
+) -> DecodeContract:
+    """The decode contract of a rewritten graph (DESIGN.md, "The decode contract").
+
+    Cache tensors ``(batch, H_kv, max_cache_len, D)`` of the cache dtype, layout ``BHSD``; names are read
+    from ``kv`` (found on the original: the rewrite keeps input and output names) and ``model``'s inputs.
+
+    Args:
+        model: the rewritten model.
+        kv: the cache found on the original graph.
+        batch: B.
+        step_len: S, tokens per call.
+        max_cache_len: L, slots per cache buffer.
+        cache_update: how the present outputs are meant (``full_buffer`` / ``new_token_only``).
+        who: the pass named in errors.
+
+    Returns:
+        The contract.
+
+    Raises:
+        PreconditionError: the graph has no single logits output besides the cache.
+    """
+    graph = model.graph
+    has = {v.name for v in graph.inputs}
+    logits = find_logits_output(graph, {t.present_name for t in kv.tensors}, who=who)
+    return DecodeContract(
+        batch=batch,
+        step_len=step_len,
+        max_cache_len=max_cache_len,
+        num_layers=len(kv.layers),
+        num_kv_heads=kv.num_kv_heads,
+        head_dim=kv.head_dim,
+        head_dim_padded=kv.head_dim,
+        kv_layout="BHSD",
+        kv_dtype=str(kv.numpy_dtype),
+        cache_update=cache_update,
+        inputs=ContractInputs(
+            input_ids="input_ids",
+            cache_position=CACHE_POSITION if CACHE_POSITION in has else None,
+            position_ids="position_ids" if "position_ids" in has else None,
+            attention_mask="attention_mask" if "attention_mask" in has else None,
+        ),
+        logits=str(logits.name),
+        cache=[
+            CacheBinding(
+                layer=layer.layer,
+                key_in=layer.key.past_name,
+                value_in=layer.value.past_name,
+                key_out=layer.key.present_name,
+                value_out=layer.value.present_name,
+            )
+            for layer in kv.layers
+        ],
+    )
+
+
+def write_contract(model: ir.Model, contract: DecodeContract) -> None:
+    """Store ``contract`` as JSON in ``model.metadata_props['onnxdeploy.contract']`` (replacing any earlier one)."""
+    model.metadata_props[CONTRACT_KEY] = contract.model_dump_json()

@@ -17,7 +17,7 @@ import numpy as np
 from onnxdeploy.contract import DecodeContract
 from onnxdeploy.errors import CacheOverflowError, ContractError
 from onnxdeploy.runner.decode_state import DecodeState
-from onnxdeploy.runner.session import ModelSession, numpy_dtype
+from onnxdeploy.runner.session import ModelSession
 
 __all__ = ["ContractDecoder"]
 
@@ -28,29 +28,28 @@ class ContractDecoder(DecodeState):
     Tokens are fed in chunks of ``step_len``, one ``session.run`` per chunk; a feed whose length is
     not a multiple of ``step_len`` is refused rather than padded, because padding tokens would be
     written into cache slots (and could overflow the buffer) that the host never asked for. Batch
-    rows all receive the same tokens; logits are returned for row 0. Both ``BHSD``
-    ``(B, H_kv, max_cache_len, D_padded)`` and ``BSH2D`` ``(B, max_cache_len, H_kv, 2 * D_padded)``
-    cache layouts are driven.
+    rows all receive the same tokens; logits are returned for row 0. Shapes and dtypes come from the
+    contract (:meth:`DecodeContract.cache_input_shape`, :attr:`DecodeContract.kv_numpy_dtype`, ...), so
+    both ``BHSD`` ``(B, H_kv, max_cache_len, D_padded)`` and ``BSH2D`` ``(B, max_cache_len, H_kv, 2·D_padded)``
+    layouts are driven.
 
     Args:
-        model_session: the loaded model.
+        model_session: the loaded model; the decoder closes it in :meth:`close`.
         contract: the model's contract (``read_contract(model_session.model)``).
 
     Raises:
         ContractError: the contract names an input or output the graph lacks, the graph has an input
-            the contract does not describe, a cache input's static shape or dtype disagrees with the
-            contract, or ``kv_dtype`` is not a numpy dtype.
+            the contract does not describe, a cache input's element type is not ``kv_dtype`` or its static
+            shape disagrees with the contract, or ``kv_dtype`` is one ORT's Python API cannot feed
+            (bfloat16).
     """
 
     def __init__(self, model_session: ModelSession, contract: DecodeContract):
-        self.source = model_session.path
+        DecodeState.__init__(self, model_session)
         self.contract = contract
-        self._session = model_session.session
         inputs = model_session.input_types()
         outputs = set(model_session.output_names())
         self._pairs = contract.cache_pairs()
-        if any(name is None for pair in self._pairs for name in pair):
-            raise ContractError(f"{self.source}: a contract cache entry lacks the names {contract.kv_layout} needs")
         named = {role: name for role, name in contract.inputs.model_dump().items() if name is not None}
         expected_inputs = {*named.values(), *(past for past, _ in self._pairs)}
         expected_outputs = {contract.logits, *(present for _, present in self._pairs)}
@@ -60,17 +59,17 @@ class ContractDecoder(DecodeState):
         unfed = sorted(set(inputs) - expected_inputs)
         if unfed:
             raise ContractError(f"{self.source}: graph inputs not described by the contract: {unfed}")
+        if contract.kv_dtype == "bfloat16":
+            raise ContractError(f"{self.source}: kv_dtype bfloat16 cannot be fed through ONNX Runtime's Python API")
         self._inputs = named
-        self._seq_axis = 2 if contract.kv_layout == "BHSD" else 1
-        self._buffer_shape = self._cache_shape(contract.max_cache_len)
-        try:
-            self._kv_dtype = np.dtype(contract.kv_dtype)
-        except TypeError:
-            raise ContractError(f"{self.source}: kv_dtype '{contract.kv_dtype}' is not a numpy dtype") from None
+        self._buffer_shape = contract.cache_input_shape()
+        self._written_shape = contract.cache_output_shape()
+        declared = {value.name: value.type.tensor_type for value in model_session.model.graph.input}
         for past, _ in self._pairs:
-            shape, ort_type = inputs[past]
-            if numpy_dtype(ort_type, tensor=past) != self._kv_dtype:
-                raise ContractError(f"{self.source}: '{past}' is {ort_type} but kv_dtype is {contract.kv_dtype}")
+            tensor_type = declared[past]
+            if tensor_type.elem_type != contract.kv_onnx_type:
+                raise ContractError(f"{self.source}: '{past}' is {inputs[past][1]} but kv_dtype is {contract.kv_dtype}")
+            shape = inputs[past][0]
             for axis, (dim, want) in enumerate(zip(shape, self._buffer_shape, strict=True)):
                 if isinstance(dim, int) and dim != want:
                     raise ContractError(
@@ -79,18 +78,13 @@ class ContractDecoder(DecodeState):
                     )
         self._output_names = [contract.logits, *(present for _, present in self._pairs)]
         self._buffers: dict[str, np.ndarray] = {}
-        DecodeState.__init__(self)
         self.reset()
-
-    def _cache_shape(self, length: int) -> tuple[int, ...]:
-        c = self.contract
-        if c.kv_layout == "BHSD":
-            return (c.batch, c.num_kv_heads, length, c.head_dim_padded)
-        return (c.batch, length, c.num_kv_heads, 2 * c.head_dim_padded)
 
     def reset(self) -> None:
         """Zero the cache buffers; the next :meth:`feed` starts at position 0."""
-        self._buffers = {past: np.zeros(self._buffer_shape, dtype=self._kv_dtype) for past, _ in self._pairs}
+        self._buffers = {
+            past: np.zeros(self._buffer_shape, dtype=self.contract.kv_numpy_dtype) for past, _ in self._pairs
+        }
         self._reset_counters()
 
     def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray, float]]:
@@ -111,6 +105,7 @@ class ContractDecoder(DecodeState):
             CacheOverflowError: a slot to write is ``>= max_cache_len`` (raised before ``session.run``).
             ContractError: ``len(tokens)`` is not a multiple of ``step_len``, or a present output's
                 shape disagrees with ``cache_update``.
+            DecodeRunError: ONNX Runtime failed, or the decoder is closed.
         """
         c = self.contract
         if len(tokens) % c.step_len:
@@ -130,32 +125,31 @@ class ContractDecoder(DecodeState):
         c = self.contract
         slots = np.arange(self._position, self._position + c.step_len, dtype=np.int64)
         feeds: dict[str, np.ndarray] = {
-            self._inputs["input_ids"]: np.tile(np.asarray(chunk, dtype=np.int64), (c.batch, 1)),
+            self._inputs["input_ids"]: np.broadcast_to(np.asarray(chunk, dtype=np.int64), c.input_ids_shape()).copy(),
             **self._buffers,
         }
         if "cache_position" in self._inputs:
-            feeds[self._inputs["cache_position"]] = slots
+            feeds[self._inputs["cache_position"]] = slots.reshape(c.cache_position_shape())
         if "position_ids" in self._inputs:
-            feeds[self._inputs["position_ids"]] = np.tile(slots, (c.batch, 1))
+            feeds[self._inputs["position_ids"]] = np.broadcast_to(slots, c.position_ids_shape()).copy()
         if "attention_mask" in self._inputs:
-            mask = np.zeros((c.batch, c.max_cache_len), dtype=np.int64)
+            mask = np.zeros(c.attention_mask_shape(), dtype=np.int64)
             mask[:, : slots[-1] + 1] = 1
             feeds[self._inputs["attention_mask"]] = mask
-        results, latency_ms = self._timed_run(self._session, self._output_names, feeds)
+        results, latency_ms = self._timed_run(self._output_names, feeds)
         presents = results[1:]
-        written = self._buffer_shape if c.cache_update == "full_buffer" else self._cache_shape(c.step_len)
         for (_, name), present in zip(self._pairs, presents, strict=True):
-            if present.shape != written:
+            if present.shape != self._written_shape:
                 raise ContractError(
                     f"{self.source}: '{name}' has shape {list(present.shape)}; cache_update "
-                    f"'{c.cache_update}' implies {list(written)}"
+                    f"'{c.cache_update}' implies {list(self._written_shape)}"
                 )
         for (past, _), present in zip(self._pairs, presents, strict=True):
             if c.cache_update == "full_buffer":
                 self._buffers[past] = present
             else:
                 index = [slice(None)] * present.ndim
-                index[self._seq_axis] = slice(int(slots[0]), int(slots[-1]) + 1)
+                index[c.cache_sequence_axis] = slice(int(slots[0]), int(slots[-1]) + 1)
                 self._buffers[past][tuple(index)] = present
         self._position += c.step_len
         logits = np.asarray(results[0][0], dtype=np.float32)

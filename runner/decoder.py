@@ -40,6 +40,10 @@ class Decoder(Protocol):
         """Forget every fed token; the next feed starts at position 0."""
         ...
 
+    def close(self) -> None:
+        """Close the decoder's session (and remove any scratch copy); it cannot run afterwards."""
+        ...
+
     def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray, float]]:
         """Feed tokens at the next positions.
 
@@ -56,7 +60,7 @@ def make_decoder(model_session: ModelSession) -> ExporterDecoder | ContractDecod
     """Pick the decode loop for a loaded model: its contract if it has one, else the exporter convention.
 
     Args:
-        model_session: the loaded model.
+        model_session: the loaded model; the decoder owns it from here (its ``close`` closes the session).
 
     Returns:
         A :class:`ContractDecoder` when ``metadata_props`` holds a contract, else an :class:`ExporterDecoder`.
@@ -81,10 +85,15 @@ def open_decoder(
         providers: ORT execution providers in priority order.
 
     Returns:
-        The decoder, reset to position 0.
+        The decoder, reset to position 0; close it (or use it as a context manager) to free the session.
 
     Raises:
         ModelLoadError: the model cannot be loaded (names the path).
-        ContractError: as for :func:`make_decoder`.
+        ContractError: as for :func:`make_decoder` (the session is closed again).
     """
-    return make_decoder(open_session(path, providers=providers))
+    model_session = open_session(path, providers=providers)
+    try:
+        return make_decoder(model_session)
+    except BaseException:
+        model_session.close()
+        raise

@@ -4,7 +4,10 @@ The convention (optimum, the TorchScript and dynamo exporters): inputs ``input_i
 ``attention_mask`` (B, past+S), ``position_ids`` (B, S) if present, ``past_key_values.{i}.key|value``
 (B, H_kv, past, D); outputs ``logits`` (B, S, V) and ``present.{i}.key|value`` (B, H_kv, past+S, D),
 fed back as the next call's past. Inputs are fed by name: their order differs between exporters.
-A cache whose tensors are renamed is paired by data flow instead (:func:`exporter_cache_pairs`).
+A cache whose tensors are renamed is paired by data flow instead (:func:`exporter_cache_pairs`), and the
+logits are the one output that is not a present (an export may call it ``lm_logits``:
+:func:`exporter_logits_output`). A static batch dim of ``input_ids`` (e.g. ``[2, "sequence_length"]``) is
+fed that many identical rows.
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ import onnx
 import onnx_ir as ir
 
 from onnxdeploy.errors import ContractError, PreconditionError
-from onnxdeploy.kv_cache import find_kv_cache
+from onnxdeploy.kv_cache import find_kv_cache, find_logits_output
 from onnxdeploy.runner.decode_state import DecodeState
 from onnxdeploy.runner.session import ModelSession, numpy_dtype
 
-__all__ = ["ExporterDecoder", "exporter_cache_pairs"]
+__all__ = ["ExporterDecoder", "exporter_batch", "exporter_cache_pairs", "exporter_logits_output"]
 
 _PAST_INPUT = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
@@ -69,33 +72,68 @@ def exporter_cache_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
         ) from exc
 
 
+def exporter_logits_output(model: onnx.ModelProto, pairs: Sequence[tuple[str, str]] | None = None) -> str:
+    """Name the logits output ``(B, S, V)`` of an exporter-convention model: the one output that is not a present.
+
+    Args:
+        model: the exporter-convention model (weights not needed).
+        pairs: its cache pairs, if already known (else :func:`exporter_cache_pairs`).
+
+    Returns:
+        The output's name (``logits``, ``lm_logits``, ...).
+
+    Raises:
+        ContractError: no output, or more than one, besides the present outputs; or no KV cache (see
+            :func:`exporter_cache_pairs`).
+    """
+    presents = {present for _, present in (pairs if pairs is not None else exporter_cache_pairs(model))}
+    try:
+        return find_logits_output(ir.serde.deserialize_graph(model.graph), presents, who="runner").name or ""
+    except PreconditionError as exc:
+        raise ContractError(f"exporter convention: {exc.detail}") from exc
+
+
+def exporter_batch(model: onnx.ModelProto) -> int:
+    """Batch rows B to feed an exporter-convention model: the static dim 0 of ``input_ids``, else 1.
+
+    Args:
+        model: the exporter-convention model (weights not needed).
+
+    Returns:
+        B >= 1 (every row is fed the same tokens; row 0 is compared).
+    """
+    ids = next((value for value in model.graph.input if value.name == "input_ids"), None)
+    dims = ids.type.tensor_type.shape.dim if ids is not None else []
+    return dims[0].dim_value if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0 else 1
+
+
 class ExporterDecoder(DecodeState):
     """Greedy-decode driver for exporter-convention models with a growing (dynamic) KV cache.
 
     Each :meth:`feed` is one ``session.run`` over all tokens given (the prompt as one prefill call,
     then one token per call); the call's latency is attributed to every position it computes.
-    Batch rows all receive the same tokens (B is the static batch dim of ``input_ids``, else 1);
-    logits are returned for row 0.
+    Batch rows all receive the same tokens (B from :func:`exporter_batch`); logits are returned for row 0.
 
     Args:
-        model_session: the loaded model.
+        model_session: the loaded model; the decoder closes it in :meth:`close`.
 
     Raises:
-        ContractError: an input outside the convention, a missing ``input_ids``/``logits``, no KV
-            cache (see :func:`exporter_cache_pairs`), a past input whose head count or head dim is not
-            static, or an element type the runner cannot feed.
+        ContractError: an input outside the convention, no ``input_ids``, no single logits output (see
+            :func:`exporter_logits_output`), no KV cache (see :func:`exporter_cache_pairs`), a past input
+            whose head count or head dim is not static, or an element type the runner cannot feed.
     """
 
     def __init__(self, model_session: ModelSession):
-        self.source = model_session.path
-        self._session = model_session.session
+        DecodeState.__init__(self, model_session)
         inputs = model_session.input_types()
-        outputs = set(model_session.output_names())
-        if "input_ids" not in inputs or "logits" not in outputs:
-            raise ContractError(f"{self.source}: exporter convention needs an 'input_ids' input and 'logits' output")
+        if "input_ids" not in inputs:
+            raise ContractError(f"{self.source}: exporter convention needs an 'input_ids' input")
         self._pairs = exporter_cache_pairs(model_session.model)
-        batch_dim = inputs["input_ids"][0][0]
-        self._batch = batch_dim if isinstance(batch_dim, int) and batch_dim > 0 else 1
+        try:
+            logits = exporter_logits_output(model_session.model, self._pairs)
+        except ContractError as exc:
+            raise ContractError(f"{self.source}: {exc}") from exc
+        self._batch = exporter_batch(model_session.model)
         self._mask_dtype = (
             numpy_dtype(inputs["attention_mask"][1], tensor="attention_mask") if "attention_mask" in inputs else None
         )
@@ -115,9 +153,9 @@ class ExporterDecoder(DecodeState):
         unknown = sorted(set(inputs) - known)
         if unknown:
             raise ContractError(f"{self.source}: inputs outside the exporter convention: {unknown}")
-        self._output_names = ["logits", *(present for _, present in self._pairs)]
+        self._logits = logits
+        self._output_names = [logits, *(present for _, present in self._pairs)]
         self._past: dict[str, np.ndarray] = {}
-        DecodeState.__init__(self)
         self.reset()
 
     def reset(self) -> None:
@@ -136,7 +174,8 @@ class ExporterDecoder(DecodeState):
             position; latency_ms is the wall time of the single ``session.run`` (ms).
 
         Raises:
-            ContractError: the ``logits`` output does not hold one row per token fed.
+            ContractError: the logits output does not hold one row per token fed.
+            DecodeRunError: ONNX Runtime failed, or the decoder is closed.
         """
         if not tokens:
             return []
@@ -150,11 +189,11 @@ class ExporterDecoder(DecodeState):
             feeds["attention_mask"] = np.ones((self._batch, total), dtype=self._mask_dtype)
         if self._has_position_ids:
             feeds["position_ids"] = np.tile(np.arange(self._position, total, dtype=np.int64), (self._batch, 1))
-        results, latency_ms = self._timed_run(self._session, self._output_names, feeds)
+        results, latency_ms = self._timed_run(self._output_names, feeds)
         logits = np.asarray(results[0][0], dtype=np.float32)
         if logits.shape[0] != steps:
             raise ContractError(
-                f"{self.source}: 'logits' has {logits.shape[0]} positions for {steps} tokens fed; "
+                f"{self.source}: '{self._logits}' has {logits.shape[0]} positions for {steps} tokens fed; "
                 "expected (B, S, V) logits for every position"
             )
         self._past = {past: present for (past, _), present in zip(self._pairs, results[1:], strict=True)}

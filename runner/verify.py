@@ -7,6 +7,10 @@ there are logits at every fed position. Two modes:
   logits are compared at every position.
 - ``free_running``: each model is fed its own argmax choices (same prompt). The original's free run
   is the greedy decode already made, so it is run once and reused.
+
+Never both models resident: the original is opened, warmed up, decoded once (only its tokens, logits
+and latencies are kept) and closed before the candidate is opened. What can be refused from the file
+headers (contract, vocabulary, cache capacity, ``step_len``) is refused for both before either decodes.
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ import numpy as np
 
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import CacheOverflowError, ConfigError
-from onnxdeploy.report import StepRecord, VerifyReport
+from onnxdeploy.report import ModeResult, StepRecord, VerifyReport
 from onnxdeploy.runner.compare import step_record, summarize_mode
-from onnxdeploy.runner.contract_decoder import ContractDecoder
-from onnxdeploy.runner.decoder import Decoder, make_decoder, open_decoder
-from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_session
+from onnxdeploy.runner.decoder import Decoder, open_decoder
+from onnxdeploy.runner.exporter_decoder import exporter_logits_output
+from onnxdeploy.runner.session import DEFAULT_PROVIDERS, read_header
 
 __all__ = ["MODES", "ProgressCallback", "greedy_decode", "verify"]
 
@@ -79,9 +83,37 @@ def _warm_up(decoder: Decoder, prompt: Sequence[int], steps: int) -> None:
     decoder.reset()
 
 
-def _check_capacity(decoder: Decoder, positions: int) -> None:
-    if isinstance(decoder, ContractDecoder) and positions > decoder.contract.max_cache_len:
-        raise CacheOverflowError(decoder.contract.max_cache_len, decoder.contract.max_cache_len)
+def _check_header(path: str | Path, prompt: list[int], positions: int, *, verifying: bool) -> None:
+    """Read a model's header (no weights, no session) and refuse what needs no decoding to refuse.
+
+    Raises:
+        ModelLoadError: the file or its external data is refused (:func:`read_header`).
+        ContractError: a contract that does not validate; without one, no KV cache or no single logits output.
+        ConfigError: a prompt id outside the vocabulary (the logits' last dim, when static); with
+            ``verifying``, a contract ``step_len`` above 1.
+        CacheOverflowError: a contract with fewer than ``positions`` cache slots.
+    """
+    source = str(path)
+    header = read_header(path)
+    contract = read_contract(header, source=source)
+    logits = contract.logits if contract is not None else exporter_logits_output(header)
+    declared = next((o for o in header.graph.output if o.name == logits), None)
+    dims = declared.type.tensor_type.shape.dim if declared is not None else []
+    vocab = dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else None
+    del header
+    if vocab is not None and max(prompt) >= vocab:
+        raise ConfigError(
+            f"verify: prompt token id {max(prompt)} is outside the vocabulary of {source} "
+            f"(logits have {vocab} entries: ids 0..{vocab - 1})"
+        )
+    if contract is not None:
+        if verifying and contract.step_len > 1:
+            raise ConfigError(
+                f"verify: {source} is a step_len {contract.step_len} graph (a prefill bucket); the runner decodes "
+                "one token per call, so it can verify step_len 1 graphs only"
+            )
+        if positions > contract.max_cache_len:
+            raise CacheOverflowError(contract.max_cache_len, contract.max_cache_len)
 
 
 def _rss_bytes() -> int:
@@ -116,15 +148,15 @@ def greedy_decode(
         ``(len(prompt) + steps, V)``, batch row 0 at every fed position.
 
     Raises:
-        ConfigError: ``prompt`` is empty or ``steps`` is negative.
+        ConfigError: ``prompt`` is empty, ``steps`` is negative, or a prompt id is outside the vocabulary.
         ModelLoadError: the model cannot be loaded.
         ContractError: the model follows neither a contract nor the exporter convention.
         CacheOverflowError: a contract model has fewer than ``len(prompt) + steps`` cache slots.
     """
     prompt = _check_request(prompt, steps)
-    decoder = open_decoder(model_path, providers=providers)
-    _check_capacity(decoder, len(prompt) + steps)
-    run = _decode(decoder, prompt, steps)
+    _check_header(model_path, prompt, len(prompt) + steps, verifying=False)
+    with open_decoder(model_path, providers=providers) as decoder:
+        run = _decode(decoder, prompt, steps)
     return np.asarray(run.tokens_in[len(prompt) :], dtype=np.int64), run.logits
 
 
@@ -139,19 +171,6 @@ def _check_request(prompt: Sequence[int], steps: int) -> list[int]:
     if negative:
         raise ConfigError(f"verify: prompt token ids must be >= 0, got {negative}")
     return tokens
-
-
-def _check_vocab(model_session: ModelSession, prompt: list[int]) -> None:
-    """Refuse prompt ids outside the model's vocabulary (the logits output's last dim, when static)."""
-    contract = read_contract(model_session.model, source=model_session.path)
-    logits = contract.logits if contract is not None else "logits"
-    shape = next((list(o.shape) for o in model_session.session.get_outputs() if o.name == logits), None)
-    vocab = shape[-1] if shape and isinstance(shape[-1], int) else None
-    if vocab is not None and max(prompt) >= vocab:
-        raise ConfigError(
-            f"verify: prompt token id {max(prompt)} is outside the vocabulary of {model_session.path} "
-            f"(logits have {vocab} entries: ids 0..{vocab - 1})"
-        )
 
 
 def _records(
@@ -186,10 +205,14 @@ def verify(
 ) -> VerifyReport:
     """Decode the original and the candidate greedily and compare them position by position.
 
-    Each model is warmed up once (prompt plus one token) before the timed runs. Latency summaries
-    are per ``session.run`` call (the original's prefill is one call). ``rss_growth_bytes`` is the
-    change in resident memory from after both sessions are loaded and warmed up to the end of
-    decoding (a leak indicator, not the models' footprint).
+    The models are never resident together: the original is opened, warmed up, decoded greedily and
+    closed (its logits, tokens and latencies are kept: ``4 * V`` bytes per position), then the candidate
+    is opened, warmed up and run in each mode, then closed. Both headers are checked first (contract,
+    vocabulary, capacity, ``step_len``), so a bad candidate fails before the original decodes. Each model
+    is warmed up once (prompt plus one token) before its timed runs. Latency summaries are per
+    ``session.run`` call (the original's prefill is one call). ``rss_growth_bytes`` is the change in
+    resident memory while each model decodes after its warm-up, summed over the two (a leak indicator,
+    not the models' footprint).
 
     Args:
         original_path: the reference model (usually exporter convention).
@@ -209,7 +232,8 @@ def verify(
 
     Raises:
         ConfigError: no or an unknown mode, an empty prompt, a negative ``steps``, a prompt id that is
-            negative or outside either model's vocabulary, or a threshold out of range.
+            negative or outside either model's vocabulary, a threshold out of range, or a contract model
+            with ``step_len`` above 1.
         DecodeRunError: ONNX Runtime failed inside ``session.run``.
         ModelLoadError: a model cannot be loaded (names the path).
         ContractError: a model follows neither a contract nor the exporter convention.
@@ -230,44 +254,38 @@ def verify(
     def reporter(mode: str) -> Callable[[int], None]:
         return (lambda done: progress(mode, done, total)) if progress is not None else (lambda done: None)
 
-    original_session = open_session(original_path, providers=providers)
-    candidate_session = open_session(candidate_path, providers=providers)
-    for model_session in (original_session, candidate_session):
-        _check_vocab(model_session, prompt)
-    original = make_decoder(original_session)
-    candidate = make_decoder(candidate_session)
-    for decoder in (original, candidate):
-        step_len = decoder.contract.step_len if isinstance(decoder, ContractDecoder) else 1
-        if step_len > 1:
-            raise ConfigError(
-                f"verify: {decoder.source} is a step_len {step_len} graph (a prefill bucket); the runner decodes "
-                "one token per call, so it can verify step_len 1 graphs only"
-            )
-    for decoder in (original, candidate):
-        _check_capacity(decoder, total)
-        _warm_up(decoder, prompt, steps)
+    for path in (original_path, candidate_path):
+        _check_header(path, prompt, total, verifying=True)
 
-    rss_before = _rss_bytes()
-    reference = _decode(original, prompt, steps, report=reporter("reference"))
+    with open_decoder(original_path, providers=providers) as original:
+        _warm_up(original, prompt, steps)
+        rss_before = _rss_bytes()
+        reference = _decode(original, prompt, steps, report=reporter("reference"))
+        rss_growth = _rss_bytes() - rss_before
+        original_fallbacks = list(original.model_session.fallbacks)
     generated = reference.tokens_in[len(prompt) :]
-    results = {}
-    for mode in modes:
-        run = _decode(
-            candidate,
-            prompt,
-            steps,
-            forced=generated if mode == "teacher_forced" else None,
-            report=reporter(mode),
-        )
-        results[mode] = summarize_mode(
-            mode,  # type: ignore[arg-type]
-            _records(reference, run, len(prompt), max_abs_logit_diff),
-            candidate_latencies_ms=run.call_latencies_ms,
-            reference_latencies_ms=reference.call_latencies_ms,
-            max_abs_logit_diff=max_abs_logit_diff,
-            min_top1_agreement=min_top1_agreement,
-        )
-    rss_growth = _rss_bytes() - rss_before
+    results: dict[str, ModeResult] = {}
+    with open_decoder(candidate_path, providers=providers) as candidate:
+        _warm_up(candidate, prompt, steps)
+        rss_before = _rss_bytes()
+        for mode in modes:
+            run = _decode(
+                candidate,
+                prompt,
+                steps,
+                forced=generated if mode == "teacher_forced" else None,
+                report=reporter(mode),
+            )
+            results[mode] = summarize_mode(
+                mode,  # type: ignore[arg-type]
+                _records(reference, run, len(prompt), max_abs_logit_diff),
+                candidate_latencies_ms=run.call_latencies_ms,
+                reference_latencies_ms=reference.call_latencies_ms,
+                max_abs_logit_diff=max_abs_logit_diff,
+                min_top1_agreement=min_top1_agreement,
+            )
+        rss_growth += _rss_bytes() - rss_before
+        candidate_session = candidate.model_session
 
     return VerifyReport(
         passed=all(result.passed for result in results.values()),
@@ -275,7 +293,7 @@ def verify(
         candidate=str(candidate_path),
         providers=list(providers),
         providers_active=list(candidate_session.providers_active),
-        provider_fallbacks=[*original_session.fallbacks, *candidate_session.fallbacks],
+        provider_fallbacks=[*original_fallbacks, *candidate_session.fallbacks],
         prompt=list(prompt),
         steps=steps,
         max_abs_logit_diff_threshold=max_abs_logit_diff,

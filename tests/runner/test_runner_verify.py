@@ -9,6 +9,7 @@ from onnx import numpy_helper
 
 from onnxdeploy.errors import CacheOverflowError, ConfigError
 from onnxdeploy.runner import greedy_decode, verify
+from tests.conftest import fixture_entry
 from tests.runner.tiny_decoder import TINY_PROMPT
 
 
@@ -154,3 +155,45 @@ def test_fixture_corrupted_copy_fails_verification(any_fixture: dict, tmp_path: 
         # 5% on one MLP weight moves every logit, so divergence starts at the first position.
         assert result.first_divergent_step == 0
         assert any("max_abs_logit_diff=0.0001" in failure for failure in result.failures)
+
+
+# -- export variants: logits under another name, a fixed batch ----------------------------------------
+
+
+def rename_logits(source: Path, target: Path, name: str = "lm_logits") -> Path:
+    """Write a copy of ``source`` whose logits output (and its producer's output) is called ``name``."""
+    model = onnx.load(str(source))
+    for node in model.graph.node:
+        node.output[:] = [name if out == "logits" else out for out in node.output]
+        node.input[:] = [name if inp == "logits" else inp for inp in node.input]
+    (output,) = [o for o in model.graph.output if o.name == "logits"]
+    output.name = name
+    onnx.save(model, str(target))
+    return target
+
+
+def fix_batch(source: Path, target: Path, batch: int = 2) -> Path:
+    """Write a copy of ``source`` with dim 0 of every graph input/output sharing ``input_ids``' batch symbol set."""
+    model = onnx.load(str(source))
+    (ids,) = [i for i in model.graph.input if i.name == "input_ids"]
+    symbol = ids.type.tensor_type.shape.dim[0].dim_param
+    assert symbol, "the fixture's input_ids batch dim is expected to be symbolic"
+    for value in [*model.graph.input, *model.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if dims and dims[0].dim_param == symbol:
+            dims[0].dim_value = batch
+    onnx.save(model, str(target))
+    return target
+
+
+@pytest.mark.parametrize("variant", ["lm_logits", "batch2"])
+def test_export_variant_verifies_exactly_against_the_original(variant: str, tmp_path: Path) -> None:
+    entry = fixture_entry("llama_gqa_optimum")
+    make = rename_logits if variant == "lm_logits" else fix_batch
+    candidate = make(entry["model_path"], tmp_path / "model.onnx")
+    reference = np.load(entry["reference_path"])
+    report = verify(entry["model_path"], candidate, prompt=reference["prompt"].tolist(), steps=8)
+    assert report.passed, [m.failures for m in report.modes.values()]
+    for result in report.modes.values():
+        assert result.max_abs_logit_diff <= 1e-5 and result.top1_agreement == 1.0
+        assert result.positions == len(reference["prompt"]) + 8

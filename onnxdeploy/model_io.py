@@ -19,13 +19,13 @@ model between stages.
   temporary folder inside the output folder (locations are the final, relative names); ``commit`` renames
   them into place, ``discard`` removes them (also on SIGINT).
 * :func:`write_for_ort` writes an in-memory model where ONNX Runtime can open it by path: its unchanged
-  weights are referenced through symlinks to the input's data files, never copied.
+  weights are referenced through hard links to the input's data files, never copied.
 
 Hugging Face cache layout, decided on purpose: ``models--org--name/snapshots/<rev>/model.onnx_data`` is a
 symlink into ``models--org--name/blobs/``. A data file that is a symlink is accepted only when it resolves
 inside the model's folder, or when the model's folder is ``…/snapshots/<rev>/`` and the link resolves
-into the sibling ``…/blobs/`` folder (what ``huggingface_hub`` writes; ONNX Runtime loads it too). Any
-other symlinked data file is refused (exit 2).
+into the sibling ``…/blobs/`` folder (what ``huggingface_hub`` writes; ONNX Runtime 1.32 refuses such a link,
+so sessions open these models through :func:`write_for_ort`). Any other symlinked data file is refused (exit 2).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import TypeVar
 
 import onnx
 import onnx_ir as ir
+import onnx_ir.passes.common  # noqa: F401  (ir.passes does not import its submodules)
 from google.protobuf.message import DecodeError
 
 from onnxdeploy.errors import ModelLoadError, OutputError
@@ -667,6 +668,14 @@ def stage_artifacts(
                 os.chmod(staging / data_name, default_file_mode())
                 staged.files.append(data_name)
                 staged.data_file = data_name
+        # Everything else goes inline, also tensors still mapping an input's data file: serialized as they are,
+        # they would stay references to the input (an absolute location outside the output folder).
+        for _, model in graphs:
+            for graph in model.graphs():
+                for value in graph.initializers.values():
+                    t = value.const_value
+                    if isinstance(t, ir.ExternalTensor) and id(t) not in swaps:
+                        swaps[id(t)] = ir.Tensor(t.numpy(), dtype=t.dtype, name=t.name)
         for name, model in graphs:
             proto = _serialize_with(model, swaps)
             _write_proto(proto, staging / name)

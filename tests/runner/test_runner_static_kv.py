@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 
 from onnxdeploy.errors import CacheOverflowError
+from onnxdeploy.model_io import load_model, write_for_ort
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import ContractDecoder, open_decoder, verify
 from tests.conftest import FIXTURE_NAMES, fixture_entry
@@ -17,9 +17,8 @@ from tests.conftest import FIXTURE_NAMES, fixture_entry
 
 def _make_static(entry: dict, target: Path, *, max_cache_len: int, cache_update: str) -> Path:
     config = StaticKVConfig(max_cache_len=max_cache_len, cache_update=cache_update)
-    result = StaticKVCachePass(config)(onnx.load(str(entry["model_path"])))
-    onnx.save(result.model, str(target))
-    return target
+    static = StaticKVCachePass(config)(load_model(entry["model_path"]).model).artifacts.primary
+    return write_for_ort(static, target.parent, target.name)
 
 
 @pytest.mark.parametrize("cache_update", ["full_buffer", "new_token_only"])

@@ -403,6 +403,7 @@ def _stripped(model: ir.Model, threshold: int, as_inputs: bool) -> Iterator[dict
     stripped: dict[str, ir.TensorProtocol] = {}
     values = [v for v in graph.initializers.values() if v.const_value is not None and v.const_value.nbytes > threshold]
     n_inputs = len(graph.inputs)
+    order = list(graph.initializers.values())
     for value in values:
         tensor = value.const_value
         assert value.name is not None and tensor is not None
@@ -428,7 +429,9 @@ def _stripped(model: ir.Model, threshold: int, as_inputs: bool) -> Iterator[dict
     finally:
         for value in values:
             value.const_value = stripped[value.name]  # type: ignore[index]
-            if as_inputs:
+        if as_inputs:  # re-add in the original order, so serialising the model gives the same bytes as before
+            graph.initializers.clear()
+            for value in order:
                 graph.initializers.add(value)
         kept = list(graph.inputs)[:n_inputs]
         graph.inputs.clear()
@@ -468,7 +471,8 @@ def proto_round_trip(
 
     Initializers above ``threshold`` bytes are handed to ``transform`` as typed graph inputs (so it can
     neither fold nor copy them); in the model it returns they become initializers again, holding the very
-    same tensor objects (memory-mapped weights stay mapped, nothing is copied). ``model`` is unchanged.
+    same tensor objects (memory-mapped weights stay mapped, nothing is copied). Smaller initializers kept in
+    an external data file are handed over inline (and come back as in-memory copies). ``model`` is unchanged.
 
     Args:
         model: the in-memory model.
@@ -482,7 +486,17 @@ def proto_round_trip(
         Whatever ``transform`` raises.
     """
     with _stripped(model, threshold, as_inputs=True) as stripped:
-        proto = ir.serde.serialize_model(model)
+        # Small initializers stay for the tool to fold; ones kept in a data file are read (at most `threshold`
+        # bytes each) so the proto holds no external reference the tool would have to resolve.
+        small = [v for v in model.graph.initializers.values() if isinstance(v.const_value, ir.ExternalTensor)]
+        mapped = [v.const_value for v in small]
+        try:
+            for value, tensor in zip(small, mapped, strict=True):
+                value.const_value = ir.Tensor(tensor.numpy(), name=value.name)  # type: ignore[union-attr]
+            proto = ir.serde.serialize_model(model)
+        finally:
+            for value, tensor in zip(small, mapped, strict=True):
+                value.const_value = tensor
         weights = dict(stripped)
     result = transform(proto)
     del proto

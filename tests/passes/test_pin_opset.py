@@ -25,9 +25,10 @@ def test_pin_opset_17_on_llama_verifies_identical(tmp_path, name):
     assert opset_imports(pinned)["ai.onnx"] == 17
     onnx.checker.check_model(stand_in_proto(pinned, as_inputs=True), full_check=True)
     # the weights were never copied: the pinned graph holds the very tensor objects static_kv held
-    assert {id(v.const_value) for v in pinned.graph.initializers.values()} <= {
-        id(v.const_value) for v in static.graph.initializers.values()
-    }
+    def weights(m):
+        return {id(v.const_value) for v in m.graph.initializers.values() if v.const_value.nbytes > 1024}
+
+    assert weights(pinned) and weights(pinned) == weights(static)
     path = write_for_ort(pinned, tmp_path)
     report = verify(str(entry["model_path"]), str(path), prompt=PROMPT, steps=32)
     assert report.passed
@@ -50,10 +51,11 @@ def test_pin_opset_same_opset_is_a_no_op():
         """
     )
     ir_model = ir.serde.deserialize_model(model)
+    before = ir.serde.serialize_model(ir_model).SerializeToString()
     result = PinOpsetPass(PinOpsetConfig(opset=17))(ir_model)
     assert not result.modified
     assert result.artifacts.primary is ir_model
-    assert ir.serde.serialize_model(result.artifacts.primary).SerializeToString() == model.SerializeToString()
+    assert ir.serde.serialize_model(result.artifacts.primary).SerializeToString() == before
 
 
 def test_pin_opset_beyond_installed_onnx_is_refused():

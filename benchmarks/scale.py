@@ -298,15 +298,15 @@ def baseline(model: Path, dest_dir: Path, tag: str) -> tuple[Measured, dict[str,
 
 
 def write_pipeline(model: Path, run_dir: Path) -> Path:
-    """The benchmark's pipeline file (JSON is YAML) for ``model``, writing into ``RUN_DIR/out``."""
-    pipeline = {
-        "model": str(model),
-        "output_dir": str(run_dir / "out"),
-        "passes": PIPELINE_PASSES,
-        "verify": VERIFY,
-    }
+    """The benchmark's pipeline file for ``model``, writing into ``RUN_DIR/out`` (default checks).
+
+    Values are written as JSON, which YAML reads as flow scalars and mappings.
+    """
+    lines = [f"model: {json.dumps(str(model))}", f"output_dir: {json.dumps(str(run_dir / 'out'))}", "passes:"]
+    lines += [f"  - {json.dumps(p)[1:-1]}" for p in PIPELINE_PASSES]
+    lines.append(f"verify: {json.dumps(VERIFY)}")
     path = run_dir / "pipeline.yaml"
-    path.write_text(json.dumps(pipeline, indent=2) + "\n")
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 
@@ -389,6 +389,7 @@ def bench_size(size: ModelSize, work: Path, venv_dir: Path, exe: Path, keep: boo
     try:
         for step in ("baseline_1", "run", "baseline_2"):
             print(f"[{size.name}] {step} ...", flush=True)
+            os.sync()  # the previous step's dirty pages are written back before this one is timed
             if step == "run":
                 m, report = run_onnxdeploy(exe, pipeline, run_dir)
                 res.run = {k: v for k, v in asdict(m).items() if k != "stdout"}
@@ -521,8 +522,12 @@ def main() -> int:
         kv = next((p for p in one.passes if p["name"] == "static_kv"), None)
         if kv is not None:
             print(f"\nstatic_kv wall time on the 1 GB model: {kv['wall_time_s']} s")
-    (work / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
-    print(f"\nwork dir {work}: {du(work) / GB:.2f} GB on disk; results in {work / 'results.json'}")
+    doc = {"onnxdeploy": str(args.onnxdeploy), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "sizes": [asdict(r) for r in results]}  # fmt: skip
+    (work / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    models = work / "models"
+    print(f"\ndisk: exports {du(models) / GB:.2f} GB ({models}), work dir in all {du(work) / GB:.2f} GB; "
+          f"results in {work / 'results.json'}")  # fmt: skip
     crashed = [r.size for r in results if r.crashed]
     if crashed:
         print(f"crashed: {', '.join(crashed)}")

@@ -23,9 +23,9 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _cgroup_limit_bytes(v2: Path = _CGROUP_V2_MAX, v1: Path = _CGROUP_V1_LIMIT) -> int | None:
+def _cgroup_limit_bytes() -> int | None:
     """The container's memory limit in bytes (cgroup v2 ``memory.max``, else v1), or None when unlimited."""
-    for path in (v2, v1):
+    for path in (_CGROUP_V2_MAX, _CGROUP_V1_LIMIT):
         text = _read(path)
         if text is None or text == "max":
             continue
@@ -38,9 +38,9 @@ def _cgroup_limit_bytes(v2: Path = _CGROUP_V2_MAX, v1: Path = _CGROUP_V1_LIMIT) 
     return None
 
 
-def _mem_available_bytes(meminfo: Path = _MEMINFO) -> int | None:
+def _mem_available_bytes() -> int | None:
     """``MemAvailable`` of ``/proc/meminfo`` in bytes, or None where the kernel does not report it."""
-    text = _read(meminfo)
+    text = _read(_MEMINFO)
     if text is None:
         return None
     for line in text.splitlines():

@@ -21,6 +21,7 @@ What the pass does (DESIGN.md, "Passes" → ``static_kv``), each step a function
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import onnx_ir as ir
@@ -58,11 +59,16 @@ _FOLDED_AWAY = ("Shape", "Range", "Trilu")
 RUNTIME_CACHE_COPIES = 3
 """Cache buffers alive while decoding: the past inputs, the present outputs and the runner's host copies."""
 FOLDED_BYTES_PER_SLOT = 32
-"""Upper bound of the bytes per cache slot (per token of step_len) that folding stores as constants.
+"""Bytes per cache slot (per batch row and token of step_len) that folding stores as constants, an upper bound.
 
-Measured on the fixtures: folding the exporters' mask and position arithmetic over ``max_cache_len``
-slots stores 8-24 bytes per slot (int64 ranges, bool and float masks); onnxsim holds about as much again
-while it folds. 10^7 slots on a 1 MB model give ~241 MB of constants.
+Measured on the fixtures: folding the exporters' mask and position arithmetic over ``max_cache_len`` slots
+stores 8-24 bytes per slot (int64 ranges, bool and float masks): 10^7 slots give ~241 MB of constants.
+"""
+FOLDING_PEAK_BYTES_PER_SLOT = 320
+"""Peak bytes per cache slot (per batch row and token of step_len) while onnxsim folds, an upper bound.
+
+Measured on the fixtures: folding at 10^6 slots grows the process by ~280 MB (onnxsim evaluates the masks
+in ONNX Runtime and serialises them into protos, several copies at once).
 """
 
 
@@ -82,45 +88,69 @@ class StaticKVConfig(PassConfig):
     )
 
 
+@dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes a static graph needs at run time and while it is built, with the arithmetic spelled out.
+    """Bytes a static graph needs while it is built and at run time, with the arithmetic spelled out.
 
     Attributes:
         cache_bytes: ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × copies`` (bytes).
-        folding_bytes: constants of ``max_cache_len`` slots folding may store (bytes, an upper bound).
-        text: the arithmetic, e.g. ``2 × 2 layers × 1 × 2 heads × 64 slots × 16 × 4 bytes × 3 copies = …``.
+        cache_text: that product written out, e.g. ``2 × 2 layers × 1 × 2 heads × 64 slots × 16 × 4 bytes × 3
+            copies = 96.0 KiB``.
+        folded_bytes: constants of ``max_cache_len`` slots folding stores in the graph (bytes, upper bound).
+        folding_peak_bytes: what folding holds at its peak (bytes, upper bound).
+        folding_text: the folding arithmetic written out.
     """
 
-    def __init__(self, kv: KVCache, cfg: StaticKVConfig, copies: int = RUNTIME_CACHE_COPIES):
-        itemsize = kv.numpy_dtype.itemsize
-        layers = len(kv.layers)
-        one_copy = 2 * layers * cfg.batch * kv.num_kv_heads * cfg.max_cache_len * kv.head_dim * itemsize
-        self.cache_bytes = one_copy * copies
-        self.folding_bytes = FOLDED_BYTES_PER_SLOT * cfg.max_cache_len * cfg.step_len * cfg.batch
-        self.text = (
-            f"2 × {layers} layers × {cfg.batch} × {kv.num_kv_heads} heads × {cfg.max_cache_len} slots × "
-            f"{kv.head_dim} × {itemsize} bytes × {copies} copies = {format_bytes(self.cache_bytes)}, plus "
-            f"~{FOLDED_BYTES_PER_SLOT} bytes × {cfg.max_cache_len} slots × {cfg.step_len} × {cfg.batch} of folded "
-            f"mask constants = {format_bytes(self.folding_bytes)}"
-        )
+    cache_bytes: int
+    cache_text: str
+    folded_bytes: int
+    folding_peak_bytes: int
+    folding_text: str
 
     @property
-    def total_bytes(self) -> int:
-        """Cache and folding bytes together."""
-        return self.cache_bytes + self.folding_bytes
+    def run_bytes(self) -> int:
+        """Bytes resident while decoding: the cache copies and the folded constants."""
+        return self.cache_bytes + self.folded_bytes
+
+    def refusal(self, available: int) -> str | None:
+        """Why ``available`` bytes are not enough (the arithmetic and the comparison), or None when they are."""
+        if self.run_bytes > available:
+            extra = f" + {format_bytes(self.folded_bytes)} folded constants" if self.folded_bytes else ""
+            return f"{self.cache_text}{extra} > {format_bytes(available)} available"
+        if self.folding_peak_bytes > available:
+            return f"folding the mask arithmetic needs {self.folding_text} > {format_bytes(available)} available"
+        return None
 
 
-def estimate_memory(kv: KVCache, cfg: StaticKVConfig) -> MemoryEstimate:
-    """Estimate the bytes of the cache buffers at run time and of the constants folding stores.
+def estimate_memory(kv: KVCache, cfg: StaticKVConfig, *, copies: int = RUNTIME_CACHE_COPIES) -> MemoryEstimate:
+    """Estimate the bytes of the cache buffers at run time and of the constants folding makes.
 
     Args:
-        kv: the cache of the input model.
+        kv: the cache of the input model (layers, H_kv, D, dtype).
         cfg: the pass config (batch, step_len, max_cache_len).
+        copies: cache buffers alive at once while decoding.
 
     Returns:
         The estimate with its arithmetic.
     """
-    return MemoryEstimate(kv, cfg)
+    itemsize = kv.numpy_dtype.itemsize
+    layers = len(kv.layers)
+    cache = 2 * layers * cfg.batch * kv.num_kv_heads * cfg.max_cache_len * kv.head_dim * itemsize * copies
+    slots = cfg.max_cache_len * cfg.step_len * cfg.batch
+    peak = FOLDING_PEAK_BYTES_PER_SLOT * slots
+    return MemoryEstimate(
+        cache_bytes=cache,
+        cache_text=(
+            f"2 × {layers} layers × {cfg.batch} × {kv.num_kv_heads} heads × {cfg.max_cache_len} slots × "
+            f"{kv.head_dim} × {itemsize} bytes × {copies} copies = {format_bytes(cache)}"
+        ),
+        folded_bytes=FOLDED_BYTES_PER_SLOT * slots,
+        folding_peak_bytes=peak,
+        folding_text=(
+            f"~{FOLDING_PEAK_BYTES_PER_SLOT} bytes × {cfg.max_cache_len} slots × {cfg.step_len} × {cfg.batch} = "
+            f"{format_bytes(peak)}"
+        ),
+    )
 
 
 @register_pass
@@ -188,17 +218,17 @@ class StaticKVCachePass(Pass):
         Raises:
             PreconditionError: no KV cache, no single logits output, or a batch other than the export's.
             ConfigError: ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × 3 copies`` plus the
-                folded constants exceed :func:`onnxdeploy.resources.available_memory_bytes`; the message
-                spells out the arithmetic.
+                folded constants, or the peak of folding, exceed
+                :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
         kv = self._find(model)
-        estimate = estimate_memory(kv, self.config)
         available = available_memory_bytes()
-        if available is not None and estimate.total_bytes > available:
+        if available is None:
+            return
+        why = estimate_memory(kv, self.config).refusal(available)
+        if why is not None:
             raise ConfigError(
-                f"max_cache_len={self.config.max_cache_len}: {estimate.text}; "
-                f"{format_bytes(estimate.total_bytes)} > {format_bytes(available)} available; lower max_cache_len "
-                "or batch"
+                f"max_cache_len={self.config.max_cache_len} does not fit in memory: {why}; lower max_cache_len or batch"
             )
 
     def _find(self, model: ir.Model) -> KVCache:

@@ -26,7 +26,7 @@ from onnxdeploy import __version__
 from onnxdeploy.checks import CheckContext, get_check
 from onnxdeploy.config import PipelineConfig
 from onnxdeploy.contract import read_contract
-from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, OutputError
+from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, ContractError, OutputError
 from onnxdeploy.model_io import (
     StagedArtifacts,
     check_not_an_input,
@@ -40,7 +40,7 @@ from onnxdeploy.model_io import (
 from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
 from onnxdeploy.render import render_markdown
 from onnxdeploy.report import Finding, PassReport, RunReport
-from onnxdeploy.runner import open_session, verify
+from onnxdeploy.runner import check_header, open_session, verify
 
 __all__ = ["RunOutcome", "run_pipeline", "write_text_atomic"]
 
@@ -156,20 +156,17 @@ def _check_before_passes(config: PipelineConfig, artifacts: ArtifactSet) -> None
         except ConfigError as exc:
             raise ConfigError(f"{where}: key 'passes[{i}].{spec.name}': {exc}") from None
     if config.verify is not None:
-        _check_prompt_vocab(config, artifacts.primary, where)
+        _check_prompt_vocab(config, where)
 
 
-def _check_prompt_vocab(config: PipelineConfig, model: onnx_ir.Model, where: str) -> None:
-    """Refuse prompt ids outside the vocabulary (the logits output's last dim, when the export fixes it)."""
-    from onnxdeploy.kv_cache import logits_vocab_size  # noqa: PLC0415  (kept beside the cache discovery)
-
-    vocab = logits_vocab_size(model)
-    prompt = config.verify.prompt if config.verify else []
-    if vocab is not None and prompt and max(prompt) >= vocab:
-        raise ConfigError(
-            f"{where}: key 'verify.prompt': token id {max(prompt)} is outside the vocabulary of {config.model} "
-            f"(logits have {vocab} entries: ids 0..{vocab - 1})"
-        )
+def _check_prompt_vocab(config: PipelineConfig, where: str) -> None:
+    """Refuse a prompt the original cannot take (ids outside its vocabulary, no logits output) before any pass."""
+    v = config.verify
+    assert v is not None
+    try:
+        check_header(config.model, list(v.prompt), len(v.prompt) + v.steps, verifying=False)
+    except (ConfigError, ContractError) as exc:
+        raise ConfigError(f"{where}: key 'verify.prompt': {exc}") from None
 
 
 def _checked(config: PipelineConfig, staged: StagedArtifacts, artifacts: ArtifactSet, say: Progress) -> list[Finding]:

@@ -18,7 +18,7 @@ from onnxdeploy.runner.exporter_decoder import (
     exporter_logits_output,
 )
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_session, read_header, session_options
-from onnxdeploy.runner.verify import MODES, ProgressCallback, greedy_decode, verify
+from onnxdeploy.runner.verify import MODES, ProgressCallback, check_header, greedy_decode, verify
 
 __all__ = [
     "DEFAULT_PROVIDERS",
@@ -29,6 +29,7 @@ __all__ = [
     "ModelSession",
     "ProgressCallback",
     "exporter_batch",
+    "check_header",
     "exporter_cache_pairs",
     "exporter_logits_output",
     "greedy_decode",

@@ -31,7 +31,7 @@ from onnxdeploy.runner.decoder import Decoder, open_decoder
 from onnxdeploy.runner.exporter_decoder import exporter_logits_output
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, read_header
 
-__all__ = ["MODES", "ProgressCallback", "greedy_decode", "verify"]
+__all__ = ["MODES", "ProgressCallback", "check_header", "greedy_decode", "verify"]
 
 MODES = ("teacher_forced", "free_running")
 """The decode modes :func:`verify` knows."""
@@ -83,8 +83,17 @@ def _warm_up(decoder: Decoder, prompt: Sequence[int], steps: int) -> None:
     decoder.reset()
 
 
-def _check_header(path: str | Path, prompt: list[int], positions: int, *, verifying: bool) -> None:
+def check_header(path: str | Path, prompt: list[int], positions: int, *, verifying: bool) -> None:
     """Read a model's header (no weights, no session) and refuse what needs no decoding to refuse.
+
+    The pipeline calls it on the original before the first pass, so a prompt the model cannot take fails
+    before any work.
+
+    Args:
+        path: the ``.onnx`` file.
+        prompt: the prompt token ids.
+        positions: ``len(prompt) + steps``, the positions to decode.
+        verifying: the model is a verification candidate (contract ``step_len`` must be 1).
 
     Raises:
         ModelLoadError: the file or its external data is refused (:func:`read_header`).
@@ -154,7 +163,7 @@ def greedy_decode(
         CacheOverflowError: a contract model has fewer than ``len(prompt) + steps`` cache slots.
     """
     prompt = _check_request(prompt, steps)
-    _check_header(model_path, prompt, len(prompt) + steps, verifying=False)
+    check_header(model_path, prompt, len(prompt) + steps, verifying=False)
     with open_decoder(model_path, providers=providers) as decoder:
         run = _decode(decoder, prompt, steps)
     return np.asarray(run.tokens_in[len(prompt) :], dtype=np.int64), run.logits
@@ -255,7 +264,7 @@ def verify(
         return (lambda done: progress(mode, done, total)) if progress is not None else (lambda done: None)
 
     for path in (original_path, candidate_path):
-        _check_header(path, prompt, total, verifying=True)
+        check_header(path, prompt, total, verifying=True)
 
     with open_decoder(original_path, providers=providers) as original:
         _warm_up(original, prompt, steps)

@@ -114,7 +114,7 @@ class ArtifactSet:
         Returns:
             A new ``ir.Model``; editing its graph leaves ``model`` untouched.
         """
-        return proto_round_trip(model, lambda proto: proto)
+        return proto_round_trip(model, lambda proto: proto, threshold=-1)
 
 
 @dataclass

@@ -473,11 +473,6 @@ def test_two_graphs_of_one_model_share_one_data_file(tmp_path, fixture_logits):
         np.testing.assert_array_equal(ort_logits(out / name), fixture_logits, err_msg=name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ArtifactSet.copy_graph re-creates initializers of <= 1 KiB (proto_round_trip's stand-in threshold), "
-    "so with size_threshold 0 the copy's small tensors are written to the data file a second time",
-)
 def test_a_copied_graph_shares_its_small_initializers_too(tmp_path):
     model = load_model(FIXTURE).model
     copy = ArtifactSet([Artifact("model.onnx", model)]).copy_graph(model)

@@ -11,7 +11,7 @@ The steps ``static_kv`` chains, usable on their own by later passes (prefill buc
 * :func:`replace_neg_inf` — ``-inf`` constants become the dtype's lowest finite value.
 * :func:`refold_and_infer` — constant-fold shape arithmetic (onnxsim on a weightless copy) and re-infer
   every shape from the static inputs.
-* :func:`build_contract` / :func:`write_contract` — the decode contract the host reads.
+* :func:`build_contract` — the decode contract the host reads (written with :func:`onnxdeploy.contract.write_contract`).
 
 Weights are never read or copied: onnxsim and onnx shape inference see protos whose large initializers
 are typed stand-ins (:mod:`onnxdeploy.model_io`).
@@ -35,7 +35,7 @@ import onnxruntime as ort
 import onnxsim
 
 from onnxdeploy import model_io
-from onnxdeploy.contract import CONTRACT_KEY, CacheBinding, ContractInputs, DecodeContract
+from onnxdeploy.contract import CacheBinding, ContractInputs, DecodeContract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.kv_cache import KVCache, find_logits_output, upstream_nodes
 from onnxdeploy.passes._pass_infra import PassContext
@@ -53,7 +53,6 @@ __all__ = [
     "refold_and_infer",
     "replace_neg_inf",
     "rewrite_cache_writes",
-    "write_contract",
 ]
 
 CACHE_POSITION = "cache_position"
@@ -191,13 +190,17 @@ def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, 
         try:
             if context.session_factory is not None:
                 opened = context.session_factory(path)
-                sess = getattr(opened, "session", opened)
             else:
-                sess = ort.InferenceSession(str(path), _session_options(), providers=["CPUExecutionProvider"])
+                opened = ort.InferenceSession(str(path), _session_options(), providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises several unrelated exception types
             raise PreconditionError(who, f"ONNX Runtime cannot load the original model: {exc}") from exc
-        matches = _probe(sess, model, kv, candidates, who)
-        del sess
+        try:
+            matches = _probe(getattr(opened, "session", opened), model, kv, candidates, who)
+        finally:
+            close = getattr(opened, "close", None)  # the runner's ModelSession removes its scratch on close
+            if close is not None:
+                close()
+            del opened
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if not matches:
@@ -693,8 +696,3 @@ def build_contract(
             for layer in kv.layers
         ],
     )
-
-
-def write_contract(model: ir.Model, contract: DecodeContract) -> None:
-    """Store ``contract`` as JSON in ``model.metadata_props['onnxdeploy.contract']`` (replacing any earlier one)."""
-    model.metadata_props[CONTRACT_KEY] = contract.model_dump_json()

@@ -105,6 +105,21 @@ class ArtifactSet:
         """Whether the writer puts large weights into one external data file."""
         return self.weights.external(self.weight_bytes(), self.input_was_external)
 
+    def with_models(self, models: list[ir.Model]) -> ArtifactSet:
+        """A new set with the same names, weights policy and notes, holding ``models`` (one per artifact, in order).
+
+        Raises:
+            ValueError: ``models`` does not have one entry per artifact.
+        """
+        if len(models) != len(self.artifacts):
+            raise ValueError(f"expected {len(self.artifacts)} graphs, got {len(models)}")
+        return ArtifactSet(
+            [Artifact(a.name, m) for a, m in zip(self.artifacts, models, strict=True)],
+            weights=self.weights,
+            input_was_external=self.input_was_external,
+            notes=list(self.notes),
+        )
+
     def copy_graph(self, model: ir.Model) -> ir.Model:
         """A structural copy of ``model`` whose initializers hold the same tensor objects (no weight copied).
 

@@ -82,17 +82,10 @@ class PinOpsetPass(Pass):
         newest = onnx.defs.onnx_opset_version()
         if target > newest:
             raise PassError(self.name, f"opset {target} is newer than this onnx ({onnx.__version__}) knows ({newest})")
-        converted = []
-        modified = False
-        for artifact in artifacts.artifacts:
-            model, changed = self._convert(artifact.model, report)
-            converted.append(type(artifact)(artifact.name, model))
-            modified |= changed
-        if not modified:
+        converted = [self._convert(model, report) for model in artifacts.models()]
+        if not any(changed for _, changed in converted):
             return artifacts, False
-        return ArtifactSet(
-            converted, weights=artifacts.weights, input_was_external=artifacts.input_was_external, notes=artifacts.notes
-        ), True
+        return artifacts.with_models([model for model, _ in converted]), True
 
     def _convert(self, model: ir.Model, report: PassReport) -> tuple[ir.Model, bool]:
         target = self.config.opset

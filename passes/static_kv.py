@@ -27,6 +27,7 @@ from typing import Literal
 import onnx_ir as ir
 from pydantic import Field
 
+from onnxdeploy.contract import write_contract
 from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
 from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output
 from onnxdeploy.passes._cache_edits import (
@@ -40,7 +41,6 @@ from onnxdeploy.passes._cache_edits import (
     refold_and_infer,
     replace_neg_inf,
     rewrite_cache_writes,
-    write_contract,
 )
 from onnxdeploy.passes._pass_infra import (
     ArtifactSet,
@@ -161,8 +161,9 @@ class StaticKVCachePass(Pass):
     optional ``position_ids`` (B, S), past K/V (B, H_kv, past, D), present K/V (B, H_kv, past+S, D),
     logits (B, S, V)). Output: the same graph with every dim static, a new ``cache_position`` int64
     ``[step_len]`` input, ``attention_mask`` int64 ``(B, max_cache_len)``, past K/V
-    ``(B, H_kv, max_cache_len, D)``, and the decode contract in ``metadata_props``. The pass edits the set
-    in place: its primary graph is replaced by the rewritten one (weights are the same tensor objects).
+    ``(B, H_kv, max_cache_len, D)``, and the decode contract in ``metadata_props``. The pass is functional: it
+    rewrites a structural copy of the graph (:meth:`ArtifactSet.copy_graph`: no weight copied, the rewritten
+    graph holds the same weight tensors) and returns a new set; the graph it was given is left as it was.
 
     Raises:
         ConfigError: from :meth:`check_settings` / :meth:`check_model` (verification cannot fit, cache
@@ -177,7 +178,7 @@ class StaticKVCachePass(Pass):
     summary = "Fix batch/step_len/max_cache_len; Concat-appended cache -> ScatterElements at cache_position."
     config_model = StaticKVConfig
     config: StaticKVConfig
-    in_place = True
+    in_place = False
 
     # ------------------------------------------------------------------------------------- validation
 
@@ -278,7 +279,7 @@ class StaticKVCachePass(Pass):
         """Rewrite the cache of the primary graph; see the class docstring."""
         cfg = self.config
         B, S, L = cfg.batch, cfg.step_len, cfg.max_cache_len
-        model = artifacts.primary
+        model = artifacts.copy_graph(artifacts.primary)
         g = model.graph
         kv = self._find(model)
         cache_inputs = {t.past_name for t in kv.tensors}
@@ -341,8 +342,7 @@ class StaticKVCachePass(Pass):
             f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={B}, step_len={S}, "
             f"max_cache_len={L}, {cfg.cache_update}"
         )
-        artifacts.artifacts[0].model = folded
-        return artifacts, True
+        return artifacts.with_models([folded]), True
 
     def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
         """Every graph input and output of the primary graph has a fully static shape.

@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from onnxdeploy import model_io
+from onnxdeploy.contract import write_contract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.kv_cache import find_kv_cache, find_logits_output
 from onnxdeploy.passes._cache_edits import (
@@ -20,7 +21,6 @@ from onnxdeploy.passes._cache_edits import (
     refold_and_infer,
     replace_neg_inf,
     rewrite_cache_writes,
-    write_contract,
 )
 from onnxdeploy.passes._pass_infra import PassContext
 

@@ -343,3 +343,11 @@ def test_available_memory_reads_cgroup_then_meminfo(tmp_path, monkeypatch):
     assert resources.available_memory_bytes() == 1500
     meminfo.write_text("MemTotal: 1 kB\n")
     assert resources.available_memory_bytes() == 1500
+
+
+def test_the_graph_given_to_the_pass_is_left_as_it_was():
+    model = model_io.load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
+    before = ir.serde.serialize_model(model).SerializeToString()
+    result = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model)
+    assert result.artifacts.primary is not model
+    assert ir.serde.serialize_model(model).SerializeToString() == before

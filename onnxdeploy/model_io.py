@@ -780,6 +780,7 @@ def input_files(path: str | os.PathLike[str]) -> set[Path]:
     just their own path.
     """
     p = Path(path).resolve()
+    folder = Path(path).absolute().parent  # locations are relative to the folder named, not to a link's target
     files = {p}
     try:
         proto = onnx.load(str(p), format="protobuf", load_external_data=False)
@@ -788,7 +789,7 @@ def input_files(path: str | os.PathLike[str]) -> set[Path]:
     for tensor in _iter_external(proto.graph):
         loc = _external_info(tensor).get("location")
         if loc and not os.path.isabs(loc):
-            files.add((p.parent / loc).resolve())
+            files.add((folder / loc).resolve())
     return files
 
 

@@ -22,7 +22,14 @@ import onnxruntime as ort
 import pytest
 
 from onnxdeploy.errors import ModelLoadError
-from onnxdeploy.model_io import check_external_data, load_model, read_model_header, stage_artifacts, write_for_ort
+from onnxdeploy.model_io import (
+    check_external_data,
+    input_files,
+    load_model,
+    read_model_header,
+    stage_artifacts,
+    write_for_ort,
+)
 from onnxdeploy.passes import Artifact, ArtifactSet
 from onnxdeploy.passes.external_data import EmbedExternalDataPass, ExternalizePass
 from tests.conftest import fixture_entry
@@ -394,6 +401,12 @@ def test_what_is_not_a_whole_model_is_refused_naming_what_is_wrong(tmp_path, cas
     with pytest.raises(ModelLoadError) as err:
         load_model(path)
     assert needle in str(err.value) and str(path) in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("model_is_link", [True, False])
+def test_input_files_of_a_hugging_face_snapshot_are_the_blobs_it_reads(tmp_path, model_is_link):
+    model = hf_cache_model(tmp_path, model_is_link=model_is_link)
+    assert input_files(model) == {Path(os.path.realpath(model.parent / n)) for n in ("model.onnx", "model.onnx.data")}
 
 
 # ---------------------------------------------------------------------------------------------- loading

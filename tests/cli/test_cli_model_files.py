@@ -231,6 +231,17 @@ def test_hugging_face_cache_layout_is_inspected_and_verifies_exactly(tmp_path):
         assert mode["max_abs_logit_diff"] == 0.0 and mode["top1_agreement"] == 1.0
 
 
+def test_a_report_onto_a_hugging_face_snapshot_file_is_refused(tmp_path):
+    """The snapshot's data file is a link: writing the report there would replace the cache's link."""
+    model = hf_cache_model(tmp_path)
+    link = model.parent / "model.onnx.data"
+    target = os.readlink(link)
+    result, out = _invoke("verify", model, FIXTURE, "--steps", "1", "--report", link)
+    assert result.exit_code == 2, out
+    assert "input file" in out
+    assert link.is_symlink() and os.readlink(link) == target
+
+
 # ------------------------------------------------------------------------------- 4. not a (whole) model
 
 

@@ -581,7 +581,8 @@ class StagedArtifacts:
             The final paths.
 
         Raises:
-            OutputError: a rename failed (the staging folder is removed).
+            OutputError: a rename failed. On that or any interruption (SIGINT) the files already moved are
+                removed with the staging folder, so no mix of new and old outputs is left.
         """
         final = []
         try:
@@ -589,9 +590,13 @@ class StagedArtifacts:
                 dest = self.out_dir / name
                 os.replace(self.staging / name, dest)
                 final.append(dest)
-        except OSError as exc:
+        except BaseException as exc:
+            for dest in final:
+                dest.unlink(missing_ok=True)
             self.discard()
-            raise OutputError(f"cannot move the outputs into {self.out_dir}: {exc.strerror or exc}") from exc
+            if isinstance(exc, OSError):
+                raise OutputError(f"cannot move the outputs into {self.out_dir}: {exc.strerror or exc}") from exc
+            raise
         self.discard()
         return final
 

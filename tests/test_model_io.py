@@ -532,6 +532,32 @@ def test_discard_leaves_nothing(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt, OSError])
+def test_a_commit_stopped_between_renames_leaves_no_new_file(tmp_path, monkeypatch, error):
+    """SIGINT (or a failing rename) after the data file was renamed but before the graph: nothing new stays."""
+    import onnxdeploy.model_io as model_io
+
+    model = load_model(save_external(FIXTURE, tmp_path / "in")).model
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("pre-existing")
+    staged = stage_artifacts([("model.onnx", model)], out, external=True, data_name="model.onnx.data")
+    staged.add_text("report.json", "{}")
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise error("stopped between renames")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(model_io.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt if error is KeyboardInterrupt else model_io.OutputError):
+        staged.commit()
+    assert len(calls) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
 def test_externalize_then_embed_gives_the_fixture_weights(tmp_path, fixture_weights, fixture_logits):
     artifacts = ArtifactSet([Artifact("model.onnx", load_model(FIXTURE).model)])
     assert not artifacts.external()

@@ -325,6 +325,9 @@ def run_pipeline(
         staged.add_text("report.md", render_markdown(report))
         # Everything is on disk under the staging folder: only renames remain.
         staged.commit()
+        stale = out_dir / f"{config.output_name}.data"
+        if staged.data_file is None and stale.is_file():
+            stale.unlink()  # an earlier run's weights: the new graph is self-contained and never reads them
     except BaseException as exc:
         if staged is not None:
             staged.discard()

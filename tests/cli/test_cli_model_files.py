@@ -414,3 +414,13 @@ def test_an_interrupted_run_leaves_nothing_in_the_output_folder(tmp_path, trigge
     assert "interrupted" in err, err
     assert left == before, (left, err)
     assert out_dir.exists() == existing, "a folder the run made is removed again"
+
+
+def test_an_inline_run_removes_an_earlier_runs_data_file(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.onnx.data").write_bytes(b"weights of an earlier external run")
+    result, text = _invoke("run", _pipeline(tmp_path, REPO / "fixtures/llama_gqa/optimum/model.onnx"))
+    assert result.exit_code == 0, text
+    assert not (out / "model.onnx.data").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "report.json", "report.md"]

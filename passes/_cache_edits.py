@@ -141,17 +141,39 @@ def _int64_rank1_values(model: ir.Model) -> set[str]:
     return names
 
 
+def _computed_from_weights(graph: ir.Graph) -> set[str]:
+    """Names of values whose computation reads a whole weight (an initializer above 1 KiB), directly or upstream.
+
+    A Gather from a weight (the embedding lookup) reads only the rows it is asked for, so it does not count;
+    any other reader of a weight (MatMul, Gemm, …) does. The query-position vector is shape arithmetic on the
+    inputs and the embedding output, never on other weights, so the probe leaves these values out and maps
+    next to nothing of the model's weights.
+    """
+    tainted: set[str] = set()
+    for node in graph:  # topological order (sorted at load)
+        for i, value in enumerate(node.inputs):
+            if value is None:
+                continue
+            weight = value.const_value is not None and value.const_value.nbytes > model_io.STAND_IN_THRESHOLD_BYTES
+            lookup = weight and node.op_type == "Gather" and i == 0
+            if (weight and not lookup) or value.name in tainted:
+                tainted.update(str(o.name) for o in node.outputs)
+                break
+    return tainted
+
+
 def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, who: str = "static_kv") -> list[str]:
     """Find the exporter's query-position tensors (value ``past_len + arange(S)``, int64 ``[S]``) by running it.
 
-    A structural copy of ``model`` exposes every int64 rank-1 intermediate value as a graph output; it is
-    written next to hard links of the input's data files (:func:`onnxdeploy.model_io.write_for_ort`, no
-    weight copied) and run twice on ONNX Runtime, at past lengths 3 and 5 with S=2, zero caches
-    ``(B, H_kv, past, D)``, and ``position_ids`` offset by 11 (so the RoPE positions cannot be mistaken for
-    it). B is the export's own batch when ``input_ids`` has a static batch dim, else 1. Values equal to
-    ``past_len + arange(S)`` in both runs are candidates; the ones not computed from another candidate are
-    returned (transformers' ``cache_position``: ``Range(past_len, past_len + S)``). The session and the probe
-    files are removed before returning.
+    A structural copy of ``model`` pruned to the int64 rank-1 intermediate values that are not computed from
+    a whole weight (see :func:`_computed_from_weights`), with those values as its outputs, is written to the
+    scratch folder (:func:`onnxdeploy.model_io.write_for_ort`: the embedding table it may keep is hard-linked,
+    not copied, and only the looked-up rows are read) and run twice on ONNX Runtime, at past lengths 3 and 5
+    with S=2, zero caches ``(B, H_kv, past, D)``, and ``position_ids`` offset by 11 (so the RoPE positions
+    cannot be mistaken for it). B is the export's own batch when ``input_ids`` has a static batch dim, else 1.
+    Values equal to ``past_len + arange(S)`` in both runs are candidates; the ones not computed from another
+    candidate are returned (transformers' ``cache_position``: ``Range(past_len, past_len + S)``). The session
+    and the probe files are removed before returning.
 
     Args:
         model: the exporter-convention decoder (dynamic past length); unchanged.
@@ -168,21 +190,26 @@ def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, 
     graph = model.graph
     int64_rank1 = _int64_rank1_values(model)
     outputs_now = {o.name for o in graph.outputs}
+    from_weights = _computed_from_weights(graph)
     candidates = [
         str(out.name)
         for node in graph
         if node.op_type != "Constant"
         for out in node.outputs
-        if out.name in int64_rank1 and out.name not in outputs_now
+        if out.name in int64_rank1 and out.name not in outputs_now and out.name not in from_weights
     ]
     if not candidates:
         return []
-    probe = model_io.proto_round_trip(model, lambda proto: proto)  # structural copy; same weight tensors
+    # A structural copy that computes the candidates only: the rest of the graph and its weights are removed,
+    # so the probe maps and reads next to nothing of the model's weights.
+    probe = model_io.proto_round_trip(model, lambda proto: proto, threshold=-1)
     values = ir.convenience.create_value_mapping(probe.graph)
+    probe.graph.outputs.clear()
     for name in candidates:
         value = values[name]
         value.dtype = ir.DataType.INT64
         probe.graph.outputs.append(value)
+    ir_common.RemoveUnusedNodesPass()(probe)
     folder = tempfile.mkdtemp(prefix="static_kv-probe-", dir=context.scratch())
     try:
         path = model_io.write_for_ort(probe, folder)

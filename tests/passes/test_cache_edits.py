@@ -23,6 +23,7 @@ from onnxdeploy.passes._cache_edits import (
     rewrite_cache_writes,
 )
 from onnxdeploy.passes._pass_infra import PassContext
+from tests.conftest import REPO
 
 VOCAB_OUT = 80  # the weight W is (4, 80) float32 = 1280 bytes: above the 1 KiB stand-in threshold
 _W = ", ".join(f"{(i % 7 - 3) / 10:.1f}" for i in range(4 * VOCAB_OUT))
@@ -188,6 +189,23 @@ def test_find_query_positions_probes_with_the_exports_batch(tmp_path, batch):
     assert list(tmp_path.iterdir()) == []  # probe model and links removed
     # the probe never touched the model it was given
     assert [o.name for o in model.graph.outputs] == ["logits", "present_key", "present_value", "past_seen"]
+
+
+def test_the_probe_carries_no_weight_but_the_embedding_table(tmp_path):
+    """The probe is pruned to shape arithmetic: of a real export's weights only the looked-up table remains."""
+    model = model_io.load_model(REPO / "fixtures/llama_gqa/optimum/model.onnx").model
+    kv = find_kv_cache(model)
+    kept = []
+
+    def factory(path):
+        header = onnx.load(str(path), load_external_data=False)
+        kept.extend(t.name for t in header.graph.initializer if model_io.tensor_nbytes(t) > 1024)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    assert find_query_positions(model, kv, PassContext(scratch_dir=tmp_path, session_factory=factory))
+    assert kept == ["model.embed_tokens.weight"]
 
 
 def test_fix_io_dims_reports_each_changed_dim():

@@ -368,6 +368,7 @@ class SizeResult:
     error: str | None = None
     passes: list[dict[str, Any]] = field(default_factory=list)
     report_timings: dict[str, float] = field(default_factory=dict)
+    phases: list[dict] = field(default_factory=list)
     crashed: bool = False
 
 
@@ -400,7 +401,8 @@ def bench_size(size: ModelSize, work: Path, venv_dir: Path, exe: Path, keep: boo
                     res.passes = [
                         {"name": p.get("name"), "wall_time_s": p.get("wall_time_s")} for p in report.get("passes", [])
                     ]
-                    res.report_timings = timings({k: v for k, v in report.items() if k != "error"})
+                    res.report_timings = timings({k: v for k, v in report.items() if k not in ("error", "phases")})
+                    res.phases = report.get("phases", [])
                 else:
                     res.error = (m.stderr_tail.splitlines() or ["(no output)"])[-1]
             else:
@@ -488,6 +490,11 @@ def print_results(results: list[SizeResult]) -> None:
         for key, value in r.report_timings.items():
             if key != "wall_time_s":
                 print(f"   {key}: {value:g}")
+        for ph in r.phases:  # report.json -> phases: time and the process's peak RSS by the end of each phase
+            print(
+                f"   phase {ph['name']:8s} {ph['wall_time_s']:7.2f} s   peak RSS so far {_gb(ph['peak_rss_bytes'])} "
+                f"({ph['peak_rss_bytes'] / r.model_bytes:.2f}x model)   RSS at its end {_gb(ph['rss_bytes'])}"
+            )
 
 
 def main() -> int:

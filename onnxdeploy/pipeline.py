@@ -39,7 +39,8 @@ from onnxdeploy.model_io import (
 )
 from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
 from onnxdeploy.render import render_markdown
-from onnxdeploy.report import Finding, PassReport, RunReport
+from onnxdeploy.report import Finding, PassReport, PhaseReport, RunReport
+from onnxdeploy.resources import peak_rss_bytes, rss_bytes
 from onnxdeploy.runner import check_header, open_session, verify
 
 __all__ = ["RunOutcome", "run_pipeline", "write_text_atomic"]
@@ -141,6 +142,27 @@ def _check_output_location(config: PipelineConfig) -> None:
             break
 
 
+class _PhaseClock:
+    """Records wall time and memory at each phase boundary of a run (``report.json`` → ``phases``)."""
+
+    def __init__(self) -> None:
+        self.phases: list[PhaseReport] = []
+        self._start = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        """Close the phase ``name``, started where the previous one ended."""
+        now = time.perf_counter()
+        self.phases.append(
+            PhaseReport(
+                name=name,
+                wall_time_s=round(now - self._start, 4),
+                peak_rss_bytes=peak_rss_bytes(),
+                rss_bytes=rss_bytes(),
+            )
+        )
+        self._start = now
+
+
 def _check_before_passes(config: PipelineConfig, artifacts: ArtifactSet) -> None:
     """Everything the config and the model's graph decide, checked before the first pass (no weight read).
 
@@ -229,6 +251,7 @@ def run_pipeline(
         raise
     staged: StagedArtifacts | None = None
     context = PassContext(model_path=model_in, target=config.target, session_factory=open_session)
+    clock = _PhaseClock()
     try:
         say(f"loading {model_in}")
         loaded = load_model(model_in)
@@ -240,6 +263,7 @@ def run_pipeline(
         for note in artifacts.notes:
             say(note)
         _check_before_passes(config, artifacts)
+        clock.done("load")
 
         pass_reports: list[PassReport] = []
         findings: list[Finding] = []
@@ -256,6 +280,7 @@ def run_pipeline(
                         for f in get_check("checker")().run(header, CheckContext(target=config.target))
                     ]
 
+        clock.done("passes")
         external = artifacts.external()
         say(f"writing {len(artifacts.artifacts)} graph(s)" + (" and one external data file" if external else ""))
         staged = stage_artifacts(
@@ -267,7 +292,9 @@ def run_pipeline(
         )
         for model in artifacts.models():
             release_weights(model)  # the input's pages leave memory before ONNX Runtime maps the outputs
+        clock.done("write")
         findings += _checked(config, staged, artifacts, say)
+        clock.done("checks")
         primary = artifacts.artifacts[0]
         final_model = out_dir / primary.name
         tmp_model = staged.path(primary.name)
@@ -296,6 +323,8 @@ def run_pipeline(
                 }
             )
 
+            clock.done("verify")
+
         failures = [f"{f.code} {f.message}" for f in findings if f.level == "error"]
         if verify_report is not None and not verify_report.passed:
             for mode in verify_report.modes.values():
@@ -316,6 +345,7 @@ def run_pipeline(
             verify=verify_report,
             failures=failures,
             wall_time_s=round(time.perf_counter() - start, 3),
+            phases=clock.phases,
             onnxdeploy_version=__version__,
             versions=_versions(),
         )

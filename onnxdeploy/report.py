@@ -20,6 +20,7 @@ __all__ = [
     "LatencySummary",
     "ModeResult",
     "VerifyReport",
+    "PhaseReport",
     "RunReport",
 ]
 
@@ -141,6 +142,17 @@ class VerifyReport(BaseModel):
     modes: dict[str, ModeResult]
 
 
+class PhaseReport(BaseModel):
+    """Time and memory of one phase of a run (load, passes, write, checks, verify)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    wall_time_s: float = Field(description="Wall time of the phase, in seconds.")
+    peak_rss_bytes: int = Field(description="The process's peak resident set size by the end of the phase, bytes.")
+    rss_bytes: int = Field(description="The process's resident set size at the end of the phase, bytes.")
+
+
 class RunReport(BaseModel):
     """The report of one ``onnxdeploy run``: passes, findings, verification, status."""
 
@@ -163,5 +175,8 @@ class RunReport(BaseModel):
     verify: VerifyReport | None = Field(None, description="null when the pipeline has verify: null.")
     failures: list[str] = Field(default_factory=list, description="Why status is 'failed'.")
     wall_time_s: float = 0.0
+    phases: list[PhaseReport] = Field(
+        default_factory=list, description="Time and memory per phase: load, passes, write, checks, verify."
+    )
     onnxdeploy_version: str = ""
     versions: dict[str, str] = Field(default_factory=dict)

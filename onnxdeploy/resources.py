@@ -6,9 +6,12 @@ Used to refuse, before any work, a configuration whose buffers cannot fit (e.g. 
 
 from __future__ import annotations
 
+import os
+import resource
+import sys
 from pathlib import Path
 
-__all__ = ["available_memory_bytes", "format_bytes"]
+__all__ = ["available_memory_bytes", "format_bytes", "peak_rss_bytes", "rss_bytes"]
 
 _CGROUP_V2_MAX = Path("/sys/fs/cgroup/memory.max")
 _CGROUP_V1_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
@@ -75,3 +78,18 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far, in bytes (``getrusage`` ``ru_maxrss``: KiB on Linux)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now, in bytes (``/proc/self/statm``; the peak where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return peak_rss_bytes()

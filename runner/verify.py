@@ -15,8 +15,6 @@ headers (contract, vocabulary, cache capacity, ``step_len``) is refused for both
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ import numpy as np
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import CacheOverflowError, ConfigError
 from onnxdeploy.report import ModeResult, StepRecord, VerifyReport
+from onnxdeploy.resources import rss_bytes
 from onnxdeploy.runner.compare import step_record, summarize_mode
 from onnxdeploy.runner.decoder import Decoder, open_decoder
 from onnxdeploy.runner.exporter_decoder import exporter_logits_output
@@ -123,18 +122,6 @@ def check_header(path: str | Path, prompt: list[int], positions: int, *, verifyi
             )
         if positions > contract.max_cache_len:
             raise CacheOverflowError(contract.max_cache_len, contract.max_cache_len)
-
-
-def _rss_bytes() -> int:
-    """Resident set size of this process in bytes (peak RSS where /proc is unavailable)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import resource  # POSIX-only, so imported only where /proc is missing (macOS)
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024
 
 
 def greedy_decode(
@@ -268,15 +255,15 @@ def verify(
 
     with open_decoder(original_path, providers=providers) as original:
         _warm_up(original, prompt, steps)
-        rss_before = _rss_bytes()
+        rss_before = rss_bytes()
         reference = _decode(original, prompt, steps, report=reporter("reference"))
-        rss_growth = _rss_bytes() - rss_before
+        rss_growth = rss_bytes() - rss_before
         original_fallbacks = list(original.model_session.fallbacks)
     generated = reference.tokens_in[len(prompt) :]
     results: dict[str, ModeResult] = {}
     with open_decoder(candidate_path, providers=providers) as candidate:
         _warm_up(candidate, prompt, steps)
-        rss_before = _rss_bytes()
+        rss_before = rss_bytes()
         for mode in modes:
             run = _decode(
                 candidate,
@@ -293,7 +280,7 @@ def verify(
                 max_abs_logit_diff=max_abs_logit_diff,
                 min_top1_agreement=min_top1_agreement,
             )
-        rss_growth += _rss_bytes() - rss_before
+        rss_growth += rss_bytes() - rss_before
         candidate_session = candidate.model_session
 
     return VerifyReport(

@@ -452,7 +452,7 @@ def test_an_unsorted_graph_is_sorted_at_load_and_says_so(tmp_path, fixture_logit
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def _headers_locations(path: Path) -> set[str]:
+def external_locations(path: Path) -> set[str]:
     header = onnx.load(str(path), load_external_data=False)
     return {
         e.value
@@ -480,7 +480,7 @@ def test_two_graphs_of_one_model_share_one_data_file(tmp_path, fixture_logits):
     large = sum(v.const_value.nbytes for v in loaded.model.graph.initializers.values() if v.const_value.nbytes > 1024)
     assert (out / "model.onnx.data").stat().st_size == large  # each shared tensor once, densely packed
     for name in ("model.onnx", "prefill.onnx"):
-        assert _headers_locations(out / name) == {"model.onnx.data"}, name
+        assert external_locations(out / name) == {"model.onnx.data"}, name
         np.testing.assert_array_equal(ort_logits(out / name), fixture_logits, err_msg=name)
 
 
@@ -566,7 +566,7 @@ def test_externalize_then_embed_gives_the_fixture_weights(tmp_path, fixture_weig
     (ext,) = [
         p for p in _stage(artifacts.primary, tmp_path / "ext", external=artifacts.external()) if p.suffix == ".onnx"
     ]
-    assert _headers_locations(ext) == {"model.onnx.data"}
+    assert external_locations(ext) == {"model.onnx.data"}
     reloaded = load_model(ext)
     assert reloaded.external_files
     assert_weights_equal(reloaded.model, fixture_weights)

@@ -30,6 +30,7 @@ from tests.test_model_io import (
     NOT_A_MODEL,
     UNSAFE_KINDS,
     edit_external,
+    external_locations,
     hf_cache_model,
     middle_tensor,
     relocate,
@@ -70,17 +71,6 @@ def _argv(command: str, model: Path, workdir: Path) -> list[str]:
     if command == "verify":
         return ["verify", str(model), str(FIXTURE), "--steps", "2"]
     return ["inspect", str(model)]
-
-
-def _external_locations(path: Path) -> set[str]:
-    header = onnx.load(str(path), load_external_data=False)
-    return {
-        e.value
-        for t in header.graph.initializer
-        if t.data_location == onnx.TensorProto.EXTERNAL
-        for e in t.external_data
-        if e.key == "location"
-    }
 
 
 # --------------------------------------------------------------- 1. locations leaving the folder (FIFO targets)
@@ -296,7 +286,7 @@ def test_a_decoder_with_an_embedding_over_2_gib_runs_and_keeps_external_data(tmp
         result, out = _invoke("run", _pipeline(tmp_path, model, steps=2))
         assert result.exit_code == 0, out
         written = tmp_path / "out" / "model.onnx"
-        assert _external_locations(written) == {"model.onnx.data"}
+        assert external_locations(written) == {"model.onnx.data"}
         assert (tmp_path / "out" / "model.onnx.data").stat().st_size >= nbytes
         assert written.stat().st_size < 2**20
         report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -319,7 +309,7 @@ def test_external_data_input_gives_external_output_and_is_not_modified(tmp_path,
     report = json.loads(result.stdout)
     assert report["status"] == "passed" and report["verify"]["passed"]
     written = tmp_path / "out" / "model.onnx"
-    assert _external_locations(written) == {"model.onnx.data"}
+    assert external_locations(written) == {"model.onnx.data"}
     assert sorted(p.name for p in written.parent.iterdir()) == [
         "model.onnx",
         "model.onnx.data",

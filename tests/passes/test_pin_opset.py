@@ -24,6 +24,7 @@ def test_pin_opset_17_on_llama_verifies_identical(tmp_path, name):
     pinned = result.artifacts.primary
     assert opset_imports(pinned)["ai.onnx"] == 17
     onnx.checker.check_model(stand_in_proto(pinned, as_inputs=True), full_check=True)
+
     # the weights were never copied: the pinned graph holds the very tensor objects static_kv held
     def weights(m):
         return {id(v.const_value) for v in m.graph.initializers.values() if v.const_value.nbytes > 1024}

@@ -1,20 +1,33 @@
-"""Compatibility matrices: one YAML data file per target (``matrices/<target>.yaml``).
+"""Compatibility matrices: one YAML data file per target (``matrices/<target>.yaml``), validated by a schema.
 
-Each file states the target's opset range per domain, IR version and, for every entry, its source
-(document, version, address, date read). This issue ships the loader and the ``ort-cpu`` entry; the
-operator-level support check comes with the matrix checks.
+Each file (schema: :mod:`onnxdeploy.matrices.schema`) states the target's opset range per domain, IR version,
+static-shape requirement, dtype support, size limits and supported operators with their constraints; every
+fact names its source (document, section, version, address, date read). ``ort-cpu.yaml`` is generated from the
+installed onnxruntime (``python -m onnxdeploy.matrices.generate_ort_cpu``); the others are transcribed from the
+documents they cite, and what could not be sourced is listed under ``gaps`` instead of guessed.
+
+Questions answered here (and by ``onnxdeploy matrix``): which targets take op X at opset N
+(:func:`lookup`), the highest opset a target accepts (``get_target(t).opsets['ai.onnx'].max``), and, with the
+target checks, which ops of a model a target lacks.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Literal
 
+import onnx
 import yaml
+from pydantic import ValidationError
 
 from onnxdeploy.errors import ConfigError
+from onnxdeploy.matrices.schema import Matrix, OpEntry
 
-__all__ = ["list_targets", "get_target"]
+__all__ = ["LookupAnswer", "Matrix", "OpEntry", "get_target", "list_targets", "lookup", "schema_version_of"]
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def list_targets() -> list[str]:
@@ -23,16 +36,105 @@ def list_targets() -> list[str]:
     return sorted(f.name[: -len(".yaml")] for f in files if f.name.endswith(".yaml"))
 
 
-def get_target(name: str) -> dict[str, Any]:
-    """Load the matrix entry of target ``name``.
-
-    Returns:
-        The parsed YAML mapping (keys: ``target``, ``description``, ``opsets``, ``sources``, …).
+@functools.cache
+def get_target(name: str) -> Matrix:
+    """Load and validate the matrix of target ``name`` (cached: the files are package data).
 
     Raises:
-        ConfigError: no data file for ``name`` (the message lists the known targets).
+        ConfigError: no data file for ``name`` (the message lists the known targets), or the file does not
+            validate against :class:`~onnxdeploy.matrices.schema.Matrix` (the message names the file and keys).
     """
     if name not in list_targets():
         raise ConfigError(f"unknown target '{name}'; known targets: {', '.join(list_targets()) or 'none'}")
-    text = resources.files(__name__).joinpath(f"{name}.yaml").read_text()
-    return yaml.safe_load(text)
+    text = resources.files(__name__).joinpath(f"{name}.yaml").read_text(encoding="utf-8")
+    where = f"matrices/{name}.yaml"
+    try:
+        matrix = Matrix.model_validate(yaml.load(text, Loader=_Loader))  # noqa: S506 (a SafeLoader)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:10])
+        raise ConfigError(f"{where} does not validate: {problems}") from None
+    if matrix.target != name:
+        raise ConfigError(f"{where}: key 'target' is '{matrix.target}', expected '{name}' (the file name)")
+    return matrix
+
+
+def schema_version_of(domain: str, op: str, opset: int) -> int | None:
+    """The ``since_version`` of ``domain::op``'s ONNX schema selected by ``opset`` (``onnx.defs.get_schema``).
+
+    Returns:
+        The schema version, or None when onnx has no schema for the op at that opset (a custom domain such
+        as ``com.microsoft``, or an op newer than ``opset``).
+    """
+    try:
+        return onnx.defs.get_schema(op, opset, "" if domain == "ai.onnx" else domain).since_version
+    except onnx.defs.SchemaError:
+        return None
+
+
+@dataclass
+class LookupAnswer:
+    """Whether one target takes an op at an opset, and on what terms.
+
+    Attributes:
+        target: target id.
+        verdict: ``yes`` (an entry covers it), ``no`` (outside the opset range, or the target's list is
+            complete and has no entry), ``unknown`` (the sourced list is partial and does not name it).
+        reason: one sentence saying why.
+        entries: the matching entries (types, constraints, placement, source).
+        max_opset: the highest ``ai.onnx`` opset the target accepts (None when unsourced).
+    """
+
+    target: str
+    verdict: Literal["yes", "no", "unknown"]
+    reason: str
+    entries: list[OpEntry] = field(default_factory=list)
+    max_opset: int | None = None
+
+
+def _answer(matrix: Matrix, op: str, domain: str, opset: int | None) -> LookupAnswer:
+    rng = matrix.opsets.get(domain)
+    ai_onnx = matrix.opsets.get("ai.onnx")
+    max_opset = ai_onnx.max if ai_onnx else None
+    if opset is not None and rng is not None and not rng.min <= opset <= rng.max:
+        return LookupAnswer(
+            matrix.target, "no", f"{domain} opset {opset} is outside {rng.min}..{rng.max}", max_opset=max_opset
+        )
+    if rng is None:
+        return LookupAnswer(matrix.target, "no", f"domain {domain} is not supported", max_opset=max_opset)
+    version = schema_version_of(domain, op, opset) if opset is not None else None
+    if opset is not None and version is None and domain == "ai.onnx":
+        return LookupAnswer(matrix.target, "no", f"ONNX has no {op} at opset {opset}", max_opset=max_opset)
+    entries = matrix.ops_for(domain, op, version if version is not None else opset)
+    if entries:
+        where = f" (schema version {version})" if version is not None else ""
+        return LookupAnswer(matrix.target, "yes", f"listed{where}", entries, max_opset)
+    any_version = matrix.ops_for(domain, op)
+    if any_version:
+        spans = ", ".join(f"{e.since}..{e.until or '∞'}" for e in any_version)
+        return LookupAnswer(
+            matrix.target, "no", f"listed only for schema versions {spans}, not {version}", any_version, max_opset
+        )
+    if matrix.ops_complete:
+        return LookupAnswer(matrix.target, "no", "not in the target's operator list", max_opset=max_opset)
+    return LookupAnswer(
+        matrix.target, "unknown", "not in the sourced operator list (partial; see gaps)", max_opset=max_opset
+    )
+
+
+def lookup(op: str, *, opset: int | None = None, target: str | None = None, domain: str = "ai.onnx") -> list[LookupAnswer]:
+    """Answer, per target, whether it takes ``domain::op`` at ``opset`` (any version when None).
+
+    Args:
+        op: operator type, e.g. ``Attention``.
+        opset: the model's opset for ``domain``; the op's schema version is derived from it.
+        target: one target id, or None for every target.
+        domain: operator domain.
+
+    Returns:
+        One :class:`LookupAnswer` per target, in target order.
+
+    Raises:
+        ConfigError: ``target`` is unknown, or a matrix file does not validate.
+    """
+    targets = [target] if target else list_targets()
+    return [_answer(get_target(t), op, domain, opset) for t in targets]

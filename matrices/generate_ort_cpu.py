@@ -1,0 +1,275 @@
+"""Regenerate ``matrices/ort-cpu.yaml`` from the installed ONNX Runtime's own kernel registry.
+
+Run ``python -m onnxdeploy.matrices.generate_ort_cpu [--output PATH]`` after upgrading onnxruntime. What it
+reads, all from the installed wheel:
+
+- ``onnxruntime.capi.onnxruntime_pybind11_state.get_all_opkernel_def()``: every registered kernel (op, domain,
+  schema version range, type constraints, provider); the CPU wheel registers CPUExecutionProvider kernels only;
+- ``get_all_operator_schema()``: ORT's own op schemas (every version), for each kernel's formal inputs/outputs
+  and their type parameters, and the highest opset per domain ORT knows;
+- probes: a one-node model per IR version opened in a session, so the IR range is what this ORT accepts.
+
+ONNX ops that have no CPU kernel but an ONNX function body (``onnx.defs`` ``has_function`` or
+``has_context_dependent_function``) are expanded by ORT at load; they are listed with ``via: function`` and the
+types of their schema (the body's own ops decide in the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import yaml
+from onnx import TensorProto, helper
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+from onnxdeploy.matrices.schema import Matrix
+
+__all__ = ["build_matrix", "main", "probe_max_ir_version"]
+
+_OPEN_ENDED = 2**31 - 1
+"""ORT's ``version_range`` end for a kernel that covers every later version."""
+
+_PROVIDER = "CPUExecutionProvider"
+_OPSET_MIN = 7
+"""ORT's stated floor: 'ONNX Runtime only *guarantees* support for models stamped with opset version 7 or above'
+(the warning ``model.cc`` prints for lower opsets; docs/Versioning.md, 'Backwards compatibility')."""
+
+
+def _domain(name: str) -> str:
+    return name or "ai.onnx"
+
+
+def _tensor_type(type_str: str) -> str:
+    """``tensor(float)`` -> ``float``; other type strings (``seq(tensor(float))``) unchanged."""
+    return type_str[len("tensor(") : -1] if type_str.startswith("tensor(") and type_str.endswith(")") else type_str
+
+
+def _session_opens(opset: int, ir_version: int) -> bool:
+    """Whether ORT opens a one-Identity model at ``ai.onnx`` ``opset`` and IR ``ir_version``."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ir_version
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=[_PROVIDER])
+    except Exception:  # noqa: BLE001 - any refusal means "not accepted"
+        return False
+    return True
+
+
+def probe_max_ir_version(opset: int = 18) -> int:
+    """Return the highest IR version the installed ORT opens (probing upward from IR 8)."""
+    best = 0
+    for ir_version in range(8, onnx.IR_VERSION + 4):
+        if not _session_opens(opset, ir_version):
+            break
+        best = ir_version
+    return best
+
+
+def _schema_io(domain: str, op: str, since: int) -> tuple[list[str], list[str]] | None:
+    """Formal inputs/outputs (type parameter or fixed type each) of ORT's schema of ``op`` at ``since``."""
+    for schema in _schemas().get((domain, op), []):
+        if schema.since_version == since:
+            return [_tensor_type(i.typeStr) for i in schema.inputs], [_tensor_type(o.typeStr) for o in schema.outputs]
+    return None
+
+
+_SCHEMA_CACHE: dict[tuple[str, str], list] = {}
+
+
+def _schemas() -> dict[tuple[str, str], list]:
+    if not _SCHEMA_CACHE:
+        for schema in ort_state.get_all_operator_schema():
+            _SCHEMA_CACHE.setdefault((_domain(schema.domain), schema.name), []).append(schema)
+    return _SCHEMA_CACHE
+
+
+def _max_opsets() -> dict[str, int]:
+    """Highest op schema version per domain in ORT's own registry (= the highest opset it knows)."""
+    best: dict[str, int] = defaultdict(int)
+    for (domain, _), schemas in _schemas().items():
+        best[domain] = max(best[domain], *(s.since_version for s in schemas))
+    return dict(best)
+
+
+def _kernel_entries() -> list[dict]:
+    merged: dict[tuple[str, str, int, int], dict[str, set[str]]] = {}
+    for kernel in ort_state.get_all_opkernel_def():
+        if kernel.provider != _PROVIDER:
+            continue
+        since, until = kernel.version_range
+        key = (_domain(kernel.domain), kernel.op_name, since, until)
+        types = merged.setdefault(key, {})
+        for param, allowed in kernel.type_constraints.items():
+            types.setdefault(param, set()).update(_tensor_type(t) for t in allowed)
+    entries = []
+    for (domain, op, since, until), types in sorted(merged.items()):
+        entry: dict = {"op": op, "domain": domain, "since": since}
+        if until != _OPEN_ENDED:
+            entry["until"] = until
+        entry["via"] = "kernel"
+        if types:
+            entry["types"] = {p: sorted(v) for p, v in sorted(types.items())}
+        io = _schema_io(domain, op, since)
+        if io is not None:
+            entry["inputs"], entry["outputs"] = io
+        entry["source"] = "ort-registry"
+        entries.append(entry)
+    return entries
+
+
+def _function_entries(kernels: list[dict], max_opset: int) -> list[dict]:
+    """ai.onnx ops without a CPU kernel at some schema version whose ONNX schema has a function body."""
+    covered: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for e in kernels:
+        if e["domain"] == "ai.onnx":
+            covered[e["op"]].append((e["since"], e.get("until", _OPEN_ENDED)))
+    entries = []
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain != "" or schema.since_version > max_opset or schema.deprecated:
+            continue
+        if not (schema.has_function or schema.has_context_dependent_function):
+            continue
+        version = schema.since_version
+        if any(lo <= version <= hi for lo, hi in covered[schema.name]):
+            continue
+        types = {tc.type_param_str: sorted(_tensor_type(t) for t in tc.allowed_type_strs) for tc in schema.type_constraints}
+        entry = {"op": schema.name, "domain": "ai.onnx", "since": version, "until": version, "via": "function"}
+        if types:
+            entry["types"] = types
+        entry["inputs"] = [i.type_str for i in schema.inputs]
+        entry["outputs"] = [o.type_str for o in schema.outputs]
+        entry["source"] = "onnx-functions"
+        entries.append(entry)
+    return entries
+
+
+def build_matrix(today: datetime.date | None = None) -> dict:
+    """Build the ``ort-cpu`` matrix as a plain mapping (validated against :class:`Matrix`).
+
+    Returns:
+        The mapping that :func:`main` writes as YAML.
+    """
+    today = today or datetime.date.today()
+    version = ort.__version__
+    max_opsets = _max_opsets()
+    kernels = _kernel_entries()
+    functions = _function_entries(kernels, max_opsets["ai.onnx"])
+    ir_max = probe_max_ir_version()
+    domains = sorted({e["domain"] for e in kernels})
+    registry = "onnxruntime.capi.onnxruntime_pybind11_state"
+    data = {
+        "schema_version": 1,
+        "target": "ort-cpu",
+        "name": "ONNX Runtime, CPU execution provider",
+        "kind": "execution_provider",
+        "description": "ONNX Runtime's CPUExecutionProvider (the runner's default). Generated from the installed "
+        "wheel's kernel registry: an op/type pair listed here has a CPU kernel.",
+        "product_version": f"onnxruntime {version}",
+        "execution_provider": _PROVIDER,
+        "ir_version": {"min": 3, "max": ir_max, "source": "ort-probe"},
+        "opsets": {
+            d: {"min": _OPSET_MIN if d == "ai.onnx" else 1, "max": max_opsets[d], "source": "ort-registry"}
+            for d in domains
+            if d in max_opsets
+        },
+        "static_shapes": "not_required",
+        "static_shapes_source": "ort-registry",
+        "dtypes": {
+            name: {"supported": "partial", "source": "ort-registry", "note": note}
+            for name, note in (
+                ("int4", "QDQ (DequantizeLinear int4, opset 21+) and com.microsoft MatMulNBits kernels"),
+                ("int8", "QDQ, QLinear* and MatMulInteger kernels; elementwise math mostly float/int32/int64"),
+                ("fp16", "a subset of kernels (see types); ORT inserts casts for the rest only when optimizing"),
+                ("bf16", "a few kernels (Cast, ...); most math ops have no bfloat16 CPU kernel"),
+            )
+        },
+        "limits": [],
+        "ops_complete": True,
+        "ops": kernels + functions,
+        "sources": {
+            "ort-registry": {
+                "doc": "ONNX Runtime kernel and schema registries of the installed wheel",
+                "section": "get_all_opkernel_def(), get_all_operator_schema()",
+                "version": f"onnxruntime {version}",
+                "address": f"{registry}.get_all_opkernel_def / get_all_operator_schema",
+                "read": today.isoformat(),
+            },
+            "ort-probe": {
+                "doc": "Session-creation probe of the installed wheel",
+                "section": "one Identity node at ai.onnx 18, IR versions from 8 upward until ORT refuses",
+                "version": f"onnxruntime {version}",
+                "address": "onnxdeploy.matrices.generate_ort_cpu.probe_max_ir_version",
+                "read": today.isoformat(),
+            },
+            "onnx-functions": {
+                "doc": "ONNX operator schemas with a function body (ORT expands them when no kernel matches)",
+                "section": "onnx.defs.get_all_schemas_with_history(): has_function / has_context_dependent_function",
+                "version": f"onnx {onnx.__version__}",
+                "address": "onnx.defs.get_all_schemas_with_history",
+                "read": today.isoformat(),
+            },
+        },
+        "generated": {
+            "by": "python -m onnxdeploy.matrices.generate_ort_cpu",
+            "on": today.isoformat(),
+            "versions": {"onnxruntime": version, "onnx": onnx.__version__},
+        },
+        "gaps": [
+            "Type constraints are merged per type parameter over ORT's per-type kernel registrations, so a "
+            "combination of types across parameters that no single kernel takes can still pass.",
+            "Graph optimizations may fuse ops into com.microsoft kernels; this lists what a session can place on "
+            "CPU before optimization, not what runs after it.",
+        ],
+        "notes": [
+            f"ai.onnx opset {_OPSET_MIN} is ORT's stated floor; lower opsets may load through legacy kernels.",
+        ],
+    }
+    Matrix.model_validate(data)
+    return data
+
+
+class _FlowDumper(yaml.SafeDumper):
+    """Writes op entries one per line (flow style below the top level), the rest block style."""
+
+
+def _dump(data: dict) -> str:
+    head = {k: v for k, v in data.items() if k != "ops"}
+    text = yaml.dump(head, Dumper=_FlowDumper, sort_keys=False, width=120, allow_unicode=True)
+    lines = ["ops:"]
+    for entry in data["ops"]:
+        lines.append("  - " + yaml.dump(entry, Dumper=_FlowDumper, default_flow_style=True, width=10**6, sort_keys=False).strip())
+    return text + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the generated matrix (default: ``ort-cpu.yaml`` beside this module) and print a summary line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=Path(__file__).with_name("ort-cpu.yaml"))
+    args = parser.parse_args(argv)
+    data = build_matrix()
+    header = (
+        "# GENERATED by `python -m onnxdeploy.matrices.generate_ort_cpu` from the installed onnxruntime's kernel\n"
+        "# registry; do not edit by hand, regenerate after upgrading onnxruntime.\n"
+    )
+    args.output.write_text(header + _dump(data), encoding="utf-8")
+    print(
+        f"wrote {args.output}: onnxruntime {ort.__version__}, {len(data['ops'])} op entries, "
+        f"ai.onnx {data['opsets']['ai.onnx']['min']}..{data['opsets']['ai.onnx']['max']}, "
+        f"IR <= {data['ir_version']['max']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,7 +43,8 @@ class ContractCheck(Check):
       ``cache_position`` int64 ``[step_len]``; ``position_ids`` int64 ``[batch, step_len]``;
       ``attention_mask`` int64 ``[batch, max_cache_len]``; past inputs of ``kv_dtype`` with
       :meth:`DecodeContract.cache_input_shape`, present outputs with
-      :meth:`DecodeContract.cache_output_shape`; logits float ``[batch, step_len, V]`` with a static ``V``;
+      :meth:`DecodeContract.cache_output_shape`; ``last_token_index`` int64 ``[batch]``; logits float
+      ``[batch, step_len, V]`` (``[batch, 1, V]`` with ``prefill_logits: last``) with a static ``V``;
     - no graph input is left that the contract does not mention (``OD407``: the host cannot feed it;
       inputs with an initializer default are exempt); graph outputs it does not mention are a
       warning (``OD408``).
@@ -107,7 +108,13 @@ class ContractCheck(Check):
 
 def _all_names(contract: DecodeContract) -> list[str | None]:
     inputs = contract.inputs
-    names: list[str | None] = [inputs.input_ids, inputs.cache_position, inputs.position_ids, inputs.attention_mask]
+    names: list[str | None] = [
+        inputs.input_ids,
+        inputs.cache_position,
+        inputs.position_ids,
+        inputs.attention_mask,
+        inputs.last_token_index,
+    ]
     names.append(contract.logits)
     for entry in contract.cache:
         names.extend([entry.key_in, entry.value_in, entry.key_out, entry.value_out, entry.kv_in, entry.kv_out])
@@ -140,7 +147,7 @@ class _GraphComparison:
                 yield from self._input(past, f"layer {entry.layer} past cache", kv_types, past_shape)
             for _, present in pairs:
                 yield from self._output(present, f"layer {entry.layer} present cache", kv_types, present_shape)
-        yield from self._output(c.logits, "logits", _FLOAT_TYPES, (c.batch, c.step_len, _ANY))
+        yield from self._output(c.logits, "logits", _FLOAT_TYPES, (c.batch, c.logits_positions(), _ANY))
 
         mentioned = {n for n in _all_names(c) if n}
         for name in self.inputs:

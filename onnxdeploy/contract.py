@@ -25,6 +25,7 @@ __all__ = [
     "KV_DTYPES",
     "CacheBinding",
     "ContractInputs",
+    "GraphSetEntry",
     "DecodeContract",
     "KVDtype",
     "read_contract",
@@ -32,7 +33,10 @@ __all__ = [
 ]
 
 CONTRACT_KEY = "onnxdeploy.contract"
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2
+"""2 added what a host must read to drive a graph set: ``prefill_logits``, ``inputs.last_token_index``,
+``padding`` and ``graph_set``; and, from ``mask_rewrite``, ``mask``, ``sliding_window`` and ``cache_init``. Version 1
+contracts read with those absent (one graph, logits at every position, the exporter's mask fed by attention_mask)."""
 
 KVDtype = Literal["float32", "float16", "bfloat16"]
 """Element types a contract's cache may have."""
@@ -86,16 +90,36 @@ class ContractInputs(BaseModel):
     attention_mask: str | None = Field(
         default=None, description="int64 (B, max_cache_len): 1 for slots <= the current position, else 0."
     )
+    last_token_index: str | None = Field(
+        default=None,
+        description="int64 (B,): index inside the chunk (0..step_len-1) of the last real token; the graph "
+        "computes logits (B, 1, V) for that position only (prefill_logits: last).",
+    )
+
+
+class GraphSetEntry(BaseModel):
+    """One graph of a set that shares one weights file (a decode graph or a prefill bucket)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: str = Field(description="File name, relative to the folder of the graph carrying this contract.")
+    step_len: int = Field(ge=1, description="Tokens per call S of that graph.")
+    max_cache_len: int = Field(ge=1, description="Cache slots of that graph's buffers.")
+    prefill_logits: Literal["all", "last"] = Field(
+        default="all", description="all: logits (B, S, V); last: logits (B, 1, V) at last_token_index."
+    )
+    role: Literal["decode", "prefill"] = Field(description="decode: step_len 1; prefill: a bucket, step_len > 1.")
 
 
 class DecodeContract(BaseModel):
-    """The I/O contract of a static decode graph (contract_version 1).
+    """The I/O contract of a static decode graph (contract_version 2; version 1 still reads).
 
     Shapes (``B`` = ``batch``, ``S`` = ``step_len``, ``M`` = ``max_cache_len``, ``H_kv`` = ``num_kv_heads``,
     ``D`` = ``head_dim_padded``): ``input_ids`` int64 ``(B, S)``; ``cache_position`` int64 ``(S,)``;
     ``position_ids`` int64 ``(B, S)``; ``attention_mask`` int64 ``(B, M)``; past cache of ``kv_dtype``
     ``(B, H_kv, M, D)`` (BHSD) or ``(B, M, H_kv, 2·D)`` (BSH2D, K and V packed on the last axis); present
-    cache the same with ``S`` in place of ``M`` for ``new_token_only``; logits float ``(B, S, V)``.
+    cache the same with ``S`` in place of ``M`` for ``new_token_only``; logits float ``(B, S, V)``, or
+    ``(B, 1, V)`` with ``prefill_logits: last`` (then ``last_token_index`` int64 ``(B,)`` is an input).
 
     Raises:
         pydantic.ValidationError: on construction, an unknown ``kv_dtype`` or ``kv_layout``, or a cache
@@ -105,7 +129,9 @@ class DecodeContract(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    contract_version: int = CONTRACT_VERSION
+    contract_version: Literal[1, 2] = Field(
+        default=CONTRACT_VERSION, description="Contract format version; a host refuses a version it does not know."
+    )
     batch: int = Field(ge=1, description="Batch rows B of every input and output.")
     step_len: int = Field(ge=1, description="Tokens per call S.")
     max_cache_len: int = Field(ge=1, description="Cache slots M.")
@@ -120,8 +146,41 @@ class DecodeContract(BaseModel):
         description="full_buffer: present outputs are the updated buffers; new_token_only: only the step's K/V.",
     )
     inputs: ContractInputs
-    logits: str = Field(default="logits", description="Logits output name, float (B, S, V).")
+    logits: str = Field(
+        default="logits", description="Logits output name, float (B, S, V), or (B, 1, V) with prefill_logits last."
+    )
     cache: list[CacheBinding]
+    prefill_logits: Literal["all", "last"] = Field(
+        default="all",
+        description="all: logits for every position of the call; last: only for the position at "
+        "inputs.last_token_index (the LM head skips the others).",
+    )
+    padding: Literal["trailing"] | None = Field(
+        default=None,
+        description="How a chunk of r < step_len real tokens is fed (step_len > 1): trailing = the r tokens "
+        "first, then step_len - r padding tokens at the next positions (cache_position and position_ids "
+        "continue, all < max_cache_len); the causal mask hides their cache slots from every real query and "
+        "the next call overwrites them; attention_mask (if any) is 0 there. None: chunks are always full.",
+    )
+    graph_set: list[GraphSetEntry] = Field(
+        default_factory=list,
+        description="Every graph of the set sharing this graph's weights file, the primary decode graph first "
+        "(this graph among them); empty for a graph made alone by an older version.",
+    )
+    mask: Literal["attention_mask", "cache_position"] = Field(
+        default="attention_mask",
+        description="attention_mask: the exporter's mask, fed by inputs.attention_mask (1 for slots <= the current "
+        "position). cache_position: computed in the graph (mask_rewrite): slot j is visible to the query at position "
+        "p iff j <= p (and p - j < sliding_window), ANDed with inputs.attention_mask when the graph keeps one.",
+    )
+    sliding_window: int | None = Field(
+        default=None, ge=1, description="Window W the graph applies: a query at p sees slots p-W+1..p; None: none."
+    )
+    cache_init: Literal["zeros"] = Field(
+        default="zeros",
+        description="The host fills every cache buffer with zeros once, when it allocates it. Masked slots get "
+        "probability exactly 0, but 0 x NaN is NaN: a V slot must never hold NaN/inf (stale finite values are fine).",
+    )
 
     @field_validator("kv_dtype", mode="before")
     @classmethod
@@ -196,6 +255,14 @@ class DecodeContract(BaseModel):
         """Shape of ``attention_mask`` (int64): ``(B, max_cache_len)``."""
         return (self.batch, self.max_cache_len)
 
+    def last_token_index_shape(self) -> Shape:
+        """Shape of ``last_token_index`` (int64): ``(B,)``."""
+        return (self.batch,)
+
+    def logits_positions(self) -> int:
+        """Positions the logits output holds per call: 1 with ``prefill_logits: last``, else ``step_len``."""
+        return 1 if self.prefill_logits == "last" else self.step_len
+
     def input_shapes(self) -> dict[str, Shape]:
         """Shape of each named non-cache input, by role (``input_ids``, ``cache_position``, …); int64 all."""
         shapes = {
@@ -203,6 +270,7 @@ class DecodeContract(BaseModel):
             "cache_position": self.cache_position_shape(),
             "position_ids": self.position_ids_shape(),
             "attention_mask": self.attention_mask_shape(),
+            "last_token_index": self.last_token_index_shape(),
         }
         return {role: shapes[role] for role, name in self.inputs.model_dump().items() if name is not None}
 

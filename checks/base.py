@@ -115,7 +115,17 @@ class Check(abc.ABC):
     def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterable[Finding]:
         """Yield the findings for ``model`` (implemented by each check; may be a generator)."""
 
-    def finding(self, code: str, level: Level, message: str, *, nodes: Sequence[str] = (), hint: str = "") -> Finding:
+    def finding(
+        self,
+        code: str,
+        level: Level,
+        message: str,
+        *,
+        nodes: Sequence[str] = (),
+        hint: str = "",
+        rule: str = "",
+        source: str = "",
+    ) -> Finding:
         """Build a finding of this check.
 
         Args:
@@ -124,13 +134,24 @@ class Check(abc.ABC):
             message: what is wrong and where.
             nodes: node or tensor names concerned.
             hint: how to fix it.
+            rule: the rule broken (target checks: the matrix fact).
+            source: where the rule comes from (document, section, version, address, date read).
 
         Raises:
             ValueError: ``code`` is not declared in ``codes`` (a bug in the check).
         """
         if code not in self.codes:
             raise ValueError(f"check '{self.name}' emitted undeclared code {code}")
-        return Finding(code=code, level=level, check=self.name, message=message, nodes=list(nodes), hint=hint)
+        return Finding(
+            code=code,
+            level=level,
+            check=self.name,
+            message=message,
+            nodes=list(nodes),
+            hint=hint,
+            rule=rule,
+            source=source,
+        )
 
 
 CHECK_REGISTRY: dict[str, type[Check]] = {}

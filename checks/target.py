@@ -1,27 +1,80 @@
-"""``target_opset``: the model's opsets and IR version are within what the target's matrix entry accepts.
+"""Target checks: the model against one target's compatibility matrix (``matrices/<target>.yaml``).
 
-Source: the target's data file in ``matrices/`` (each entry names its document, version and address).
-Operator-level support (ops and their constraints per target) comes with the full matrix checks.
+Three checks, each finding naming the node or tensor, the rule (the matrix fact) and its source (document,
+section, version, address, date read), and a hint naming the pass that fixes it where one does:
+
+- ``target_opset``: opset per domain and IR version within the target's ranges (``OD501``-``OD504``);
+- ``target_ops``: every node's op is supported at its schema version, with the entry's dtype, attribute and
+  rank constraints (``OD510``-``OD516``);
+- ``target_tensors``: dynamic dims where the target requires static shapes, zero-size tensors, size limits and
+  initializer dtypes the target does not take (``OD520``-``OD524``).
+
+:func:`predict_supported` answers "would the target take this model?" from the error findings of the three;
+the cross-check tests compare it with whether ONNX Runtime / OpenVINO really open the model.
 """
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import onnx
+from onnx import TensorProto
 
+from onnxdeploy.checks._graph import dtype_name, format_dims, infer, iter_graphs, node_ref, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
-from onnxdeploy.matrices import get_target
+from onnxdeploy.errors import ConfigError
+from onnxdeploy.matrices import Matrix, OpEntry, get_target, schema_version_of
 from onnxdeploy.report import Finding
 
-__all__ = ["TargetOpsetCheck"]
+__all__ = ["TARGET_CHECKS", "TargetOpsCheck", "TargetOpsetCheck", "TargetTensorsCheck", "fix_hint", "predict_supported"]
+
+TARGET_CHECKS = ("target_opset", "target_ops", "target_tensors")
+"""The checks a pipeline or ``onnxdeploy check`` runs whenever a target is set."""
+
+# Ops the exporters emit for the dynamic cache and its masks, and the pass that removes or replaces them.
+# Source: what each pass rewrites (passes/static_kv.py, passes/mask_rewrite.py module docstrings).
+_PASS_FIXES: dict[str, str] = {
+    "Trilu": "static_kv + mask_rewrite (the causal-mask construction becomes an O(max_cache_len) select)",
+    "Range": "static_kv (folds the shape arithmetic once every dim is static) + mask_rewrite (mask ranges)",
+    "Shape": "static_kv (the shape arithmetic folds away once every dim is static)",
+    "ConstantOfShape": "static_kv (folds to a constant once every dim is static)",
+    "Size": "static_kv (folds to a constant once every dim is static)",
+    "NonZero": "static_kv (shape arithmetic folds once every dim is static)",
+    "IsNaN": "mask_rewrite (removes the exporter's NaN guard on the attention probabilities)",
+    "IsInf": "mask_rewrite (the select mask never produces -inf)",
+    "Not": "mask_rewrite (replaces the exporter's boolean mask chain)",
+    "Or": "mask_rewrite (replaces the exporter's boolean mask chain)",
+    "And": "mask_rewrite (replaces the exporter's boolean mask chain)",
+    "CumSum": "static_kv (position arithmetic from cache_position) + mask_rewrite",
+    "MatMulNBits": "quantize_weights {format: qdq} (standard DequantizeLinear instead of the ORT contrib op)",
+}
+
+
+def fix_hint(op: str) -> str:
+    """The pass that removes ``op`` from a decoder export, or ``""`` when no onnxdeploy pass does."""
+    return _PASS_FIXES.get(op, "")
+
+
+def _domain(name: str) -> str:
+    return name or "ai.onnx"
+
+
+def _matrix(context: CheckContext) -> Matrix | None:
+    return get_target(context.target) if context.target else None
+
+
+def _opsets(model: onnx.ModelProto) -> dict[str, int]:
+    return {_domain(imp.domain): imp.version for imp in model.opset_import}
 
 
 @register_check
 class TargetOpsetCheck(Check):
     """Compare every imported opset domain and the IR version with the target's matrix entry.
 
-    - ``OD501`` error: a domain's opset is outside the target's ``opsets.<domain>`` range;
+    - ``OD501`` error: a domain's opset is outside the target's ``opsets.<domain>`` range (hint: ``pin_opset``);
     - ``OD502`` error: the model imports a domain the target does not list;
     - ``OD503`` error: the IR version is above the target's ``ir_version.max``;
     - ``OD504`` info: no target given, nothing checked.
@@ -38,39 +91,506 @@ class TargetOpsetCheck(Check):
 
     def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
         """Yield ``OD501``-``OD504`` findings (see the class docstring)."""
-        if not context.target:
+        matrix = _matrix(context)
+        if matrix is None:
             yield self.finding("OD504", "info", "no target given; opsets not checked against a matrix")
             return
-        entry = get_target(context.target)
-        sources = "; ".join(f"{s['doc']} ({s['version']})" for s in entry.get("sources", []))
-        ranges = entry.get("opsets", {})
-        for imp in model.opset_import:
-            domain = imp.domain or "ai.onnx"
-            if domain not in ranges:
+        target = matrix.target
+        for domain, version in _opsets(model).items():
+            rng = matrix.opsets.get(domain)
+            if rng is None:
+                sources = sorted({r.source for r in matrix.opsets.values()})
                 yield self.finding(
                     "OD502",
                     "error",
-                    f"opset domain '{domain}' (version {imp.version}) is not supported by target {context.target}",
+                    f"opset domain '{domain}' (version {version}) is not supported by target {target}",
                     nodes=[domain],
-                    hint=f"Remove or replace the {domain} ops; supported domains: {sorted(ranges)}. Source: {sources}",
+                    hint=f"Remove or replace the {domain} ops; {target} takes the domains {sorted(matrix.opsets)}.",
+                    rule=f"{target} supports the opset domains {sorted(matrix.opsets)}",
+                    source="; ".join(matrix.source_text(s) for s in sources),
                 )
                 continue
-            lo, hi = ranges[domain].get("min", 1), ranges[domain].get("max", imp.version)
-            if not lo <= imp.version <= hi:
+            if not rng.min <= version <= rng.max:
+                pinned = min(max(version, rng.min), rng.max)
                 yield self.finding(
                     "OD501",
                     "error",
-                    f"{domain} opset {imp.version} is outside {context.target}'s range {lo}..{hi}",
+                    f"{domain} opset {version} is outside {target}'s range {rng.min}..{rng.max}",
                     nodes=[domain],
-                    hint=f"Add `pin_opset: {{opset: {min(max(imp.version, lo), hi)}}}` to the passes. "
-                    f"Source: {sources}",
+                    hint=f"Add `pin_opset: {{opset: {pinned}}}` to the passes."
+                    if domain == "ai.onnx"
+                    else f"Re-export with {domain} opset within {rng.min}..{rng.max}.",
+                    rule=f"{domain} opset within {rng.min}..{rng.max}",
+                    source=matrix.source_text(rng.source),
                 )
-        ir_max = entry.get("ir_version", {}).get("max")
-        if ir_max is not None and model.ir_version > ir_max:
+        ir = matrix.ir_version
+        if ir is not None and not ir.min <= model.ir_version <= ir.max:
             yield self.finding(
                 "OD503",
                 "error",
-                f"IR version {model.ir_version} is above {context.target}'s maximum {ir_max}",
-                hint=f"Lower the opset (pin_opset) so the model can be saved with IR version <= {ir_max}. "
-                f"Source: {sources}",
+                f"IR version {model.ir_version} is outside {target}'s range {ir.min}..{ir.max}",
+                hint=f"Save the model with IR version <= {ir.max} (pin_opset to a lower opset lowers it too).",
+                rule=f"IR version within {ir.min}..{ir.max}",
+                source=matrix.source_text(ir.source),
             )
+
+
+@dataclass
+class _Types:
+    """Element types and shapes of every value of a graph and its subgraphs, after shape inference."""
+
+    elem: dict[str, int]
+    dims: dict[str, tuple[int | str | None, ...] | None]
+
+
+def _value_types(model: onnx.ModelProto) -> tuple[onnx.ModelProto, _Types]:
+    try:
+        inferred = infer(model)
+    except Exception:  # noqa: BLE001 - types then come from the declared values only
+        inferred = model
+    elem: dict[str, int] = {}
+    dims: dict[str, tuple[int | str | None, ...] | None] = {}
+    for graph, _ in iter_graphs(inferred.graph):
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            vt = value_type(value.type)
+            if vt.elem_type:
+                elem[value.name] = vt.elem_type
+                dims[value.name] = vt.dims
+        for tensor in graph.initializer:
+            elem[tensor.name] = tensor.data_type
+            dims[tensor.name] = tuple(tensor.dims)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                        elem[node.output[0]] = attr.t.data_type
+                        dims[node.output[0]] = tuple(attr.t.dims)
+    return inferred, _Types(elem, dims)
+
+
+def _formal_params(entry: OpEntry, node: onnx.NodeProto, opset: int) -> tuple[list[str], list[str]]:
+    """The type parameter of each formal input/output: from the entry, else from the op's ONNX schema."""
+    if entry.inputs is not None and entry.outputs is not None:
+        return entry.inputs, entry.outputs
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+    except onnx.defs.SchemaError:
+        return [], []
+    return [i.type_str for i in schema.inputs], [o.type_str for o in schema.outputs]
+
+
+def _bind(formal: list[str], actual: list[str]) -> Iterator[tuple[str, str]]:
+    """Pair each actual tensor name with its formal's type parameter (the last formal repeats: variadic)."""
+    for index, name in enumerate(actual):
+        if name and formal:
+            yield formal[min(index, len(formal) - 1)], name
+
+
+def _violations(entry: OpEntry, node: onnx.NodeProto, opset: int, types: _Types) -> list[tuple[str, str]]:
+    """``(code, reason)`` for each constraint of ``entry`` the node breaks (empty: the entry takes the node)."""
+    problems: list[tuple[str, str]] = []
+    if entry.types:
+        ins, outs = _formal_params(entry, node, opset)
+        for param, tensor in (*_bind(ins, list(node.input)), *_bind(outs, list(node.output))):
+            allowed = entry.types.get(param)
+            if allowed is None or tensor not in types.elem:
+                continue
+            dtype = dtype_name(types.elem[tensor])
+            if dtype not in allowed:
+                problems.append(("OD512", f"'{tensor}' ({param}) is {dtype}; {param} allows {', '.join(allowed)}"))
+    if entry.dtypes:
+        for tensor in (*node.input, *node.output):
+            if tensor and tensor in types.elem and dtype_name(types.elem[tensor]) not in entry.dtypes:
+                dtype = dtype_name(types.elem[tensor])
+                problems.append(("OD512", f"'{tensor}' is {dtype}; allowed: {', '.join(entry.dtypes)}"))
+    if entry.attributes:
+        for attr in node.attribute:
+            allowed_values = entry.attributes.get(attr.name)
+            if allowed_values is None:
+                continue
+            value = onnx.helper.get_attribute_value(attr)
+            value = value.decode() if isinstance(value, bytes) else value
+            if value not in allowed_values:
+                problems.append(("OD513", f"attribute {attr.name}={value!r}; allowed: {allowed_values}"))
+    if entry.max_rank is not None:
+        for tensor in (*node.input, *node.output):
+            shape = types.dims.get(tensor)
+            if tensor and shape is not None and len(shape) > entry.max_rank:
+                problems.append(("OD514", f"'{tensor}' has rank {len(shape)} > {entry.max_rank}"))
+    return problems
+
+
+def _pin_hint(matrix: Matrix, domain: str, op: str, opset: int) -> str:
+    """``pin_opset: {opset: N}`` for the nearest opset in the target's range where an entry covers ``op``."""
+    rng = matrix.opsets.get(domain)
+    if rng is None or domain != "ai.onnx":
+        return ""
+    for candidate in sorted(range(rng.min, rng.max + 1), key=lambda v: (abs(v - opset), -v)):
+        version = schema_version_of(domain, op, candidate)
+        if version is not None and matrix.ops_for(domain, op, version):
+            return f"`pin_opset: {{opset: {candidate}}}` ({op} is supported at schema version {version})"
+    return ""
+
+
+@register_check
+class TargetOpsCheck(Check):
+    """Every node's op is supported by the target at the op's schema version, within the entry's constraints.
+
+    The schema version is the ``since_version`` of the op's ONNX definition that the model's opset selects
+    (``onnx.defs.get_schema``), as ONNX Runtime registers kernels. One finding per node:
+
+    - ``OD510`` error: the op (at this schema version) is not in a complete operator list, or its domain is
+      not supported; the hint names the pass that removes the op, or the ``pin_opset`` that reaches a
+      supported version;
+    - ``OD511`` warning: the target's sourced list is partial and does not name the op (unknown, not no);
+    - ``OD512`` error: an input/output dtype outside the entry's type constraint (e.g. ``Add`` on uint16
+      at opset 13 on ORT CPU);
+    - ``OD513`` error: an attribute value the entry does not accept;
+    - ``OD514`` error: a tensor rank above the entry's ``max_rank``;
+    - ``OD515`` warning: the op is accepted but has no accelerator lowering (runs on the host CPU);
+    - ``OD516`` info: per op type, constraints stated in words by the source, with the nodes they concern.
+    """
+
+    name = "target_ops"
+    description = "Each node's op, schema version, dtypes, attributes and rank against the target's operator list."
+    codes = {
+        "OD510": "error: an op the target does not support (at this schema version).",
+        "OD511": "warning: an op the target's partial list does not name (support unknown).",
+        "OD512": "error: a dtype outside the target's type constraint for the op.",
+        "OD513": "error: an attribute value the target does not accept for the op.",
+        "OD514": "error: a tensor rank above the target's limit for the op.",
+        "OD515": "warning: the op runs on the host CPU (no accelerator lowering).",
+        "OD516": "info: constraints stated in words for an op (not machine-checked).",
+    }
+
+    def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
+        """Yield ``OD510``-``OD516`` findings (see the class docstring); nothing without a target."""
+        matrix = _matrix(context)
+        if matrix is None:
+            return
+        opsets = _opsets(model)
+        _, types = _value_types(model)
+        worded: dict[tuple[str, str], list[str]] = defaultdict(list)
+        worded_entry: dict[tuple[str, str], OpEntry] = {}
+        for graph, scope in iter_graphs(model.graph):
+            for index, node in enumerate(graph.node):
+                ref = f"{scope}{node_ref(node, index)}"
+                finding, entry = self._node(matrix, node, ref, opsets, types)
+                if finding is not None:
+                    yield finding
+                if entry is not None and entry.constraints:
+                    worded[(node.op_type, entry.source)].append(ref)
+                    worded_entry[(node.op_type, entry.source)] = entry
+        for (op, source), refs in worded.items():
+            entry = worded_entry[(op, source)]
+            listed = ", ".join(refs[:10]) + (f", … ({len(refs) - 10} more)" if len(refs) > 10 else "")
+            yield self.finding(
+                "OD516",
+                "info",
+                f"{len(refs)} {op} node(s) must meet constraints {matrix.target} states in words: "
+                f"{'; '.join(entry.constraints)} ({listed})",
+                nodes=refs,
+                rule=f"{op}: {'; '.join(entry.constraints)}",
+                source=matrix.source_text(source),
+            )
+
+    def _node(
+        self, matrix: Matrix, node: onnx.NodeProto, ref: str, opsets: dict[str, int], types: _Types
+    ) -> tuple[Finding | None, OpEntry | None]:
+        domain = _domain(node.domain)
+        target = matrix.target
+        opset = opsets.get(domain)
+        label = f"node {ref} ({domain}::{node.op_type})" if domain != "ai.onnx" else f"node {ref} ({node.op_type})"
+        rng = matrix.opsets.get(domain)
+        if rng is None or opset is None:
+            rule = f"{target} supports the op domains {sorted(matrix.opsets)}"
+            sources = sorted({r.source for r in matrix.opsets.values()})
+            hint = fix_hint(node.op_type) or f"Replace the {domain} op with standard ONNX ops."
+            finding = self.finding(
+                "OD510",
+                "error",
+                f"{label}: domain {domain} is not supported by {target}",
+                nodes=[ref],
+                hint=hint,
+                rule=rule,
+                source="; ".join(matrix.source_text(s) for s in sources),
+            )
+            return finding, None
+        version = schema_version_of(domain, node.op_type, opset)
+        if version is None and domain == "ai.onnx":
+            version = opset  # an op onnx does not know at this opset: the checker reports it; match by opset
+        entries = matrix.ops_for(domain, node.op_type, version if version is not None else opset)
+        if not entries:
+            return self._missing(matrix, node, ref, label, domain, opset, version), None
+        best: list[tuple[str, str]] | None = None
+        for entry in entries:
+            problems = _violations(entry, node, opset, types)
+            if not problems:
+                if entry.placement == "cpu_fallback":
+                    return (
+                        self.finding(
+                            "OD515",
+                            "warning",
+                            f"{label} has no accelerator lowering on {target}: it runs on the host CPU",
+                            nodes=[ref],
+                            hint=fix_hint(node.op_type),
+                            rule=f"{node.op_type}: placement cpu_fallback",
+                            source=matrix.source_text(entry.source),
+                        ),
+                        entry,
+                    )
+                return None, entry
+            if best is None or len(problems) < len(best):
+                best, chosen = problems, entry
+        assert best is not None
+        code = best[0][0]
+        span = f"{chosen.since}..{chosen.until or '∞'}"
+        return (
+            self.finding(
+                code,
+                "error",
+                f"{label} at schema version {version}: " + "; ".join(reason for _, reason in best),
+                nodes=[ref],
+                hint=fix_hint(node.op_type) or "Insert Casts to a supported dtype, or change the exporter's dtype.",
+                rule=f"{node.op_type} (schema versions {span}) constraints: "
+                + ", ".join(f"{p}: {'|'.join(v)}" for p, v in (chosen.types or {}).items())
+                + (f" dtypes {chosen.dtypes}" if chosen.dtypes else "")
+                + (f" attributes {chosen.attributes}" if chosen.attributes else "")
+                + (f" max_rank {chosen.max_rank}" if chosen.max_rank is not None else ""),
+                source=matrix.source_text(chosen.source),
+            ),
+            None,
+        )
+
+    def _missing(
+        self, matrix: Matrix, node: onnx.NodeProto, ref: str, label: str, domain: str, opset: int, version: int | None
+    ) -> Finding:
+        target = matrix.target
+        at = f" at schema version {version} ({domain} opset {opset})" if version is not None else ""
+        others = matrix.ops_for(domain, node.op_type)
+        hints = [h for h in (fix_hint(node.op_type), _pin_hint(matrix, domain, node.op_type, opset)) if h]
+        sources = sorted({e.source for e in others} or {e.source for e in matrix.ops if e.domain == domain})
+        if others:
+            spans = ", ".join(f"{e.since}..{e.until or '∞'}" for e in others)
+            rule = f"{node.op_type} supported for schema versions {spans}"
+        else:
+            rule = f"{node.op_type} is not in {target}'s operator list"
+        if matrix.ops_complete or others:
+            return self.finding(
+                "OD510",
+                "error",
+                f"{label} is not supported by {target}{at}",
+                nodes=[ref],
+                hint=" or ".join(hints) or f"No onnxdeploy pass removes {node.op_type}; replace it in the export.",
+                rule=rule,
+                source="; ".join(matrix.source_text(s) for s in sources),
+            )
+        return self.finding(
+            "OD511",
+            "warning",
+            f"{label}: {target}'s sourced operator list is partial and does not name {node.op_type}{at}",
+            nodes=[ref],
+            hint=" or ".join(hints) or "Compile on the device to know; see the matrix file's gaps.",
+            rule=f"{node.op_type} not in the sourced (partial) list",
+            source="; ".join(matrix.source_text(s) for s in sources),
+        )
+
+
+_QUANT_DTYPES: dict[int, str] = {
+    TensorProto.INT4: "int4",
+    TensorProto.UINT4: "uint4",
+    TensorProto.INT8: "int8",
+    TensorProto.UINT8: "uint8",
+    TensorProto.FLOAT16: "fp16",
+    TensorProto.BFLOAT16: "bf16",
+}
+
+
+def _nbytes(elem_type: int, dims: tuple[int, ...]) -> int:
+    bits = {TensorProto.INT4: 4, TensorProto.UINT4: 4}.get(elem_type)
+    if bits is None:
+        try:
+            bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
+        except (KeyError, ValueError, TypeError):
+            bits = 8
+    return math.ceil(math.prod(dims) * bits / 8)
+
+
+@register_check
+class TargetTensorsCheck(Check):
+    """Tensors against the target's shape, size and dtype facts.
+
+    - ``OD520`` error (warning when the target only prefers static shapes): a graph input/output with a
+      dynamic dim where the target requires static shapes (one finding per tensor, naming each axis);
+    - ``OD521`` error: on a compiler target or one that requires static shapes, a zero-size tensor (a dim of
+      0) after shape inference or in an initializer; compilers reject them (phi-3's partial-rotary Slice leaves
+      such tensors in a static graph); runtimes such as ONNX Runtime run them;
+    - ``OD522`` error: a tensor above the target's ``max_tensor_bytes``/``max_operand_bytes`` or a dim above
+      ``max_dim``;
+    - ``OD523`` error / warning: initializers in a dtype (int4, int8, fp16, bf16, …) the target does not
+      support / supports only partly;
+    - ``OD524`` warning: the target requires static shapes and intermediate tensors still have dynamic dims
+      (one summary finding).
+    """
+
+    name = "target_tensors"
+    description = "Dynamic dims, zero-size tensors, size limits and initializer dtypes against the target."
+    codes = {
+        "OD520": "error: a graph input/output has a dynamic dim; the target requires static shapes.",
+        "OD521": "error: a zero-size tensor (a dim of 0).",
+        "OD522": "error: a tensor or dim above the target's size limit.",
+        "OD523": "error/warning: initializers in a dtype the target does not (fully) support.",
+        "OD524": "warning: intermediate tensors with dynamic dims on a target that requires static shapes.",
+    }
+
+    def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
+        """Yield ``OD520``-``OD524`` findings (see the class docstring); nothing without a target."""
+        matrix = _matrix(context)
+        if matrix is None:
+            return
+        inferred, types = _value_types(model)
+        yield from self._dynamic(matrix, inferred)
+        if matrix.kind == "compiler" or matrix.static_shapes == "required":
+            yield from self._zero_size(inferred, types)
+        yield from self._limits(matrix, types)
+        yield from self._dtypes(matrix, model)
+
+    def _dynamic(self, matrix: Matrix, model: onnx.ModelProto) -> Iterator[Finding]:
+        if matrix.static_shapes not in ("required", "preferred"):
+            return
+        level = "error" if matrix.static_shapes == "required" else "warning"
+        source = matrix.source_text(matrix.static_shapes_source or "")
+        io_names = set()
+        for kind, values in (("graph input", model.graph.input), ("graph output", model.graph.output)):
+            for value in values:
+                io_names.add(value.name)
+                vt = value_type(value.type)
+                if vt.kind != "tensor" or vt.is_static:
+                    continue
+                dynamic = (
+                    ["rank unknown"]
+                    if vt.dims is None
+                    else [
+                        f"axis {axis} is '{d}'" if isinstance(d, str) else f"axis {axis} is unknown"
+                        for axis, d in enumerate(vt.dims)
+                        if not isinstance(d, int) or d < 0
+                    ]
+                )
+                yield self.finding(
+                    "OD520",
+                    level,
+                    f"{kind} '{value.name}' has a dynamic shape {format_dims(vt.dims)}: {', '.join(dynamic)}",
+                    nodes=[value.name],
+                    hint="static_kv {batch, step_len, max_cache_len} fixes every decoder input/output dim.",
+                    rule=f"{matrix.target}: static shapes {matrix.static_shapes}",
+                    source=source,
+                )
+        inner = [
+            v.name
+            for graph, _ in iter_graphs(model.graph)
+            for v in graph.value_info
+            if v.name not in io_names and value_type(v.type).kind == "tensor" and not value_type(v.type).is_static
+        ]
+        if inner:
+            listed = ", ".join(inner[:10]) + (f", … ({len(inner) - 10} more)" if len(inner) > 10 else "")
+            yield self.finding(
+                "OD524",
+                "warning",
+                f"{len(inner)} intermediate tensor(s) have dynamic dims after shape inference ({listed})",
+                nodes=inner,
+                hint="static_kv fixes the inputs and folds the shape arithmetic (onnxsim), after which these resolve.",
+                rule=f"{matrix.target}: static shapes {matrix.static_shapes}",
+                source=source,
+            )
+
+    def _zero_size(self, model: onnx.ModelProto, types: _Types) -> Iterator[Finding]:
+        for name, dims in types.dims.items():
+            if dims and any(isinstance(d, int) and d == 0 for d in dims):
+                yield self.finding(
+                    "OD521",
+                    "error",
+                    f"tensor '{name}' has zero size {format_dims(dims)}",
+                    nodes=[name],
+                    hint="Remove the empty branch (e.g. a partial-rotary Slice of width 0 and its Concat) and refold; "
+                    "no onnxdeploy pass does this yet.",
+                    rule="no tensor has a dim of 0",
+                    source="onnxdeploy issue 8 (device compilers reject zero-size tensors); no target document read states it",
+                )
+
+    def _limits(self, matrix: Matrix, types: _Types) -> Iterator[Finding]:
+        for limit in matrix.limits:
+            if limit.name in ("max_tensor_bytes", "max_operand_bytes") and limit.unit == "bytes":
+                for name, dims in types.dims.items():
+                    if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+                        continue
+                    size = _nbytes(types.elem.get(name, TensorProto.FLOAT), tuple(dims))  # type: ignore[arg-type]
+                    if size > limit.value:
+                        yield self._limit(matrix, limit, name, f"{size} bytes")
+            elif limit.name == "max_dim":
+                for name, dims in types.dims.items():
+                    if dims and any(isinstance(d, int) and d > limit.value for d in dims):
+                        yield self._limit(matrix, limit, name, f"dims {format_dims(dims)}")
+
+    def _limit(self, matrix: Matrix, limit, name: str, what: str) -> Finding:
+        return self.finding(
+            "OD522",
+            "error",
+            f"tensor '{name}' ({what}) is above {matrix.target}'s {limit.name} {limit.value} {limit.unit}"
+            + (f" ({limit.applies_to})" if limit.applies_to else ""),
+            nodes=[name],
+            hint="Lower max_cache_len / step_len in static_kv, or split the tensor."
+            + (f" {limit.note}" if limit.note else ""),
+            rule=f"{limit.name} <= {limit.value} {limit.unit}",
+            source=matrix.source_text(limit.source),
+        )
+
+    def _dtypes(self, matrix: Matrix, model: onnx.ModelProto) -> Iterator[Finding]:
+        found: dict[str, list[str]] = defaultdict(list)
+        for graph, _ in iter_graphs(model.graph):
+            for tensor in graph.initializer:
+                name = _QUANT_DTYPES.get(tensor.data_type)
+                if name is not None:
+                    found[name].append(tensor.name)
+        for dtype, names in found.items():
+            support = matrix.dtypes.get(dtype)  # type: ignore[call-overload]
+            if support is None or support.supported is True:
+                continue
+            listed = ", ".join(names[:5]) + (f", … ({len(names) - 5} more)" if len(names) > 5 else "")
+            partial = support.supported == "partial"
+            yield self.finding(
+                "OD523",
+                "warning" if partial else "error",
+                f"{len(names)} {dtype} initializer(s) ({listed}); {matrix.target} supports {dtype} "
+                + ("only partly" if partial else "not at all")
+                + (f": {support.note}" if support.note else ""),
+                nodes=names,
+                hint="quantize_weights {bits, format} chooses the weight dtype and format; "
+                "pick one the target lists as supported.",
+                rule=f"{dtype}: supported={support.supported}",
+                source=matrix.source_text(support.source),
+            )
+
+
+def predict_supported(model: onnx.ModelProto, target: str) -> tuple[bool, list[Finding]]:
+    """Predict from the matrix alone whether ``target`` takes ``model``.
+
+    Args:
+        model: the model (a header without weights is enough).
+        target: a target id of ``matrices/``.
+
+    Returns:
+        ``(accepted, errors)``: accepted when the target checks give no error finding; the errors otherwise.
+
+    Raises:
+        ConfigError: unknown target.
+    """
+    if not target:
+        raise ConfigError("predict_supported needs a target")
+    context = CheckContext(target=target)
+    errors = [
+        f
+        for cls in (TargetOpsetCheck, TargetOpsCheck, TargetTensorsCheck)
+        for f in cls().run(model, context)
+        if f.level == "error" and f.code not in ("OD520", "OD521")
+    ]
+    return not errors, errors

@@ -34,7 +34,11 @@ class TopoOrderCheck(Check):
     - each tensor has one producer: no two nodes write the same output, no node overwrites a graph
       input or initializer, no duplicate graph inputs or initializers (``OD303``);
     - nodes have names (``OD304``, warning) and the names are unique (``OD305``, warning): device
-      SDKs, profilers and our own findings refer to nodes by name.
+      SDKs, profilers and our own findings refer to nodes by name;
+    - in the main graph, no graph output is listed twice (``OD306``) or is also a graph input (``OD307``):
+      the ONNX checker accepts both, but a host binding outputs by name, IOBinding and device compilers
+      (which give each output its own buffer) do not; no graph input, output or initializer has an empty
+      name (``OD308``; ``""`` means "omitted optional input" in ONNX).
     """
 
     name = "topo_order"
@@ -45,6 +49,9 @@ class TopoOrderCheck(Check):
         "OD303": "error: a tensor has more than one producer (not in SSA form).",
         "OD304": "warning: nodes without a name.",
         "OD305": "warning: several nodes share one name.",
+        "OD306": "error: a graph output is listed more than once.",
+        "OD307": "error: a graph output is also a graph input (a pass-through).",
+        "OD308": "error: a graph input, output or initializer has an empty name.",
     }
 
     max_reported: int = 20
@@ -55,6 +62,7 @@ class TopoOrderCheck(Check):
         unnamed: list[str] = []
         names: defaultdict[str, int] = defaultdict(int)
         yield from self._graph(model.graph, (), "", unnamed, names)
+        yield from self._io_names(model.graph)
         if unnamed:
             listed = ", ".join(unnamed[: self.max_reported])
             more = f" and {len(unnamed) - self.max_reported} more" if len(unnamed) > self.max_reported else ""
@@ -74,6 +82,38 @@ class TopoOrderCheck(Check):
                     f"node name '{name}' is used by {count} nodes",
                     nodes=[name],
                     hint="Make node names unique (append the node index).",
+                )
+
+    def _io_names(self, graph: onnx.GraphProto) -> Iterator[Finding]:
+        outputs = Counter(v.name for v in graph.output)
+        inputs = {v.name for v in graph.input}
+        for name, count in outputs.items():
+            if count > 1:
+                yield self.finding(
+                    "OD306",
+                    "error",
+                    f"graph output '{name}' is listed {count} times",
+                    nodes=[name],
+                    hint="Keep one entry; where two outputs must carry one tensor, add an Identity for the second.",
+                )
+            if name in inputs:
+                yield self.finding(
+                    "OD307",
+                    "error",
+                    f"graph output '{name}' is also a graph input (the graph passes it through unchanged)",
+                    nodes=[name],
+                    hint="Drop the output (the host already has the tensor), or route it through an Identity with a "
+                    "new name.",
+                )
+        kinds = (("graph input", graph.input), ("graph output", graph.output), ("initializer", graph.initializer))
+        for kind, values in kinds:
+            empty = sum(1 for v in values if not v.name)
+            if empty:
+                yield self.finding(
+                    "OD308",
+                    "error",
+                    f"{empty} {kind}(s) have an empty name",
+                    hint="Name every graph input, output and initializer; '' means an omitted optional input.",
                 )
 
     def _graph(

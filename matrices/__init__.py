@@ -121,7 +121,9 @@ def _answer(matrix: Matrix, op: str, domain: str, opset: int | None) -> LookupAn
     )
 
 
-def lookup(op: str, *, opset: int | None = None, target: str | None = None, domain: str = "ai.onnx") -> list[LookupAnswer]:
+def lookup(
+    op: str, *, opset: int | None = None, target: str | None = None, domain: str = "ai.onnx"
+) -> list[LookupAnswer]:
     """Answer, per target, whether it takes ``domain::op`` at ``opset`` (any version when None).
 
     Args:

@@ -50,11 +50,15 @@ def _tensor_type(type_str: str) -> str:
     return type_str[len("tensor(") : -1] if type_str.startswith("tensor(") and type_str.endswith(")") else type_str
 
 
-def _session_opens(opset: int, ir_version: int) -> bool:
-    """Whether ORT opens a one-Identity model at ``ai.onnx`` ``opset`` and IR ``ir_version``."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+def _session_opens(opset: int, ir_version: int, *, constant: bool = False) -> bool:
+    """Whether ORT opens a one-node model (Identity, or Constant) at ``ai.onnx`` ``opset`` and IR ``ir_version``."""
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+    if constant:
+        value = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+        graph = helper.make_graph([helper.make_node("Constant", [], ["y"], value=value)], "probe", [], [y])
+    else:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = ir_version
     options = ort.SessionOptions()
@@ -143,7 +147,9 @@ def _function_entries(kernels: list[dict], max_opset: int) -> list[dict]:
         version = schema.since_version
         if any(lo <= version <= hi for lo, hi in covered[schema.name]):
             continue
-        types = {tc.type_param_str: sorted(_tensor_type(t) for t in tc.allowed_type_strs) for tc in schema.type_constraints}
+        types = {
+            tc.type_param_str: sorted(_tensor_type(t) for t in tc.allowed_type_strs) for tc in schema.type_constraints
+        }
         entry = {"op": schema.name, "domain": "ai.onnx", "since": version, "until": version, "via": "function"}
         if types:
             entry["types"] = types
@@ -151,6 +157,24 @@ def _function_entries(kernels: list[dict], max_opset: int) -> list[dict]:
         entry["outputs"] = [o.type_str for o in schema.outputs]
         entry["source"] = "onnx-functions"
         entries.append(entry)
+    return entries
+
+
+def _graph_entries(max_opset: int) -> list[dict]:
+    """Constant entries: ORT has no Constant kernel; its graph loader turns the node into an initializer.
+
+    One entry per Constant schema version within ORT's opset range that a session opens (probed).
+    """
+    entries = []
+    versions = sorted(
+        {onnx.defs.get_schema("Constant", opset).since_version for opset in range(_OPSET_MIN, max_opset + 1)}
+    )
+    for version in versions:
+        if _session_opens(max(version, _OPSET_MIN), 8, constant=True):
+            entries.append(
+                {"op": "Constant", "domain": "ai.onnx", "since": version, "until": version, "via": "graph"}
+                | {"source": "ort-probe"}
+            )
     return entries
 
 
@@ -196,7 +220,7 @@ def build_matrix(today: datetime.date | None = None) -> dict:
         },
         "limits": [],
         "ops_complete": True,
-        "ops": kernels + functions,
+        "ops": kernels + functions + _graph_entries(max_opsets["ai.onnx"]),
         "sources": {
             "ort-registry": {
                 "doc": "ONNX Runtime kernel and schema registries of the installed wheel",
@@ -207,7 +231,8 @@ def build_matrix(today: datetime.date | None = None) -> dict:
             },
             "ort-probe": {
                 "doc": "Session-creation probe of the installed wheel",
-                "section": "one Identity node at ai.onnx 18, IR versions from 8 upward until ORT refuses",
+                "section": "one Identity node at ai.onnx 18, IR versions from 8 upward until ORT refuses; one "
+                "Constant node per Constant schema version",
                 "version": f"onnxruntime {version}",
                 "address": "onnxdeploy.matrices.generate_ort_cpu.probe_max_ir_version",
                 "read": today.isoformat(),
@@ -248,7 +273,9 @@ def _dump(data: dict) -> str:
     text = yaml.dump(head, Dumper=_FlowDumper, sort_keys=False, width=120, allow_unicode=True)
     lines = ["ops:"]
     for entry in data["ops"]:
-        lines.append("  - " + yaml.dump(entry, Dumper=_FlowDumper, default_flow_style=True, width=10**6, sort_keys=False).strip())
+        lines.append(
+            "  - " + yaml.dump(entry, Dumper=_FlowDumper, default_flow_style=True, width=10**6, sort_keys=False).strip()
+        )
     return text + "\n".join(lines) + "\n"
 
 

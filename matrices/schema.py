@@ -111,10 +111,11 @@ class OpEntry(_Strict):
     domain: str = Field("ai.onnx", description="Operator domain ('ai.onnx' for the default domain).")
     since: int = Field(1, ge=1, description="Lowest op schema version covered.")
     until: int | None = Field(None, ge=1, description="Highest op schema version covered; null: no upper bound.")
-    via: Literal["kernel", "function", "converter", "listed"] = Field(
+    via: Literal["kernel", "function", "graph", "converter", "listed"] = Field(
         "listed",
-        description="kernel: a registered kernel; function: expanded from the ONNX function body; converter: "
-        "the SDK's ONNX importer maps it; listed: named by a support table.",
+        description="kernel: a registered kernel; function: expanded from the ONNX function body; graph: handled "
+        "by the runtime's graph loader (ORT turns Constant nodes into initializers); converter: the SDK's ONNX "
+        "importer maps it; listed: named by a support table.",
     )
     types: dict[str, list[str]] | None = Field(
         None, description="Type parameter -> allowed ONNX element types ('float', 'int64', ...)."

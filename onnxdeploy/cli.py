@@ -333,6 +333,196 @@ def verify_cmd(
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAILED)
 
 
+matrix_app = typer.Typer(
+    help="Compatibility matrices: list targets, show one, look up an op across targets.", no_args_is_help=True
+)
+app.add_typer(matrix_app, name="matrix")
+
+
+@matrix_app.command("list")
+def matrix_list(*, as_json: JsonOpt = False) -> None:
+    """List every target with its kind, version, ai.onnx opset range, IR range and op count."""
+    from onnxdeploy.matrices import get_target, list_targets
+
+    out, err = _consoles(as_json)
+    try:
+        matrices = [get_target(t) for t in list_targets()]
+    except OnnxDeployError as exc:
+        raise _fail(err, exc, as_json=as_json) from None
+    rows = []
+    for m in matrices:
+        ai = m.opsets.get("ai.onnx")
+        rows.append(
+            {
+                "target": m.target,
+                "name": m.name,
+                "kind": m.kind,
+                "product_version": m.product_version,
+                "ai_onnx_opset": [ai.min, ai.max] if ai else None,
+                "ir_version": [m.ir_version.min, m.ir_version.max] if m.ir_version else None,
+                "static_shapes": m.static_shapes,
+                "ops": len(m.ops),
+                "ops_complete": m.ops_complete,
+                "gaps": len(m.gaps),
+            }
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        raise typer.Exit(EXIT_OK)
+    table = Table(title="targets (matrices/)")
+    for col in ("target", "kind", "version", "ai.onnx", "IR", "static", "ops", "gaps"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        opset, ir = r["ai_onnx_opset"], r["ir_version"]
+        table.add_row(
+            r["target"],
+            r["kind"],
+            escape(r["product_version"]),
+            f"{opset[0]}..{opset[1]}" if opset else "?",
+            f"{ir[0]}..{ir[1]}" if ir else "?",
+            r["static_shapes"] or "?",
+            f"{r['ops']}" + ("" if r["ops_complete"] else " (partial)"),
+            str(r["gaps"]),
+        )
+    out.print(table)
+    raise typer.Exit(EXIT_OK)
+
+
+@matrix_app.command("show")
+def matrix_show(
+    target: Annotated[str, typer.Argument(help="A target id (see `onnxdeploy matrix list`).")],
+    *,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one target's matrix: ranges, dtypes, limits, sources, gaps; with --json, the whole file."""
+    from onnxdeploy.matrices import get_target
+
+    out, err = _consoles(as_json)
+    try:
+        m = get_target(target)
+    except OnnxDeployError as exc:
+        raise _fail(err, exc, as_json=as_json) from None
+    if as_json:
+        sys.stdout.write(m.model_dump_json(indent=2) + "\n")
+        raise typer.Exit(EXIT_OK)
+    out.print(f"[bold]{m.target}[/]: {escape(m.name)} ({m.kind}; {escape(m.product_version)})")
+    out.print(escape(m.description), soft_wrap=True)
+    ir = f"{m.ir_version.min}..{m.ir_version.max} [{m.ir_version.source}]" if m.ir_version else "unsourced"
+    out.print(f"IR version: {ir}; static shapes: {m.static_shapes or 'unsourced'}")
+    out.print("opsets: " + ", ".join(f"{d} {r.min}..{r.max} [{r.source}]" for d, r in m.opsets.items()))
+    for name, d in m.dtypes.items():
+        out.print(f"dtype {name}: {d.supported} [{d.source}] {escape(d.note)}", soft_wrap=True)
+    for lim in m.limits:
+        out.print(f"limit {lim.name} <= {lim.value} {lim.unit} {escape(lim.applies_to)} [{lim.source}]")
+    ops = sorted({f"{e.op}" if e.domain == "ai.onnx" else f"{e.domain}::{e.op}" for e in m.ops})
+    out.print(f"ops ({len(ops)}{'' if m.ops_complete else ', partial list'}): " + ", ".join(ops), soft_wrap=True)
+    for sid, s in m.sources.items():
+        out.print(f"[{sid}] {escape(s.doc)}, {escape(s.section)} ({escape(s.version)}; {s.address}; read {s.read})")
+    for gap in m.gaps:
+        out.print(f"[yellow]gap:[/] {escape(gap)}", soft_wrap=True)
+    raise typer.Exit(EXIT_OK)
+
+
+@matrix_app.command("lookup")
+def matrix_lookup(
+    op: Annotated[str, typer.Argument(help="Operator type, e.g. Attention.")],
+    *,
+    opset: Annotated[int | None, typer.Option("--opset", min=1, help="The model's opset for the op's domain.")] = None,
+    target: Annotated[str | None, typer.Option("--target", "-t", help="One target; default: all.")] = None,
+    domain: Annotated[str, typer.Option("--domain", help="Operator domain.")] = "ai.onnx",
+    as_json: JsonOpt = False,
+) -> None:
+    """Which targets take OP (at --opset), under which constraints; and each target's highest opset."""
+    from onnxdeploy.matrices import get_target, lookup
+
+    out, err = _consoles(as_json)
+    try:
+        answers = lookup(op, opset=opset, target=target, domain=domain)
+    except OnnxDeployError as exc:
+        raise _fail(err, exc, as_json=as_json) from None
+    rows = []
+    for a in answers:
+        m = get_target(a.target)
+        rows.append(
+            {
+                "target": a.target,
+                "verdict": a.verdict,
+                "reason": a.reason,
+                "max_opset": a.max_opset,
+                "entries": [e.model_dump(exclude_none=True) for e in a.entries],
+                "sources": {e.source: m.source_text(e.source) for e in a.entries},
+            }
+        )
+    if as_json:
+        sys.stdout.write(json.dumps({"op": op, "domain": domain, "opset": opset, "answers": rows}, indent=2) + "\n")
+        raise typer.Exit(EXIT_OK)
+    table = Table(title=f"{domain}::{op}" + (f" at opset {opset}" if opset else ""))
+    for col in ("target", "takes it", "why", "constraints", "max opset"):
+        table.add_column(col, overflow="fold")
+    colours = {"yes": "green", "no": "red", "unknown": "yellow"}
+    for r in rows:
+        cons = []
+        for e in r["entries"]:
+            parts = [f"{k}: {'|'.join(v)}" for k, v in (e.get("types") or {}).items()]
+            parts += e.get("constraints", [])
+            if e.get("placement") == "cpu_fallback":
+                parts.append("runs on CPU")
+            cons.append(f"v{e['since']}..{e.get('until', '∞')}: " + ("; ".join(parts) or "none stated"))
+        table.add_row(
+            r["target"],
+            f"[{colours[r['verdict']]}]{r['verdict']}[/]",
+            escape(r["reason"]),
+            escape("\n".join(cons)),
+            str(r["max_opset"] or "?"),
+        )
+    out.print(table)
+    raise typer.Exit(EXIT_OK)
+
+
+@app.command("check")
+def check_cmd(
+    model: Annotated[Path, typer.Argument(help="An ONNX model file.")],
+    *,
+    target: Annotated[str | None, typer.Option("--target", "-t", help="A target id of matrices/.")] = None,
+    checks: Annotated[
+        str | None, typer.Option("--checks", help="Comma-separated check names instead of the defaults.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the checks on a model (against --target's matrix): findings with node, rule, source and fixing pass.
+
+    Exit 0 when no finding is an error, 1 otherwise, 2 for bad input.
+    """
+    from onnxdeploy.model_check import check_model_file
+
+    out, err = _consoles(as_json)
+    names = [c.strip() for c in checks.split(",") if c.strip()] if checks is not None else None
+    try:
+        report = check_model_file(model, target=target, checks=names)
+    except OnnxDeployError as exc:
+        raise _fail(err, exc, as_json=as_json) from None
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        out.print(f"checks run: {', '.join(report.checks_run)}" + (f"; target {target}" if target else ""))
+        for f in report.findings:
+            colour = {"error": "red", "warning": "yellow", "info": "dim"}[f.level]
+            out.print(f"[{colour}]{f.code} {f.level}[/] {escape(f.message)}", soft_wrap=True)
+            if f.rule:
+                out.print(f"    rule: {escape(f.rule)}", soft_wrap=True)
+            if f.source:
+                out.print(f"    source: {escape(f.source)}", soft_wrap=True)
+            if f.hint:
+                out.print(f"    fix: {escape(f.hint)}", soft_wrap=True)
+        s = report.summary
+        colour = "green" if report.status == "passed" else "red"
+        out.print(
+            f"[bold {colour}]{report.status.upper()}[/]: {s['error']} error(s), {s['warning']} warning(s), "
+            f"{s['info']} info"
+        )
+    raise typer.Exit(EXIT_OK if report.status == "passed" else EXIT_FAILED)
+
+
 @app.callback(invoke_without_command=True)
 def _root(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,

@@ -15,9 +15,19 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.passes import Pass, PipelineSettings, get_pass
 
-__all__ = ["VerifyConfig", "PassSpec", "PipelineConfig", "load_pipeline", "format_validation_error"]
+__all__ = ["VerifyConfig", "PassSpec", "PipelineConfig", "default_checks", "load_pipeline", "format_validation_error"]
 
 DEFAULT_CHECKS = ["checker", "static_shapes", "topo_order", "contract"]
+"""Default checks of a run whose output carries a decode contract (a static decoder)."""
+DEFAULT_CHECKS_NO_CONTRACT = ["checker", "topo_order"]
+"""Default checks of a run whose output has no contract (e.g. a checks-only pipeline on an export): the
+decoder-only checks (static shapes, contract) would fail on every dynamic tensor of a model nobody asked to
+make static. A target adds its own checks either way (``target_opset``, ``target_ops``, ``target_tensors``)."""
+
+
+def default_checks(has_contract: bool) -> list[str]:
+    """The checks a run makes when the pipeline has no ``checks`` key: with or without a decode contract."""
+    return list(DEFAULT_CHECKS if has_contract else DEFAULT_CHECKS_NO_CONTRACT)
 
 
 class VerifyConfig(BaseModel):
@@ -76,7 +86,11 @@ class PipelineConfig(BaseModel):
     output_name: str = Field("model.onnx", description="File name of the transformed model.")
     target: str | None = Field(None, description="Target id of matrices/ (e.g. ort-cpu); optional.")
     passes: list[PassSpec] = Field(default_factory=list, description="Passes in order: '- name: {config}'.")
-    checks: list[str] = Field(default_factory=lambda: list(DEFAULT_CHECKS), description="Checks to run.")
+    checks: list[str] | None = Field(
+        None,
+        description="Checks to run; default: checker, static_shapes, topo_order, contract when the output carries a "
+        "decode contract, else checker, topo_order (plus the target checks whenever target is set).",
+    )
     check_after_each_pass: StrictBool = Field(False, description="Run the ONNX checker after every pass.")
     verify: VerifyConfig | None = Field(
         default_factory=VerifyConfig, description="Runner settings; null skips verification."
@@ -230,7 +244,7 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
         raise ConfigError(f"{p}: key 'model': not a file: {model}")
     from onnxdeploy.checks import get_check  # noqa: PLC0415  (checks import config-free modules only)
 
-    for i, name in enumerate(cfg.checks):
+    for i, name in enumerate(cfg.checks or []):
         try:
             get_check(name)
         except ConfigError as exc:

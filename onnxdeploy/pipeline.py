@@ -24,7 +24,8 @@ import onnxsim
 
 from onnxdeploy import __version__
 from onnxdeploy.checks import CheckContext, get_check
-from onnxdeploy.config import PipelineConfig
+from onnxdeploy.checks.target import TARGET_CHECKS
+from onnxdeploy.config import PipelineConfig, default_checks
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, ContractError, OutputError
 from onnxdeploy.model_io import (
@@ -193,7 +194,7 @@ def _check_prompt_vocab(config: PipelineConfig, where: str) -> None:
 
 def _checked(config: PipelineConfig, staged: StagedArtifacts, artifacts: ArtifactSet, say: Progress) -> list[Finding]:
     """Run the pipeline's checks on every staged graph as written (its header; weights are not read)."""
-    checks = _check_names(config)
+    checks = _check_names(config, artifacts)
     findings: list[Finding] = []
     several = len(artifacts.artifacts) > 1
     for artifact in artifacts.artifacts:
@@ -340,7 +341,7 @@ def run_pipeline(
             target=config.target,
             contract=contract.model_dump() if contract else None,
             passes=pass_reports,
-            checks_run=_check_names(config),
+            checks_run=_check_names(config, artifacts),
             findings=findings,
             verify=verify_report,
             failures=failures,
@@ -379,11 +380,20 @@ def run_pipeline(
     )
 
 
-def _check_names(config: PipelineConfig) -> list[str]:
-    """The pipeline's checks, plus ``target_opset`` whenever a target is set."""
-    checks = list(config.checks)
-    if config.target and "target_opset" not in checks:
-        checks.append("target_opset")
+def _check_names(config: PipelineConfig, artifacts: ArtifactSet) -> list[str]:
+    """The pipeline's checks, plus the target checks whenever a target is set.
+
+    Without a ``checks`` key the defaults depend on whether the output carries a decode contract
+    (:func:`onnxdeploy.config.default_checks`): a checks-only pipeline on an export is not held to the
+    static-decoder checks.
+    """
+    if config.checks is not None:
+        checks = list(config.checks)
+    else:
+        has_contract = any(read_contract(a.model, source=a.name) is not None for a in artifacts.artifacts)
+        checks = default_checks(has_contract)
+    if config.target:
+        checks += [name for name in TARGET_CHECKS if name not in checks]
     return checks
 
 

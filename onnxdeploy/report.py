@@ -15,6 +15,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "Level",
     "Finding",
+    "CHECK_REPORT_SCHEMA_VERSION",
+    "CheckReport",
     "PassReport",
     "StepRecord",
     "LatencySummary",
@@ -39,7 +41,36 @@ class Finding(BaseModel):
     check: str = Field(description="Registry name of the check that produced it.")
     message: str
     nodes: list[str] = Field(default_factory=list, description="Node or tensor names concerned.")
-    hint: str = ""
+    hint: str = Field("", description="How to fix it, naming the pass that does where one does.")
+    rule: str = Field("", description="The rule broken, e.g. 'ai.onnx opset within 12..19' (target checks).")
+    source: str = Field("", description="Where the rule comes from: document, section, version, address, date read.")
+
+
+CHECK_REPORT_SCHEMA_VERSION = 1
+"""Version of the ``onnxdeploy check --json`` output (:class:`CheckReport`); changes when a field changes meaning."""
+
+
+class CheckReport(BaseModel):
+    """What ``onnxdeploy check MODEL [--target T] --json`` prints: the checks run on one model and their findings.
+
+    Schema (``schema_version``: :data:`CHECK_REPORT_SCHEMA_VERSION`): ``status`` is ``failed`` when any
+    finding has level ``error`` (exit 1), else ``passed``; ``summary`` counts findings per level; each
+    finding has ``code``, ``level``, ``check``, ``message``, ``nodes``, ``hint``, ``rule`` and ``source``
+    (see :class:`Finding`; codes in :mod:`onnxdeploy.checks`); ``sdk`` holds the device SDK's own verdict
+    when ``--sdk`` was asked.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = CHECK_REPORT_SCHEMA_VERSION
+    status: Literal["passed", "failed"]
+    model: str
+    target: str | None = None
+    target_version: str | None = Field(None, description="The matrix's product_version for the target.")
+    checks_run: list[str] = Field(default_factory=list)
+    summary: dict[str, int] = Field(default_factory=dict, description="Findings per level: error, warning, info.")
+    findings: list[Finding] = Field(default_factory=list)
+    sdk: dict[str, Any] | None = Field(None, description="The device SDK's own verdict (check --sdk), else null.")
 
 
 class PassReport(BaseModel):

@@ -297,13 +297,35 @@ def test_empty_model_file_exits_2(tmp_path):
 def test_target_opset_out_of_range_exits_1_with_findings(tmp_path):
     path = _write_pipeline(
         tmp_path,
-        target="ort-cpu",
-        passes=[{"static_kv": {"max_cache_len": 64}}, {"pin_opset": {"opset": 25}}],
+        target="rknn-rk3588",
+        passes=[{"static_kv": {"max_cache_len": 64}}, {"pin_opset": {"opset": 21}}],
+        verify=None,
     )
     result, out = _invoke("run", str(path), "--json")
     assert result.exit_code == 1, out
-    codes = {f["code"] for f in json.loads(result.stdout)["findings"]}
-    assert {"OD501", "OD503"} <= codes
+    findings = json.loads(result.stdout)["findings"]
+    opset = [f for f in findings if f["code"] == "OD501"]
+    assert len(opset) == 1 and "pin_opset: {opset: 19}" in opset[0]["hint"], opset
+    assert "CHANGELOG.md" in opset[0]["source"] and opset[0]["rule"] == "ai.onnx opset within 12..19"
+
+
+def test_ort_cpu_target_takes_opset_23_models_the_installed_ort_runs(tmp_path):
+    path = _write_pipeline(
+        tmp_path,
+        target="ort-cpu",
+        passes=[{"static_kv": {"max_cache_len": 64}}, {"pin_opset": {"opset": 23}}],
+        verify=None,
+    )
+    result, out = _invoke("run", str(path), "--json")
+    assert result.exit_code == 0, out
+    report = json.loads(result.stdout)
+    assert {"target_opset", "target_ops", "target_tensors"} <= set(report["checks_run"])
+    assert not [f for f in report["findings"] if f["check"].startswith("target")], report["findings"]
+    model = onnx.load(report["output_model"], load_external_data=False)
+    assert model.opset_import[0].version == 23 and model.ir_version >= 10
+    import onnxruntime
+
+    onnxruntime.InferenceSession(report["output_model"])  # the installed ORT runs what the matrix accepts
 
 
 def test_outputs_are_readable_by_others(tmp_path):

@@ -174,7 +174,10 @@ class DecodeContract(BaseModel):
         "p iff j <= p (and p - j < sliding_window), ANDed with inputs.attention_mask when the graph keeps one.",
     )
     sliding_window: int | None = Field(
-        default=None, ge=1, description="Window W the graph applies: a query at p sees slots p-W+1..p; None: none."
+        default=None,
+        ge=1,
+        description="Window W the graph applies (mask: cache_position): a query at p sees slots p-W+1..p in the "
+        "layers that have a window; None: no layer has one.",
     )
     cache_init: Literal["zeros"] = Field(
         default="zeros",

@@ -1,0 +1,387 @@
+"""Attention edits on a static graph: no copy of the cache on its way into attention.
+
+DESIGN.md, "What a static decode step costs", says why.
+
+The exporters' attention reads each layer's cache buffer ``(B, H_kv, L, D)`` through a chain of layout ops
+before its two MatMuls (``L`` = ``max_cache_len``):
+
+* the GQA head repeat (transformers' ``repeat_kv``: Unsqueeze → Expand → Reshape, or Tile) copies the whole
+  buffer to every query head, ``(B, H_q, L, D)`` with ``H_q = G · H_kv``, twice per layer and step;
+* K is transposed to ``(B, H_q, D, L)`` and multiplied by a scalar (the SDPA exports scale Q and K by
+  ``sqrt(1/sqrt(D))`` each), another full-size copy;
+* the dynamo exporter adds Reshapes to and from ``(B·H_q, L, D)`` around the transpose.
+
+:func:`group_query_heads` finds these chains by data flow, backwards from every MatMul operand to a cache
+buffer, and confirms what a chain computes by running it on numpy with an index tensor in place of the buffer
+(layout ops only move elements, so the result says exactly which buffer element lands where). A chain that
+equals the head repeat of the buffer (K transposed or V as it is) times scalars is replaced by grouped
+attention: the small operand, Q ``(B, H_q, S, D)`` or the probabilities ``(B, H_q, S, L)``, is reshaped to
+``(B, H_kv, G·S, ·)`` (query head ``h`` reads KV head ``h // G``, so the heads of one group are adjacent),
+the scalars move onto it, and the MatMul reads the buffer itself (K through one Transpose, which ONNX Runtime
+fuses into ``FusedMatMul(transB=1)`` and device compilers into the MatMul); its output is reshaped back to
+what the chain gave, so everything after it is unchanged. Nothing of size ``L · H_q · D`` is made.
+
+Exact up to float rounding: every score and output is the same dot product over the same elements; the scalar
+lands on ``q`` instead of ``k`` (``(q·a)·(k·a)`` becomes ``(q·a·a)·k``), a relative difference of a few ulp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common as ir_common
+
+from onnxdeploy.contract import read_contract
+
+__all__ = ["AttentionRead", "cache_buffers", "find_cache_reads", "group_query_heads", "head_repeats"]
+
+_PREFIX = "onnxdeploy/grouped_attention"
+LAYOUT_OPS = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Tile", "Transpose", "Flatten"})
+"""Ops that only move elements: a chain of them is simulated exactly on an index tensor."""
+SCALE_OPS = frozenset({"Mul", "Div"})
+"""Ops by a one-element tensor that commute with the layout ops (moved onto the other MatMul operand)."""
+REPEAT_OPS = frozenset({"Expand", "Tile"})
+"""Layout ops that copy elements (the head repeat)."""
+_CACHE_WRITES = frozenset({"ScatterElements", "ScatterND", "TensorScatter", "Identity"})
+_MAX_CHAIN = 16
+
+
+@dataclass(frozen=True)
+class AttentionRead:
+    """One MatMul operand computed from a cache buffer by layout ops and scalars.
+
+    Attributes:
+        matmul: the MatMul node.
+        buffer: the cache buffer ``(B, H_kv, L, D)`` the chain starts from.
+        nodes: the chain, buffer side first (layout ops and scalar Mul/Div).
+        scales: ``(op_type, one-element tensor)`` of each scalar Mul/Div in the chain, in order.
+        form: ``"key"`` when the operand is the head repeat of K transposed (``(…, D, L)``), ``"value"`` for V
+            (``(…, L, D)``), None when the chain is something else (left as it is).
+        group: G = H_q / H_kv, query heads per KV head (0 when ``form`` is None).
+    """
+
+    matmul: ir.Node
+    buffer: ir.Value
+    nodes: tuple[ir.Node, ...]
+    scales: tuple[tuple[str, ir.Value], ...]
+    form: str | None
+    group: int
+
+    @property
+    def copies(self) -> bool:
+        """Whether the chain holds a node that copies the buffer (Expand, Tile, or a Transpose it cannot drop)."""
+        if any(n.op_type in REPEAT_OPS for n in self.nodes):
+            return True
+        return [n.op_type for n in self.nodes if n.op_type not in ("Identity",)] not in ([], ["Transpose"])
+
+
+def cache_buffers(model: ir.Model) -> set[ir.Value]:
+    """The values that are a whole cache buffer: the past inputs named by the contract and what writes them.
+
+    A buffer is a past input (BHSD ``(B, H_kv, L, D)``) or the output of a ScatterElements / ScatterND /
+    TensorScatter / Identity whose data input is a buffer (the updated buffer static_kv writes).
+
+    Args:
+        model: a static graph carrying a decode contract.
+
+    Returns:
+        The buffer values (empty without a contract).
+    """
+    contract = read_contract(model)
+    if contract is None:
+        return set()
+    by_name = {str(v.name): v for v in model.graph.inputs}
+    todo = [by_name[past] for past, _ in contract.cache_pairs() if past in by_name]
+    found: set[ir.Value] = set()
+    while todo:
+        value = todo.pop()
+        if value in found:
+            continue
+        found.add(value)
+        for use in value.uses():
+            if use.node.op_type in _CACHE_WRITES and use.idx == 0:
+                todo.extend(use.node.outputs[:1])
+    return found
+
+
+def _one_element(value: ir.Value | None) -> bool:
+    shape = value.shape if value is not None else None
+    return shape is not None and all(isinstance(d, int) for d in shape) and math.prod(shape) == 1
+
+
+def _static(value: ir.Value | None) -> tuple[int, ...] | None:
+    shape = value.shape if value is not None else None
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    if value is None:
+        return None
+    tensor = value.const_value
+    if tensor is None:
+        producer = value.producer()
+        if producer is not None and producer.op_type == "Constant" and "value" in producer.attributes:
+            tensor = producer.attributes["value"].value
+    return None if tensor is None else tensor.numpy()
+
+
+def _trace(
+    operand: ir.Value, buffers: set[ir.Value]
+) -> tuple[ir.Value, list[ir.Node], list[tuple[str, ir.Value]]] | None:
+    """Walk back from a MatMul operand through single-use layout ops and scalars to a cache buffer."""
+    nodes: list[ir.Node] = []
+    scales: list[tuple[str, ir.Value]] = []
+    value = operand
+    while value not in buffers:
+        node = value.producer()
+        if node is None or len(nodes) >= _MAX_CHAIN or len(value.uses()) != 1 or value.is_graph_output():
+            return None
+        if node.op_type in LAYOUT_OPS:
+            data = node.inputs[0]
+        elif node.op_type in SCALE_OPS and len(node.inputs) == 2:
+            a, b = node.inputs
+            if _one_element(b):
+                data, scalar = a, b
+            elif node.op_type == "Mul" and _one_element(a):
+                data, scalar = b, a
+            else:
+                return None
+            shape, rank = _static(data), len(scalar.shape or ())
+            if shape is None or rank > len(shape):
+                return None  # a scalar of higher rank would add axes
+            scales.append((node.op_type, scalar))
+        else:
+            return None
+        if data is None:
+            return None
+        nodes.append(node)
+        value = data
+    nodes.reverse()
+    scales.reverse()
+    return value, nodes, scales
+
+
+def _apply(node: ir.Node, x: np.ndarray) -> np.ndarray | None:
+    """Run one layout op on numpy (None when its parameters are not constants or the op is a scalar op)."""
+    op = node.op_type
+    attrs = node.attributes
+    if op in ("Identity", "Mul", "Div"):
+        return x
+    if op == "Transpose":
+        perm = attrs["perm"].value if "perm" in attrs else list(range(x.ndim))[::-1]
+        return np.transpose(x, tuple(perm))
+    if op == "Flatten":
+        axis = attrs["axis"].value if "axis" in attrs else 1
+        axis = axis % x.ndim if x.ndim else 0
+        return x.reshape(math.prod(x.shape[:axis]), -1)
+    if op in ("Unsqueeze", "Squeeze"):
+        axes = _const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if axes is None and "axes" in attrs:
+            axes = np.asarray(attrs["axes"].value)
+        if op == "Squeeze":
+            return np.squeeze(x, axis=None if axes is None else tuple(int(a) for a in axes.ravel()))
+        if axes is None:
+            return None
+        rank = x.ndim + axes.size
+        out = x
+        for a in sorted(int(a) % rank for a in axes.ravel()):
+            out = np.expand_dims(out, a)
+        return out
+    param = _const(node.inputs[1]) if len(node.inputs) > 1 else None
+    if param is None:
+        return None
+    param = param.astype(np.int64).ravel()
+    if op == "Expand":
+        return np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(param)))
+    if op == "Tile":
+        return np.tile(x, tuple(param))
+    if op == "Reshape":
+        shape = list(param)
+        if not (attrs["allowzero"].value if "allowzero" in attrs else 0):
+            shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+        return x.reshape(shape)
+    return None
+
+
+def _classify(
+    buffer_shape: tuple[int, ...], nodes: list[ir.Node], memo: dict[tuple, tuple[str | None, int]]
+) -> tuple[str | None, int]:
+    """What a layout chain computes from a buffer: ``("key" | "value", G)`` for the head repeat, else (None, 0)."""
+    key = (buffer_shape, tuple(_signature(n) for n in nodes))
+    if key in memo:
+        return memo[key]
+    result: tuple[str | None, int] = (None, 0)
+    if len(buffer_shape) == 4:
+        b, h_kv, length, d = buffer_shape
+        ids = np.arange(math.prod(buffer_shape), dtype=np.int32).reshape(buffer_shape)
+        x: np.ndarray | None = ids
+        for node in nodes:
+            x = _apply(node, x)
+            if x is None:
+                break
+        if x is not None and x.size % (b * length * d) == 0 and (x.size // (b * length * d)) % h_kv == 0:
+            group = x.size // (b * length * d) // h_kv
+            repeated = np.repeat(ids, group, axis=1)  # query head h reads KV head h // G (transformers' repeat_kv)
+            for form, want in (("key", repeated.transpose(0, 1, 3, 2)), ("value", repeated)):
+                if x.shape[-2:] == want.shape[-2:] and math.prod(x.shape[:-2]) == b * h_kv * group:
+                    if x.ndim in (3, 4) and np.array_equal(x.reshape(want.shape), want):
+                        result = (form, group)
+                        break
+    memo[key] = result
+    return result
+
+
+def _signature(node: ir.Node) -> tuple:
+    params = []
+    for value in node.inputs[1:]:
+        c = _const(value)
+        params.append(None if c is None else (c.dtype.str, c.shape, c.tobytes()))
+    attrs = tuple(sorted((k, repr(a.value)) for k, a in node.attributes.items()))
+    return (node.op_type, attrs, tuple(params))
+
+
+def find_cache_reads(model: ir.Model) -> list[AttentionRead]:
+    """Every MatMul operand computed from a cache buffer by layout ops and scalars, classified.
+
+    Args:
+        model: a static graph carrying a decode contract (BHSD cache).
+
+    Returns:
+        One :class:`AttentionRead` per such operand, in graph order.
+    """
+    buffers = cache_buffers(model)
+    memo: dict[tuple, tuple[str | None, int]] = {}
+    reads = []
+    for node in model.graph:
+        if node.op_type != "MatMul":
+            continue
+        for operand in node.inputs:
+            traced = _trace(operand, buffers) if operand is not None else None
+            if traced is None:
+                continue
+            buffer, nodes, scales = traced
+            shape = _static(buffer)
+            form, group = _classify(shape, nodes, memo) if shape is not None else (None, 0)
+            if form is not None and operand is not node.inputs[1]:
+                form, group = None, 0  # the cache as the left operand: not an exporter's attention
+            reads.append(AttentionRead(node, buffer, tuple(nodes), tuple(scales), form, group))
+    return reads
+
+
+def head_repeats(model: ir.Model) -> list[ir.Node]:
+    """Expand/Tile nodes that copy a cache buffer on its way into a MatMul (what :func:`group_query_heads` removes).
+
+    Args:
+        model: a static graph carrying a decode contract.
+
+    Returns:
+        The nodes, in graph order.
+    """
+    return [n for read in find_cache_reads(model) for n in read.nodes if n.op_type in REPEAT_OPS]
+
+
+def _int64(graph: ir.Graph, name: str, values: list[int]) -> ir.Value:
+    if name in graph.initializers:
+        return graph.initializers[name]
+    value = ir.Value(name=name, shape=ir.Shape([len(values)]), type=ir.TensorType(ir.DataType.INT64))
+    value.const_value = ir.tensor(np.asarray(values, dtype=np.int64), name=name)
+    graph.register_initializer(value)
+    return value
+
+
+def _typed(node: ir.Node, name: str, shape: list[int], dtype: ir.DataType) -> ir.Value:
+    out = node.outputs[0]
+    out.name, out.shape, out.dtype = name, ir.Shape(shape), dtype
+    return out
+
+
+def _rewrite(graph: ir.Graph, read: AttentionRead, index: int) -> str | None:
+    """Replace one classified read by grouped attention; None (nothing changed) when shapes do not fit."""
+    matmul, buffer, group = read.matmul, read.buffer, read.group
+    b, h_kv, length, d = _static(buffer) or (0, 0, 0, 0)
+    small, operand, out = matmul.inputs[0], matmul.inputs[1], matmul.outputs[0]
+    small_shape, operand_shape, out_shape = _static(small), _static(operand), _static(out)
+    if small_shape is None or operand_shape is None or out_shape is None or small is None:
+        return None
+    inner = d if read.form == "key" else length  # the contracted axis
+    if small_shape[:-2] != operand_shape[:-2] or small_shape[-1] != inner:
+        return None  # the small operand broadcasts or is laid out otherwise: keep the chain
+    steps = small_shape[-2]
+    dtype = buffer.dtype or ir.DataType.FLOAT
+    tag = f"{_PREFIX}/{matmul.name or index}"
+    new_nodes: list[ir.Node] = []
+    q = small
+    grouped_shape = [b, h_kv, group * steps, inner]
+    if list(small_shape) != grouped_shape:
+        shape = _int64(graph, f"{tag}/grouped_shape", grouped_shape)
+        node = ir.node("Reshape", [q, shape], name=f"{tag}/Reshape_grouped")
+        q = _typed(node, f"{tag}/grouped", grouped_shape, small.dtype or dtype)
+        new_nodes.append(node)
+    for i, (op, scalar) in enumerate(read.scales):
+        node = ir.node(op, [q, scalar], name=f"{tag}/{op}_scale_{i}")
+        q = _typed(node, f"{tag}/scaled_{i}", grouped_shape, q.dtype or dtype)
+        new_nodes.append(node)
+    rhs = buffer
+    if read.form == "key":
+        node = ir.node("Transpose", [buffer], {"perm": [0, 1, 3, 2]}, name=f"{tag}/Transpose_key")
+        rhs = _typed(node, f"{tag}/key_t", [b, h_kv, d, length], dtype)
+        new_nodes.append(node)
+    last = length if read.form == "key" else d
+    product_shape = [b, h_kv, group * steps, last]
+    node = ir.node("MatMul", [q, rhs], name=f"{tag}/MatMul_grouped")
+    result = _typed(node, f"{tag}/grouped_out", product_shape, out.dtype or dtype)
+    new_nodes.append(node)
+    if list(out_shape) != product_shape:
+        shape = _int64(graph, f"{tag}/out_shape", list(out_shape))
+        node = ir.node("Reshape", [result, shape], name=f"{tag}/Reshape_back")
+        result = _typed(node, f"{tag}/out", list(out_shape), out.dtype or dtype)
+        new_nodes.append(node)
+    graph.insert_before(matmul, new_nodes)
+    name = str(out.name)
+    out.replace_all_uses_with(result, replace_graph_outputs=True)
+    out.name = f"{name}/replaced"
+    result.name = name  # what reads the scores / attention output keeps reading a tensor of that name
+    graph.remove(matmul, safe=True)
+    for node in reversed(read.nodes):
+        if not any(o.uses() or o.is_graph_output() for o in node.outputs):
+            graph.remove(node, safe=True)
+    kinds = sorted({n.op_type for n in read.nodes})
+    scale = f", {len(read.scales)} scale(s) moved onto the {'query' if read.form == 'key' else 'probabilities'}"
+    return (
+        f"MatMul '{matmul.name}': {read.form} read of '{buffer.name}' through {kinds} -> grouped "
+        f"(B={b}, H_kv={h_kv}, G={group}, S={steps}){scale if read.scales else ''}"
+    )
+
+
+def group_query_heads(model: ir.Model) -> tuple[list[str], list[str]]:
+    """Replace every recognised head repeat / transpose / scale chain on a cache buffer by grouped attention.
+
+    Edits ``model.graph`` in place (new nodes and int64 shape initializers; weights untouched). Recognised
+    reads whose chain already is the buffer itself (or K through one Transpose, no scalar) are left alone.
+
+    Args:
+        model: a static graph carrying a decode contract with a BHSD cache ``(B, H_kv, L, D)``.
+
+    Returns:
+        ``(changes, warnings)``: one line per rewritten MatMul; one per cache read that copies the buffer but
+        was not recognised (e.g. an intermediate read by another node as well).
+    """
+    changes: list[str] = []
+    warnings: list[str] = []
+    for index, read in enumerate(find_cache_reads(model)):
+        if not read.copies and not read.scales:
+            continue
+        line = _rewrite(model.graph, read, index) if read.form is not None else None
+        if line is None:
+            ops = [n.op_type for n in read.nodes]
+            warnings.append(f"MatMul '{read.matmul.name}' reads '{read.buffer.name}' through {ops}: not rewritten")
+        else:
+            changes.append(line)
+    if changes:
+        ir_common.RemoveUnusedNodesPass()(model)  # the chains' shape constants
+    return changes, warnings

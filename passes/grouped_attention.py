@@ -1,0 +1,95 @@
+"""``grouped_attention``: attention reads the static cache buffer itself, with no head repeat or scale copy.
+
+Run it after ``static_kv`` (it needs the fixed shapes and the contract's cache names); it applies to every
+graph of the set (decode graph and prefill buckets). What it rewrites and why it is exact:
+:mod:`onnxdeploy.passes._attention_edits`. On the 125M LLaMA export of ``benchmarks/decode.py`` the head repeat
+alone is two copies of ``3 × max_cache_len × 64`` floats per head group and layer per step.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from onnxdeploy.contract import read_contract
+from onnxdeploy.errors import PostconditionError, PreconditionError
+from onnxdeploy.passes._attention_edits import group_query_heads, head_repeats
+from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
+from onnxdeploy.report import PassReport
+
+__all__ = ["GroupedAttentionConfig", "GroupedAttentionPass"]
+
+
+class GroupedAttentionConfig(PassConfig):
+    """Config of ``grouped_attention`` (nothing to choose: the rewrite is exact)."""
+
+
+@register_pass
+class GroupedAttentionPass(Pass):
+    """Replace the exporters' GQA head repeat and K-side scale by grouped attention over the cache buffer.
+
+    Input: static graphs with a decode contract and a BHSD cache ``(B, H_kv, max_cache_len, D)``. For each
+    attention MatMul that reads a buffer through Unsqueeze/Expand/Reshape (or Tile), Transpose and scalar
+    Mul/Div, Q ``(B, H_q, S, D)`` (or the probabilities ``(B, H_q, S, max_cache_len)``) is reshaped to
+    ``(B, H_kv, G·S, ·)``, the scalars move onto it, and the MatMul reads the buffer (K through one
+    Transpose); the product is reshaped back to ``(B, H_q, S, ·)``. Graph inputs, outputs and the contract
+    are unchanged. The pass is functional: it rewrites structural copies (no weight copied).
+
+    Raises:
+        PreconditionError: a graph without a decode contract (run ``static_kv`` first) or with a cache layout
+            other than BHSD (run ``grouped_attention`` before ``kv_layout``).
+        PostconditionError: an Expand/Tile still copies a cache buffer into a MatMul after the rewrite.
+    """
+
+    name = "grouped_attention"
+    summary = "GQA head repeat (Expand/Tile of the cache) and K scale Mul -> grouped attention over (B, H_kv, G*S, D)."
+    config_model = GroupedAttentionConfig
+    in_place = False
+
+    def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
+        """Every graph carries a decode contract with a BHSD cache.
+
+        Raises:
+            PreconditionError: naming the graph.
+        """
+        for artifact in artifacts.artifacts:
+            contract = read_contract(artifact.model, source=artifact.name)
+            if contract is None:
+                raise PreconditionError(
+                    self.name, f"graph '{artifact.name}' has no decode contract; run static_kv before grouped_attention"
+                )
+            if contract.kv_layout != "BHSD":
+                raise PreconditionError(
+                    self.name,
+                    f"graph '{artifact.name}' has kv_layout {contract.kv_layout}; run grouped_attention before "
+                    "kv_layout",
+                )
+
+    def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
+        """Rewrite a structural copy of every graph; see the class docstring."""
+        models: list[ir.Model] = []
+        modified = False
+        for artifact in artifacts.artifacts:
+            model = artifacts.copy_graph(artifact.model)
+            changes, warnings = group_query_heads(model)
+            modified |= bool(changes)
+            prefix = f"{artifact.name}: " if len(artifacts.artifacts) > 1 else ""
+            report.changes += [prefix + line for line in changes]
+            report.warnings += [prefix + line for line in warnings]
+            if not changes and not warnings:
+                report.changes.append(f"{prefix}no attention read of the cache to rewrite")
+            models.append(model)
+        return artifacts.with_models(models), modified
+
+    def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
+        """No Expand/Tile copies a cache buffer into a MatMul.
+
+        Raises:
+            PostconditionError: naming the graph and the nodes.
+        """
+        for artifact in artifacts.artifacts:
+            left = head_repeats(artifact.model)
+            if left:
+                names = [f"{n.op_type} '{n.name}'" for n in left]
+                raise PostconditionError(
+                    self.name, f"graph '{artifact.name}': the cache is still repeated by {names[:4]}"
+                )

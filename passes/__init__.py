@@ -7,7 +7,13 @@ their config fields. Importing this package imports every pass module, so the re
 
 from __future__ import annotations
 
-from onnxdeploy.passes import external_data, mask_rewrite, pin_opset, static_kv  # noqa: F401  (modules register their passes)
+from onnxdeploy.passes import (  # noqa: F401  (modules register their passes)
+    external_data,
+    grouped_attention,
+    mask_rewrite,
+    pin_opset,
+    static_kv,
+)
 from onnxdeploy.passes._pass_infra import (
     PASS_REGISTRY,
     Artifact,

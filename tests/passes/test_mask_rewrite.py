@@ -188,7 +188,7 @@ attn (int64[1] cache_position, int64[1,4] attention_mask, {t}[1,1,4,2] past_key,
   kt = Transpose <perm = [0, 1, 3, 2]> (past_key)
   scores = MatMul (q, kt)
   pos = Unsqueeze (cache_position, one)
-  causal = LessOrEqual (slots, pos)
+  causal = {compare} (slots, pos)
   padded = Cast <to = 9> (attention_mask)
   keep = And (causal, padded)
   hidden_value = Cast <to = {to}> (f32_min)
@@ -200,10 +200,10 @@ attn (int64[1] cache_position, int64[1,4] attention_mask, {t}[1,1,4,2] past_key,
 """
 
 
-def _inline(dtype: str = "float16", visible: float = 0.0) -> ir.Model:
+def _inline(dtype: str = "float16", visible: float = 0.0, compare: str = "LessOrEqual") -> ir.Model:
     """One attention over a 4-slot cache whose exporter mask adds finfo(float32).min cast to ``dtype``."""
     to = {"float16": onnx.TensorProto.FLOAT16, "float": onnx.TensorProto.FLOAT}[dtype]
-    proto = onnx.parser.parse_model(_ATTENTION.format(t=dtype, to=to, visible=visible))
+    proto = onnx.parser.parse_model(_ATTENTION.format(t=dtype, to=to, visible=visible, compare=compare))
     model = ir.serde.deserialize_model(proto)
     write_contract(
         model,
@@ -262,6 +262,11 @@ def test_fully_masked_row_in_fp16_gives_no_nan_under_onnx_reference():
 def test_a_mask_carrying_a_bias_is_refused():
     with pytest.raises(PreconditionError, match="bias"):
         MaskRewritePass()(_inline("float", visible=0.5))
+
+
+def test_a_mask_no_causal_or_window_mask_reproduces_is_refused():
+    with pytest.raises(PreconditionError, match="selects slots no causal or sliding-window mask"):
+        MaskRewritePass()(_inline("float", compare="Less"))  # a query that cannot see its own slot
 
 
 def test_a_graph_without_contract_is_refused():

@@ -52,6 +52,12 @@ _PASS_FIXES: dict[str, str] = {
     "MatMulNBits": "quantize_weights {format: qdq} (standard DequantizeLinear instead of the ORT contrib op)",
 }
 
+# Ops an onnxdeploy pass itself writes, and what the user can do about them.
+_PASS_MADE: dict[str, str] = {
+    "ScatterElements": "static_kv writes the KV cache with ScatterElements; no static_kv option avoids it yet (the "
+    "host can write the cache itself with cache_update: new_token_only once a pass drops the in-graph write).",
+}
+
 
 def fix_hint(op: str) -> str:
     """The pass that removes ``op`` from a decoder export, or ``""`` when no onnxdeploy pass does."""
@@ -381,7 +387,10 @@ class TargetOpsCheck(Check):
                 "error",
                 f"{label} is not supported by {target}{at}",
                 nodes=[ref],
-                hint=" or ".join(hints) or f"No onnxdeploy pass removes {node.op_type}; replace it in the export.",
+                hint=" or ".join(hints)
+                or _PASS_MADE.get(
+                    node.op_type, f"No onnxdeploy pass removes {node.op_type}; replace it in the export."
+                ),
                 rule=rule,
                 source="; ".join(matrix.source_text(s) for s in sources),
             )
@@ -514,7 +523,7 @@ class TargetTensorsCheck(Check):
                     hint="Remove the empty branch (e.g. a partial-rotary Slice of width 0 and its Concat) and refold; "
                     "no onnxdeploy pass does this yet.",
                     rule="no tensor has a dim of 0",
-                    source="onnxdeploy issue 8 (device compilers reject zero-size tensors); no target document read states it",
+                    source="onnxdeploy issue 8 (compilers reject zero-size tensors); no target document states it",
                 )
 
     def _limits(self, matrix: Matrix, types: _Types) -> Iterator[Finding]:

@@ -1,0 +1,190 @@
+"""Target checks: per-node findings with rule, source and fixing pass; predictions cross-checked on real runtimes."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper
+from typer.testing import CliRunner
+
+from onnxdeploy.checks import CheckContext
+from onnxdeploy.checks.target import TargetOpsCheck, TargetTensorsCheck, predict_supported
+from onnxdeploy.checks.topo_order import TopoOrderCheck
+from onnxdeploy.cli import app
+from onnxdeploy.config import load_pipeline
+from onnxdeploy.pipeline import run_pipeline
+from tests.checks.checks_testutil import by_code, parse
+from tests.conftest import FIXTURE_NAMES, fixture_entry
+
+
+def _ort_opens(model: onnx.ModelProto | str) -> bool:
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    source = model if isinstance(model, str) else model.SerializeToString()
+    try:
+        onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - any refusal is "does not open"
+        return False
+    return True
+
+
+def _add(dtype: int, opset: int) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", dtype, [2])
+    y = helper.make_tensor_value_info("y", dtype, [2])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"], name="add")], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_ort_cpu_matrix_predicts_session_creation_for_every_fixture(name):
+    path = str(fixture_entry(name)["model_path"])
+    predicted, errors = predict_supported(onnx.load(path, load_external_data=False), "ort-cpu")
+    assert predicted == _ort_opens(path), [e.message for e in errors]
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (_add(TensorProto.UINT16, 13), False),  # Add-13 has no uint16 CPU kernel
+        (_add(TensorProto.UINT16, 14), True),  # Add-14 does (ORT 1.32 registry)
+        (_add(TensorProto.FLOAT, 29), False),  # above the installed ORT's opset range
+        (_add(TensorProto.FLOAT, 23), True),
+    ],
+    ids=["add-uint16-opset13", "add-uint16-opset14", "opset29", "opset23"],
+)
+def test_ort_cpu_matrix_predicts_small_cases(model, expected):
+    predicted, errors = predict_supported(model, "ort-cpu")
+    assert _ort_opens(model) == expected
+    assert predicted == expected, [e.message for e in errors]
+
+
+def test_dtype_finding_names_node_rule_and_registry_source():
+    findings = TargetOpsCheck().run(_add(TensorProto.UINT16, 13), CheckContext(target="ort-cpu"))
+    (finding,) = by_code(findings, "OD512")
+    assert finding.nodes == ["add"] and "uint16" in finding.message
+    assert "T: double|float|int32|int64|uint32|uint64" in finding.rule
+    assert "get_all_opkernel_def" in finding.source and onnxruntime.__version__ in finding.source
+
+
+def test_openvino_matrix_predicts_compilation():
+    ov = pytest.importorskip("openvino", reason="optional extra: pip install -e '.[openvino]'")
+    core = ov.Core()
+
+    def compiles(model: onnx.ModelProto | str) -> bool:
+        try:
+            read = core.read_model(model) if isinstance(model, str) else core.read_model(model.SerializeToString(), b"")
+            core.compile_model(read, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        except Exception:  # noqa: BLE001 - any refusal is "does not compile"
+            return False
+        return True
+
+    for name in FIXTURE_NAMES:
+        path = str(fixture_entry(name)["model_path"])
+        predicted, errors = predict_supported(onnx.load(path, load_external_data=False), "openvino")
+        assert predicted == compiles(path), (name, [e.message for e in errors])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Bernoulli", ["x"], ["y"])], "g", [x], [y])
+    bernoulli = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    bernoulli.ir_version = 8
+    assert predict_supported(bernoulli, "openvino")[0] is False and compiles(bernoulli) is False
+
+
+def test_rknn_original_export_lists_dynamic_dims_and_unsupported_ops_node_by_node():
+    path = fixture_entry("llama_gqa_optimum")["model_path"]
+    model = onnx.load(str(path), load_external_data=False)
+    context = CheckContext(target="rknn-rk3588")
+    ops = TargetOpsCheck().run(model, context)
+    unsupported = sorted((f.nodes[0].rsplit("/", 1)[-1]) for f in by_code(ops, "OD510"))
+    assert unsupported == ["IsNaN", "IsNaN", "Neg", "Neg", "Neg_1", "Neg_1", "Range", "Range_1", "Range_2"]
+    isnan = next(f for f in by_code(ops, "OD510") if "IsNaN" in f.nodes[0])
+    assert "mask_rewrite" in isnan.hint and "RKNNToolKit2_OP_Support-v2.1.0.md" in isnan.source
+    tensors = TargetTensorsCheck().run(model, context)
+    dynamic = {f.nodes[0] for f in by_code(tensors, "OD520")}
+    assert {"input_ids", "past_key_values.0.key", "logits", "present.1.value"} <= dynamic and len(dynamic) == 12
+    assert all("static_kv" in f.hint and "CHANGELOG.md" in f.source for f in by_code(tensors, "OD520"))
+
+
+def test_rknn_after_static_kv_mask_rewrite_pin_opset_19_leaves_exactly_the_ops_the_table_lacks(tmp_path):
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(
+        f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\noutput_dir: {tmp_path / 'out'}\n"
+        "target: rknn-rk3588\npasses:\n  - static_kv: {max_cache_len: 64}\n  - mask_rewrite: {}\n"
+        "  - pin_opset: {opset: 19}\nverify: null\n"
+    )
+    outcome = run_pipeline(load_pipeline(pipeline))
+    assert outcome.exit_code == 1
+    remaining = sorted(
+        (f.code, f.nodes[0].rsplit("/", 2)[-2] + "/" + f.nodes[0].rsplit("/", 1)[-1])
+        for f in outcome.report.findings
+        if f.level != "info"
+    )
+    assert remaining == sorted(
+        [("OD510", f"self_attn/{n}") for _layer in (0, 1) for n in ("Neg", "Neg_1")]
+        + [("OD510", f"past_key_values.{i}.{kv}/ScatterElements") for i in (0, 1) for kv in ("key", "value")]
+    ), remaining
+    for f in outcome.report.findings:
+        if f.level != "info":
+            assert f.rule.endswith("is not in rknn-rk3588's operator list")
+            assert "RKNNToolKit2_OP_Support-v2.1.0.md" in f.source and "2026" in f.source
+
+
+def test_names_and_graph_io_findings():
+    model = parse(
+        """
+        g (float[2] x) => (float[2] y, float[2] y, float[2] x)
+        {
+            y = Relu(x)
+        }
+        """
+    )
+    findings = TopoOrderCheck().run(model)
+    assert by_code(findings, "OD306")[0].nodes == ["y"]
+    assert by_code(findings, "OD307")[0].nodes == ["x"]
+    model.graph.initializer.add().CopyFrom(helper.make_tensor("", TensorProto.FLOAT, [1], [1.0]))
+    assert "initializer" in by_code(TopoOrderCheck().run(model), "OD308")[0].message
+
+
+def test_check_cli_json_schema_and_exit_codes(tmp_path):
+    runner = CliRunner()
+    path = str(fixture_entry("llama_gqa_optimum")["model_path"])
+    result = runner.invoke(app, ["check", path, "--json"])
+    assert result.exit_code == 0, result.output  # no contract: general checks only, the export passes them
+    report = json.loads(result.stdout)
+    assert report["checks_run"] == ["checker", "topo_order"] and report["status"] == "passed"
+    result = runner.invoke(app, ["check", path, "--target", "rknn-rk3588", "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert set(report) == {
+        "schema_version",
+        "status",
+        "model",
+        "target",
+        "target_version",
+        "checks_run",
+        "summary",
+        "findings",
+        "sdk",
+    }
+    assert report["status"] == "failed" and report["summary"]["error"] == sum(
+        f["level"] == "error" for f in report["findings"]
+    )
+    assert {"code", "level", "check", "message", "nodes", "hint", "rule", "source"} == set(report["findings"][0])
+    result = runner.invoke(app, ["check", path, "--target", "nope"])
+    assert result.exit_code == 2 and "known targets" in result.output
+
+
+def test_checks_only_pipeline_checks_what_it_was_given(tmp_path):
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(
+        f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\noutput_dir: {tmp_path / 'out'}\nverify: null\n"
+    )
+    outcome = run_pipeline(load_pipeline(pipeline))
+    assert outcome.exit_code == 0, outcome.report.failures
+    assert outcome.report.checks_run == ["checker", "topo_order"]
+    assert not [f for f in outcome.report.findings if f.level == "error"]

@@ -448,7 +448,7 @@ def _probe_starts(S: int, L: int) -> list[int]:
     return sorted(set(starts[:third] + [starts[i] for i in middle] + starts[-third:]))
 
 
-def _old_visible(site: AttentionSite, value: np.ndarray, who: str) -> np.ndarray:
+def _old_visible(site: AttentionSite, value: np.ndarray, who: str, source: str) -> np.ndarray:
     """The slots the exporter's mask leaves visible, as bool (any broadcastable shape)."""
     if site.kind == "where_true":
         return value.astype(bool)
@@ -460,8 +460,8 @@ def _old_visible(site: AttentionSite, value: np.ndarray, who: str) -> np.ndarray
         odd = as_float[~visible & (as_float > _MASKED_BELOW)].reshape(-1)[:3]
         raise PreconditionError(
             who,
-            f"the mask added before Softmax {_label(site.softmax)} holds values other than 0 and a large negative "
-            f"(e.g. {odd.tolist()}): a position bias such as ALiBi, which mask_rewrite does not rebuild",
+            f"{source}: the mask added before Softmax {_label(site.softmax)} holds values other than 0 and a large "
+            f"negative (e.g. {odd.tolist()}): a position bias such as ALiBi, which mask_rewrite does not rebuild",
         )
     return visible
 
@@ -687,18 +687,23 @@ class MaskRewritePass(Pass):
                     for i in todo:
                         site = sites[i]
                         shape = site.scores_shape
-                        old = np.broadcast_to(_old_visible(site, got[str(site.old_mask.name)], self.name), shape)
+                        old = np.broadcast_to(
+                            _old_visible(site, got[str(site.old_mask.name)], self.name, source), shape
+                        )
                         for w in list(agree[i]):
                             new = np.broadcast_to(got[str(builder.visible(w, len(shape)).name)], shape)
                             if not np.array_equal(old, new):
                                 agree[i].discard(w)
                                 if not agree[i]:
+                                    row = np.argwhere((old != new).reshape(-1, S, L).any(axis=2))[0]
+                                    seen = np.flatnonzero(old.reshape(-1, S, L)[row[0], row[1]]).tolist()
                                     raise PreconditionError(
                                         self.name,
-                                        f"{source}: the exporter's mask before Softmax {_label(site.softmax)} at "
-                                        f"positions {p0}..{p0 + S - 1} selects slots no causal or sliding-window "
-                                        f"mask from cache_position reproduces (windows tried: {candidates[i]}); "
-                                        "refusing rather than changing what attention sees",
+                                        f"{source}: the exporter's mask before Softmax {_label(site.softmax)} lets "
+                                        f"the query at position {p0 + row[1]} see slots {seen[:12]}"
+                                        f"{'…' if len(seen) > 12 else ''}: it selects slots no causal or "
+                                        f"sliding-window mask from cache_position reproduces (windows tried: "
+                                        f"{candidates[i]}); refusing rather than changing what attention sees",
                                     )
         for i in todo:
             chosen[i] = next(w for w in candidates[i] if w in agree[i])  # graph constants before None

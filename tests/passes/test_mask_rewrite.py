@@ -84,10 +84,13 @@ def test_rewritten_graphs_are_static_maskless_and_decode_the_same(tmp_path, name
     assert report.passed
 
 
-def _decode_with_garbage(session: ort.InferenceSession, contract: DecodeContract, tokens: list[int]) -> int:
+def _decode_with_garbage(
+    session: ort.InferenceSession, contract: DecodeContract, tokens: list[int]
+) -> dict[int, np.ndarray]:
     """Feed ``tokens`` chunk by chunk; before each call, fill every slot >= the call's position with garbage.
 
-    Returns the number of garbage runs compared. Asserts each gives the same logits as zero-filled slots.
+    Asserts each garbage run gives the same logits (bitwise) as zero-filled slots. Returns the zero-filled
+    run's logits (V,) by position (every position, or the last of each chunk under ``prefill_logits: last``).
     """
     S = contract.step_len
     rng = np.random.default_rng(0)
@@ -103,7 +106,7 @@ def _decode_with_garbage(session: ort.InferenceSession, contract: DecodeContract
         ("K +inf", keys, np.float32(np.inf)),
         ("V stale", values, stale.astype(np.float32)),
     ]
-    compared = 0
+    logits: dict[int, np.ndarray] = {}
     for p in range(0, len(tokens), S):
         positions = np.arange(p, p + S, dtype=np.int64)
         feeds = {"input_ids": np.array([tokens[p : p + S]], np.int64), "cache_position": positions}
@@ -122,19 +125,36 @@ def _decode_with_garbage(session: ort.InferenceSession, contract: DecodeContract
             assert np.array_equal(got[0], clean[0]), f"{label} at position {p} changed the logits"
             for a, b in zip(got[1:], clean[1:], strict=True):  # slots written so far are equal too
                 assert np.array_equal(a[:, :, : p + S], b[:, :, : p + S]), f"{label} at position {p}"
-            compared += 1
         buffers = {past: out for (past, _), out in zip(contract.cache_pairs(), clean[1:], strict=True)}
-    return compared
+        rows = clean[0][0]
+        logits.update(zip(range(p + S - len(rows), p + S), rows, strict=True))
+    return logits
+
+
+def _original_logits(session: ort.InferenceSession, contract: DecodeContract, tokens: list[int]) -> np.ndarray:
+    """The exporter-convention original's logits (T, V) for ``tokens`` in one call from an empty cache."""
+    T = len(tokens)
+    names = {arg.name for arg in session.get_inputs()}
+    empty = np.zeros((1, contract.num_kv_heads, 0, contract.head_dim), np.float32)
+    feeds = {"input_ids": np.array([tokens], np.int64), "attention_mask": np.ones((1, T), np.int64)}
+    feeds |= {past: empty for past, _ in contract.cache_pairs()}
+    if "position_ids" in names:
+        feeds["position_ids"] = np.arange(T, dtype=np.int64)[None]
+    return session.run([contract.logits], feeds)[0][0]
 
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_garbage_in_unused_cache_slots_never_reaches_the_logits(tmp_path, name):
     _, result = _rewritten(name)
     tokens = [int(t) for t in np.random.default_rng(1).integers(0, 512, 16)]  # crosses mistral's 8-token window
+    original = _session(model_io.load_model(fixture_entry(name)["model_path"]).model, tmp_path / "original")
     for artifact in result.artifacts.artifacts:  # the decode graph and the step_len 4 graph
         contract = read_contract(artifact.model)
-        session = _session(artifact.model, tmp_path / artifact.name)
-        assert _decode_with_garbage(session, contract, tokens) == 3 * len(tokens) // contract.step_len
+        logits = _decode_with_garbage(_session(artifact.model, tmp_path / artifact.name), contract, tokens)
+        assert len(logits) >= len(tokens) // contract.step_len
+        want = _original_logits(original, contract, tokens)  # one call over the whole sequence
+        for position, row in logits.items():  # causal triangle inside each chunk, window past 8
+            np.testing.assert_allclose(row, want[position], atol=1e-4, rtol=0, err_msg=f"position {position}")
 
 
 def test_garbage_reaches_the_logits_of_the_exporters_mask(tmp_path):

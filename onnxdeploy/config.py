@@ -47,6 +47,12 @@ class VerifyConfig(BaseModel):
     providers: list[str] = Field(
         default=["CPUExecutionProvider"], min_length=1, description="ONNX Runtime execution providers, in order."
     )
+    runtimes: list[Literal["onnxruntime", "openvino"]] = Field(
+        default=["onnxruntime"],
+        min_length=1,
+        description="Runtimes the candidate is also decoded on; each is compared with the original on ONNX Runtime "
+        "(openvino: CPU, INFERENCE_PRECISION_HINT f32; needs the openvino extra).",
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -55,7 +61,7 @@ class VerifyConfig(BaseModel):
             raise ValueError("token ids must be >= 0")
         return v
 
-    @field_validator("modes", "providers")
+    @field_validator("modes", "providers", "runtimes")
     @classmethod
     def _no_repeats(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
@@ -256,6 +262,13 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
             get_target(cfg.target)
         except ConfigError as exc:
             raise ConfigError(f"{p}: key 'target': {exc}") from None
+    if cfg.verify is not None:
+        from onnxdeploy.runner.runtimes import check_runtimes  # noqa: PLC0415
+
+        try:
+            check_runtimes(cfg.verify.runtimes)
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: key 'verify.runtimes': {exc}") from None
     cfg = cfg.model_copy(update={"model": model.resolve(), "output_dir": out.resolve(), "passes": passes, "source": p})
     _check_pass_settings(cfg, str(p))
     return cfg

@@ -43,6 +43,7 @@ from onnxdeploy.render import render_markdown
 from onnxdeploy.report import Finding, PassReport, PhaseReport, RunReport
 from onnxdeploy.resources import peak_rss_bytes, rss_bytes
 from onnxdeploy.runner import check_header, open_session, verify
+from onnxdeploy.runner.runtimes import compare_on_runtime
 
 __all__ = ["RunOutcome", "run_pipeline", "write_text_atomic"]
 
@@ -301,6 +302,7 @@ def run_pipeline(
         tmp_model = staged.path(primary.name)
 
         verify_report = None
+        runtime_reports = []
         if config.verify is not None:
             v = config.verify
             say(f"verify: {len(v.prompt)} prompt tokens + {v.steps} steps, modes {', '.join(v.modes)}")
@@ -324,12 +326,31 @@ def run_pipeline(
                 }
             )
 
+            for name in v.runtimes:
+                if name != "onnxruntime":
+                    say(f"verify on {name}: the candidate against the original on ONNX Runtime")
+                    runtime_reports.append(
+                        compare_on_runtime(
+                            str(model_in),
+                            str(tmp_model),
+                            name,
+                            prompt=list(v.prompt),
+                            steps=v.steps,
+                            max_abs_logit_diff=v.max_abs_logit_diff,
+                        )
+                    )
             clock.done("verify")
 
         failures = [f"{f.code} {f.message}" for f in findings if f.level == "error"]
         if verify_report is not None and not verify_report.passed:
             for mode in verify_report.modes.values():
                 failures += [f"verify {mode.mode}: {msg}" for msg in mode.failures]
+        for r in runtime_reports:
+            if not r.passed:
+                failures.append(
+                    f"verify on {r.runtime}: "
+                    + (r.refused or f"max |diff| {r.max_abs_logit_diff:.3g}, top-1 {r.top1_agreement:.3f}")
+                )
         contract = read_contract(primary.model, source=str(final_model))
         report = RunReport(
             status="failed" if failures else "passed",
@@ -344,6 +365,7 @@ def run_pipeline(
             checks_run=_check_names(config, artifacts),
             findings=findings,
             verify=verify_report,
+            runtimes=runtime_reports,
             failures=failures,
             wall_time_s=round(time.perf_counter() - start, 3),
             phases=clock.phases,

@@ -17,6 +17,7 @@ __all__ = [
     "Finding",
     "CHECK_REPORT_SCHEMA_VERSION",
     "CheckReport",
+    "RuntimeComparison",
     "PassReport",
     "StepRecord",
     "LatencySummary",
@@ -71,6 +72,26 @@ class CheckReport(BaseModel):
     summary: dict[str, int] = Field(default_factory=dict, description="Findings per level: error, warning, info.")
     findings: list[Finding] = Field(default_factory=list)
     sdk: dict[str, Any] | None = Field(None, description="The device SDK's own verdict (check --sdk), else null.")
+
+
+class RuntimeComparison(BaseModel):
+    """The candidate on one runtime against the original on ONNX Runtime (``verify.runtimes``).
+
+    The candidate is fed the original's greedy tokens (teacher-forced); errors are per position over the
+    vocabulary, top-1 agreement over all positions.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    runtime: str
+    device: str = Field(description="'CPU' for OpenVINO; the active ORT providers for onnxruntime.")
+    precision: str = Field("", description="OpenVINO's INFERENCE_PRECISION_HINT as compiled ('f32').")
+    passed: bool
+    positions: int = 0
+    top1_agreement: float = 0.0
+    max_abs_logit_diff: float | None = None
+    first_divergent_step: int | None = None
+    refused: str | None = Field(None, description="Why the runtime could not run the candidate (names the op).")
 
 
 class PassReport(BaseModel):
@@ -204,6 +225,9 @@ class RunReport(BaseModel):
     checks_run: list[str] = Field(default_factory=list, description="Registry names of the checks that ran.")
     findings: list[Finding] = Field(default_factory=list)
     verify: VerifyReport | None = Field(None, description="null when the pipeline has verify: null.")
+    runtimes: list[RuntimeComparison] = Field(
+        default_factory=list, description="verify.runtimes other than onnxruntime: each against the original on ORT."
+    )
     failures: list[str] = Field(default_factory=list, description="Why status is 'failed'.")
     wall_time_s: float = 0.0
     phases: list[PhaseReport] = Field(

@@ -1,0 +1,74 @@
+"""Second verification runtime (OpenVINO CPU, f32), refusal of runtimes not installed, ORT node placement."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from onnxdeploy.config import load_pipeline
+from onnxdeploy.errors import ConfigError
+from onnxdeploy.pipeline import run_pipeline
+from onnxdeploy.runner import runtimes
+from onnxdeploy.runner.runtimes import check_runtimes, compare_on_runtime, node_providers
+from tests.conftest import FIXTURE_NAMES, fixture_entry
+
+
+def _static(tmp_path, name: str) -> tuple[str, str]:
+    original = str(fixture_entry(name)["model_path"])
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(
+        f"model: {original}\noutput_dir: {tmp_path / 'out'}\npasses:\n  - static_kv: {{max_cache_len: 32}}\n"
+        "verify: null\n"
+    )
+    outcome = run_pipeline(load_pipeline(pipeline))
+    return original, str(outcome.model_path)
+
+
+def test_runtime_not_installed_is_refused_listing_the_installed_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtimes, "installed_runtimes", lambda: ["onnxruntime"])
+    with pytest.raises(ConfigError, match=r"runtime 'openvino' is not installed; installed runtimes: onnxruntime"):
+        check_runtimes(["onnxruntime", "openvino"])
+    with pytest.raises(ConfigError, match="unknown runtime 'tvm'"):
+        check_runtimes(["tvm"])
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(
+        f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\nverify: {{runtimes: [onnxruntime, openvino]}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"key 'verify.runtimes': runtime 'openvino' is not installed"):
+        load_pipeline(pipeline)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_static_fixture_decodes_on_openvino_cpu_like_the_original_on_ort(tmp_path, name):
+    pytest.importorskip("openvino", reason="optional extra: pip install -e '.[openvino]'")
+    original, static = _static(tmp_path, name)
+    result = compare_on_runtime(
+        original, static, "openvino", prompt=[1, 17, 42, 99, 7, 3], steps=10, max_abs_logit_diff=1e-4
+    )
+    assert result.refused is None and result.precision == "f32" and result.device == "openvino:CPU"
+    assert result.passed and result.top1_agreement == 1.0 and result.positions == 16, result
+    assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff <= 1e-4
+
+
+def test_pipeline_reports_each_runtime_against_the_original(tmp_path):
+    pytest.importorskip("openvino", reason="optional extra: pip install -e '.[openvino]'")
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(
+        f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\noutput_dir: {tmp_path / 'out'}\n"
+        "passes:\n  - static_kv: {max_cache_len: 32}\nverify: {steps: 4, runtimes: [onnxruntime, openvino]}\n"
+    )
+    outcome = run_pipeline(load_pipeline(pipeline))
+    assert outcome.exit_code == 0, outcome.report.failures
+    (ov,) = outcome.report.runtimes
+    assert ov.runtime == "openvino" and ov.passed and ov.max_abs_logit_diff <= 1e-4
+
+
+def test_node_providers_names_the_provider_of_every_node_and_leaves_no_profile(tmp_path, monkeypatch):
+    _, static = _static(tmp_path, "llama_gqa_optimum")
+    monkeypatch.chdir(tmp_path / "out")
+    before = sorted(os.listdir("."))
+    placement = node_providers(static)
+    assert placement["nodes"] and set(placement["nodes"].values()) == {"CPUExecutionProvider"}
+    assert placement["per_provider"]["CPUExecutionProvider"] == len(placement["nodes"])
+    assert sorted(os.listdir(".")) == before

@@ -21,13 +21,18 @@ __all__ = [
     "PassReport",
     "StepRecord",
     "LatencySummary",
+    "CallTiming",
+    "PrefillSummary",
+    "GraphReport",
     "ModeResult",
     "VerifyReport",
     "PhaseReport",
     "RunReport",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: step latencies are per single-token call (prompt positions computed by a multi-token call have none; the
+prefill is reported apart), positions a ``prefill_logits: last`` graph does not compute are not compared."""
 
 Level = Literal["error", "warning", "info"]
 
@@ -121,9 +126,9 @@ class PassReport(BaseModel):
 class StepRecord(BaseModel):
     """Comparison at one decode position (prompt positions included).
 
-    Logit errors are over the vocabulary of batch row 0..B-1 at that position; latencies in ms
-    are the wall time of one ``session.run`` (for the original's prefill, the prefill call's time
-    is attributed to every prompt position).
+    Logit errors are over the vocabulary of batch row 0 at that position. Latencies (ms) are the wall time
+    of the ``session.run`` that fed this one position alone; a position fed by a multi-token call (a prefill,
+    a bucket) has none: that call is in :class:`PrefillSummary`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -139,20 +144,50 @@ class StepRecord(BaseModel):
     max_rel_logit_diff: float
     cosine_similarity: float
     within_tolerance: bool
-    latency_ms_reference: float
-    latency_ms_candidate: float
+    latency_ms_reference: float | None = None
+    latency_ms_candidate: float | None = None
+    graph: str | None = Field(None, description="File name of the candidate graph that computed this position.")
 
 
 class LatencySummary(BaseModel):
-    """Latency percentiles of per-call ``session.run`` wall time, in ms."""
+    """Latency percentiles of per-call ``session.run`` wall time, in ms (single-token decode steps)."""
 
     model_config = ConfigDict(extra="forbid")
 
+    calls: int = Field(0, description="Calls summarized; with fewer than 100, p99 is close to the max.")
     p50: float
     p99: float
     max: float
     mean: float
+    min: float = 0.0
+    std: float = Field(0.0, description="Standard deviation (ms).")
+    iqr: float = Field(0.0, description="Interquartile range p75 - p25 (ms): the spread around the median.")
     spikes: int = Field(0, description="Calls slower than 3x the median.")
+
+
+class CallTiming(BaseModel):
+    """One multi-token call (a prefill or a bucket): which graph, how many real and padded tokens, how long."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    graph: str
+    start: int = Field(description="Position of its first token.")
+    tokens: int = Field(description="Real tokens fed.")
+    step_len: int = Field(description="Positions computed (tokens + padding).")
+    ms: float
+
+
+class PrefillSummary(BaseModel):
+    """The calls that fed the prompt, reported apart from the per-step latency."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: int
+    tokens: int
+    total_ms: float
+    ms_per_token: float
+    tokens_per_s: float
+    per_call: list[CallTiming] = Field(default_factory=list)
 
 
 class ModeResult(BaseModel):
@@ -169,8 +204,13 @@ class ModeResult(BaseModel):
     first_divergent_step: int | None = Field(
         description="First position whose top-1 differs or whose max abs diff breaks the tolerance."
     )
-    latency_ms: LatencySummary = Field(description="Candidate per-call latency (ms).")
-    reference_latency_ms: LatencySummary = Field(description="Original per-call latency (ms).")
+    latency_ms: LatencySummary = Field(description="Candidate per-step latency: single-token calls after the prompt.")
+    reference_latency_ms: LatencySummary = Field(description="Original per-step latency, measured the same way.")
+    prefill: PrefillSummary | None = Field(None, description="The candidate's prompt calls.")
+    reference_prefill: PrefillSummary | None = Field(None, description="The original's prompt call(s).")
+    positions_by_graph: dict[str, int] = Field(
+        default_factory=dict, description="Compared positions per candidate graph file (a graph set lists each)."
+    )
     failures: list[str] = Field(default_factory=list)
     steps: list[StepRecord] = Field(default_factory=list)
 
@@ -191,7 +231,22 @@ class VerifyReport(BaseModel):
     max_abs_logit_diff_threshold: float
     min_top1_agreement_threshold: float
     rss_growth_bytes: int = 0
+    strict_providers: bool = Field(False, description="A requested provider that fell back to CPU fails the run.")
+    graphs: list[str] = Field(default_factory=list, description="Candidate graph files driven (a graph set: all).")
+    failures: list[str] = Field(default_factory=list, description="Failures outside the modes (provider fallbacks).")
     modes: dict[str, ModeResult]
+
+
+class GraphReport(BaseModel):
+    """One graph file a run wrote (``report.json`` → ``graphs``): a decode graph or a prefill bucket."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: str
+    step_len: int
+    max_cache_len: int
+    prefill_logits: Literal["all", "last"]
+    role: Literal["decode", "prefill"]
 
 
 class PhaseReport(BaseModel):
@@ -221,6 +276,9 @@ class RunReport(BaseModel):
     notes: list[str] = Field(default_factory=list, description="What the loader did (e.g. sorted the graph).")
     target: str | None = None
     contract: dict[str, Any] | None = None
+    graphs: list[GraphReport] = Field(
+        default_factory=list, description="Every graph written (primary first), from each graph's contract."
+    )
     passes: list[PassReport] = Field(default_factory=list)
     checks_run: list[str] = Field(default_factory=list, description="Registry names of the checks that ran.")
     findings: list[Finding] = Field(default_factory=list)

@@ -198,8 +198,9 @@ def test_overflow_is_refused_naming_max_cache_len(tmp_path):
 
 
 def test_failed_checks_exit_1_and_still_write_model_and_report(tmp_path):
-    # No passes: the exported model is still dynamic and has no contract, so checks fail.
-    result, out = _invoke("run", str(_write_pipeline(tmp_path, passes=[])), "--json")
+    # No passes but the static-decoder checks named: the export is still dynamic and has no contract, so they fail.
+    checks = ["checker", "static_shapes", "topo_order", "contract"]
+    result, out = _invoke("run", str(_write_pipeline(tmp_path, passes=[], checks=checks)), "--json")
     assert result.exit_code == 1, out
     report = json.loads(result.stdout)
     assert report["status"] == "failed"

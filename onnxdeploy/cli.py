@@ -275,10 +275,22 @@ def verify_cmd(
     prompt: Annotated[str, typer.Option("--prompt", help="Comma-separated prompt token ids.")] = "1,17,42,99,7,3",
     max_abs_logit_diff: Annotated[float, typer.Option(help="Tolerance on max abs logit diff.")] = 1e-4,
     min_top1_agreement: Annotated[float, typer.Option(help="Minimum top-1 agreement rate.")] = 1.0,
+    providers: Annotated[
+        str, typer.Option("--providers", help="Comma-separated ONNX Runtime execution providers, in priority order.")
+    ] = "CPUExecutionProvider",
+    strict_providers: Annotated[
+        bool, typer.Option("--strict-providers", help="Exit 1 when a requested provider fell back to another.")
+    ] = False,
+    remainder: Annotated[
+        str, typer.Option("--remainder", help="Graph sets: feed the prompt's remainder 'padded' or through 'buckets'.")
+    ] = "padded",
     report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the step-by-step runner alone: decode both models greedily and compare logits per position."""
+    """Run the step-by-step runner alone: decode both models greedily and compare logits per position.
+
+    A candidate whose contract lists a graph set (prefill buckets, several cache lengths) is driven as a set.
+    """
     from onnxdeploy.model_io import check_not_an_input, input_files
     from onnxdeploy.pipeline import write_text_atomic
     from onnxdeploy.runner import verify
@@ -291,6 +303,11 @@ def verify_cmd(
         raise _fail(err, error, as_json=as_json) from None
     if not tokens:
         raise _fail(err, ConfigError("--prompt is empty"), as_json=as_json)
+    requested = [name.strip() for name in providers.split(",") if name.strip()]
+    if not requested:
+        raise _fail(err, ConfigError("--providers is empty"), as_json=as_json)
+    if remainder not in ("padded", "buckets"):
+        raise _fail(err, ConfigError(f"--remainder must be 'padded' or 'buckets', got {remainder!r}"), as_json=as_json)
     try:
         with _progress(err) as bar:
             on_verify = _progress_callback(bar)
@@ -301,6 +318,9 @@ def verify_cmd(
                 steps=steps,
                 max_abs_logit_diff=max_abs_logit_diff,
                 min_top1_agreement=min_top1_agreement,
+                providers=tuple(requested),
+                strict_providers=strict_providers,
+                remainder=remainder,  # type: ignore[arg-type]
                 progress=on_verify,
             )
     except OnnxDeployError as exc:
@@ -329,6 +349,8 @@ def verify_cmd(
             out.print(f"{m.mode}: first divergent step: {first}")
             for msg in m.failures:
                 out.print(f"[red]FAILED {m.mode}:[/] {msg}", soft_wrap=True)
+        for msg in result.failures:
+            out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
         out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAILED)
 

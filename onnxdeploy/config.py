@@ -47,6 +47,14 @@ class VerifyConfig(BaseModel):
     providers: list[str] = Field(
         default=["CPUExecutionProvider"], min_length=1, description="ONNX Runtime execution providers, in order."
     )
+    strict_providers: StrictBool = Field(
+        False, description="Fail (exit 1) when a requested provider is not active (ONNX Runtime fell back to CPU)."
+    )
+    remainder: Literal["padded", "buckets"] = Field(
+        "padded",
+        description="Graph sets: how the prompt tokens left after the largest bucket are fed: one padded chunk of "
+        "the smallest bucket that holds them, or smaller buckets.",
+    )
     runtimes: list[Literal["onnxruntime", "openvino"]] = Field(
         default=["onnxruntime"],
         min_length=1,

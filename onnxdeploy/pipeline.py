@@ -40,7 +40,7 @@ from onnxdeploy.model_io import (
 )
 from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
 from onnxdeploy.render import render_markdown
-from onnxdeploy.report import Finding, PassReport, PhaseReport, RunReport
+from onnxdeploy.report import Finding, GraphReport, PassReport, PhaseReport, RunReport
 from onnxdeploy.resources import peak_rss_bytes, rss_bytes
 from onnxdeploy.runner import check_header, open_session, verify
 from onnxdeploy.runner.runtimes import compare_on_runtime
@@ -188,7 +188,7 @@ def _check_prompt_vocab(config: PipelineConfig, where: str) -> None:
     v = config.verify
     assert v is not None
     try:
-        check_header(config.model, list(v.prompt), len(v.prompt) + v.steps, verifying=False)
+        check_header(config.model, list(v.prompt), len(v.prompt) + v.steps)
     except (ConfigError, ContractError) as exc:
         raise ConfigError(f"{where}: key 'verify.prompt': {exc}") from None
 
@@ -283,6 +283,9 @@ def run_pipeline(
                     ]
 
         clock.done("passes")
+        inputs = input_files(config.model)
+        for artifact in artifacts.artifacts[1:]:  # the primary's name was checked before any work
+            check_not_an_input(out_dir / artifact.name, inputs, "output model")
         external = artifacts.external()
         say(f"writing {len(artifacts.artifacts)} graph(s)" + (" and one external data file" if external else ""))
         staged = stage_artifacts(
@@ -315,6 +318,8 @@ def run_pipeline(
                 max_abs_logit_diff=v.max_abs_logit_diff,
                 min_top1_agreement=v.min_top1_agreement,
                 providers=tuple(v.providers),
+                strict_providers=v.strict_providers,
+                remainder=v.remainder,
                 progress=verify_progress,
             )
             verify_report = verify_report.model_copy(
@@ -343,6 +348,7 @@ def run_pipeline(
 
         failures = [f"{f.code} {f.message}" for f in findings if f.level == "error"]
         if verify_report is not None and not verify_report.passed:
+            failures += [f"verify: {msg}" for msg in verify_report.failures]
             for mode in verify_report.modes.values():
                 failures += [f"verify {mode.mode}: {msg}" for msg in mode.failures]
         for r in runtime_reports:
@@ -361,6 +367,7 @@ def run_pipeline(
             notes=artifacts.notes,
             target=config.target,
             contract=contract.model_dump() if contract else None,
+            graphs=_graph_reports(artifacts),
             passes=pass_reports,
             checks_run=_check_names(config, artifacts),
             findings=findings,
@@ -417,6 +424,24 @@ def _check_names(config: PipelineConfig, artifacts: ArtifactSet) -> list[str]:
     if config.target:
         checks += [name for name in TARGET_CHECKS if name not in checks]
     return checks
+
+
+def _graph_reports(artifacts: ArtifactSet) -> list[GraphReport]:
+    """``report.json`` → ``graphs``: every graph written that carries a contract, primary first."""
+    graphs = []
+    for artifact in artifacts.artifacts:
+        c = read_contract(artifact.model, source=artifact.name)
+        if c is not None:
+            graphs.append(
+                GraphReport(
+                    file=artifact.name,
+                    step_len=c.step_len,
+                    max_cache_len=c.max_cache_len,
+                    prefill_logits=c.prefill_logits,
+                    role="decode" if c.step_len == 1 else "prefill",
+                )
+            )
+    return graphs
 
 
 def _remove_if_made(out_dir: Path, made_dir: bool) -> None:

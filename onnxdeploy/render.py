@@ -28,6 +28,17 @@ def render_markdown(report: RunReport) -> str:
         + ", ".join(f"{k} {v}" for k, v in report.versions.items()),
         "",
     ]
+    if len(report.graphs) > 1:
+        lines += [
+            "## Graphs (one weights file)",
+            "",
+            "| file | role | step_len | max_cache_len | logits |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{g.file}` | {g.role} | {g.step_len} | {g.max_cache_len} | {g.prefill_logits} |" for g in report.graphs
+        ]
+        lines.append("")
     if report.notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
     if report.failures:
@@ -95,18 +106,33 @@ def render_markdown(report: RunReport) -> str:
                 f"{m.latency_ms.p99:.3f} / {m.reference_latency_ms.p99:.3f} |"
             )
         lines.append("")
+        lines += [f"- **failed:** {line}" for line in v.failures]
+        for m in v.modes.values():
+            for who, pre in (("candidate", m.prefill), ("original", m.reference_prefill)):
+                if pre is not None:
+                    lines.append(
+                        f"- {m.mode} prefill ({who}): {pre.tokens} tokens in {pre.calls} call(s), "
+                        f"{pre.total_ms:.3f} ms ({pre.tokens_per_s:.0f} tokens/s)"
+                    )
+            lat = m.latency_ms
+            lines.append(
+                f"- {m.mode} steps (candidate): {lat.calls} calls, p50 {lat.p50:.3f} ms, p99 {lat.p99:.3f} ms, "
+                f"IQR {lat.iqr:.3f} ms, {lat.spikes} spike(s) > 3× median"
+            )
+        lines.append("")
         for m in v.modes.values():
             lines += [
                 f"### {m.mode}: per position",
                 "",
-                "| pos | phase | token in | top-1 ref | top-1 cand | max abs diff | cosine | ms cand |",
-                "|---|---|---|---|---|---|---|---|",
+                "| pos | phase | graph | token in | top-1 ref | top-1 cand | max abs diff | cosine | ms cand |",
+                "|---|---|---|---|---|---|---|---|---|",
             ]
             for s in m.steps:
                 mark = "" if s.top1_match and s.within_tolerance else " ⚠"
+                ms = "—" if s.latency_ms_candidate is None else f"{s.latency_ms_candidate:.3f}"
                 lines.append(
-                    f"| {s.position}{mark} | {s.phase} | {s.token_in} | {s.top1_reference} | {s.top1_candidate} | "
-                    f"{s.max_abs_logit_diff:.3g} | {s.cosine_similarity:.6f} | {s.latency_ms_candidate:.3f} |"
+                    f"| {s.position}{mark} | {s.phase} | {s.graph or ''} | {s.token_in} | {s.top1_reference} | "
+                    f"{s.top1_candidate} | {s.max_abs_logit_diff:.3g} | {s.cosine_similarity:.6f} | {ms} |"
                 )
             lines.append("")
     return "\n".join(lines) + "\n"

@@ -102,7 +102,12 @@ class ArtifactSet:
         return sum(seen.values())
 
     def external(self) -> bool:
-        """Whether the writer puts large weights into one external data file."""
+        """Whether the writer puts large weights into one external data file.
+
+        ``auto`` with several graphs is external: inline, every graph would carry its own copy of the weights.
+        """
+        if len(self.artifacts) > 1 and self.weights.mode == "auto":
+            return True
         return self.weights.external(self.weight_bytes(), self.input_was_external)
 
     def with_models(self, models: list[ir.Model]) -> ArtifactSet:

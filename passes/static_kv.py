@@ -17,17 +17,27 @@ What the pass does (DESIGN.md, "Passes" → ``static_kv``), each step a function
   (``numpy.finfo(dtype).min``, what transformers itself uses) so a fully masked row cannot make NaN.
 * Shape arithmetic is folded (onnxsim, constant folding only, on a weightless copy) and the decode
   contract is written to ``metadata_props`` (DESIGN.md, "The decode contract").
+
+A graph set (``step_lens`` and/or ``max_cache_lens`` lists): one graph per (step length S, cache length L),
+each the rewrite above of its own structural copy of the input (:meth:`ArtifactSet.copy_graph`: the copies
+hold the very same weight tensors, so the writer puts each weight once into one data file). The primary
+graph (smallest S, largest L) keeps the pipeline's file name; the others are ``<stem>.s<S>.c<L>.onnx``.
+A prefill graph (S > 1) with ``prefill_logits: last`` gathers the hidden state of the position named by the
+new int64 input ``last_token_index`` ``(B,)`` before the LM head, so its logits are ``(B, 1, V)`` and the LM
+head runs once per call. Every contract lists the set (``graph_set``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import PurePath
+from typing import Literal, Self
 
+import numpy as np
 import onnx_ir as ir
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from onnxdeploy.contract import write_contract
+from onnxdeploy.contract import DecodeContract, GraphSetEntry, write_contract
 from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
 from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output
 from onnxdeploy.passes._cache_edits import (
@@ -35,14 +45,17 @@ from onnxdeploy.passes._cache_edits import (
     KNOWN_INPUTS,
     add_cache_position,
     build_contract,
+    cast_cache_boundary,
     feed_query_positions,
     find_query_positions,
     fix_io_dims,
+    infer_shapes,
     refold_and_infer,
     replace_neg_inf,
     rewrite_cache_writes,
 )
 from onnxdeploy.passes._pass_infra import (
+    Artifact,
     ArtifactSet,
     Pass,
     PassConfig,
@@ -53,7 +66,18 @@ from onnxdeploy.passes._pass_infra import (
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes, format_bytes
 
-__all__ = ["StaticKVConfig", "StaticKVCachePass", "MemoryEstimate", "estimate_memory"]
+__all__ = [
+    "LAST_TOKEN_INDEX",
+    "StaticKVConfig",
+    "StaticKVCachePass",
+    "MemoryEstimate",
+    "estimate_memory",
+    "gather_last_position",
+    "graph_file_name",
+]
+
+LAST_TOKEN_INDEX = "last_token_index"
+"""Name of the int64 ``(B,)`` input of a ``prefill_logits: last`` graph: the chunk index of the last real token."""
 
 _FOLDED_AWAY = ("Shape", "Range", "Trilu")
 RUNTIME_CACHE_COPIES = 3
@@ -76,9 +100,28 @@ class StaticKVConfig(PassConfig):
     """Config of ``static_kv``."""
 
     batch: int = Field(1, ge=1, description="Fixed batch size B of every input.")
-    step_len: int = Field(1, ge=1, description="Tokens per call S (1 for the decode graph).")
-    max_cache_len: int = Field(
-        ..., ge=1, description="Slots of the fixed cache buffer (B, H_kv, max_cache_len, D); bounds the context."
+    step_len: int | None = Field(
+        None, ge=1, description="Tokens per call S of the one graph (1, the default: the decode graph); or step_lens."
+    )
+    step_lens: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="Several step lengths (1 = decode graph, larger = prefill buckets): one graph per (step "
+        "length, cache length), all sharing one weights file.",
+    )
+    max_cache_len: int | None = Field(
+        None, ge=1, description="Slots of the fixed cache buffer (B, H_kv, max_cache_len, D); bounds the context."
+    )
+    max_cache_lens: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="Several cache lengths: one graph per (step length, cache length); the host runs the smallest "
+        "that fits the context and moves the buffers into the next one when it outgrows it.",
+    )
+    prefill_logits: Literal["last", "all"] = Field(
+        "last",
+        description="Graphs with step_len > 1: last = logits (B, 1, V) of the position at the last_token_index "
+        "input only (the LM head skips the others); all = logits (B, step_len, V).",
     )
     cache_update: Literal["full_buffer", "new_token_only"] = Field(
         "full_buffer",
@@ -86,6 +129,42 @@ class StaticKVConfig(PassConfig):
         "new_token_only: present.* are the step's K/V (B, H_kv, step_len, D) for the host to write at "
         "cache_position.",
     )
+    kv_dtype: Literal["float32", "float16"] | None = Field(
+        None,
+        description="Cache element type apart from the compute dtype (e.g. float16 on an fp32 model): cache I/O in "
+        "this dtype, cast at the cache boundary; default: the model's.",
+    )
+
+    @model_validator(mode="after")
+    def _one_form_each(self) -> Self:
+        if (self.max_cache_len is None) == (self.max_cache_lens is None):
+            raise ValueError("give exactly one of max_cache_len and max_cache_lens")
+        if self.step_len is not None and self.step_lens is not None:
+            raise ValueError("give step_len or step_lens, not both")
+        for key in ("step_lens", "max_cache_lens"):
+            values = getattr(self, key)
+            if values is not None and (min(values) < 1 or len(set(values)) != len(values)):
+                raise ValueError(f"{key} must hold distinct integers >= 1, got {values}")
+        return self
+
+    def steps(self) -> list[int]:
+        """The step lengths, ascending (``[1]`` when neither key is given)."""
+        return sorted(self.step_lens) if self.step_lens is not None else [self.step_len or 1]
+
+    def caches(self) -> list[int]:
+        """The cache lengths, ascending."""
+        return sorted(self.max_cache_lens) if self.max_cache_lens is not None else [self.max_cache_len or 0]
+
+    def graphs(self) -> list[tuple[int, int]]:
+        """Every ``(step_len, max_cache_len)`` pair, the primary graph (smallest S, largest L) first.
+
+        Then the other decode-length graphs by cache length, then the prefill buckets by step length and
+        cache length.
+        """
+        steps, caches = self.steps(), self.caches()
+        primary = (steps[0], caches[-1])
+        rest = sorted(((s, c) for s in steps for c in caches if (s, c) != primary), key=lambda sc: (sc[0], sc[1]))
+        return [primary, *rest]
 
 
 @dataclass(frozen=True)
@@ -127,7 +206,7 @@ def estimate_memory(kv: KVCache, cfg: StaticKVConfig, *, copies: int = RUNTIME_C
 
     Args:
         kv: the cache of the input model (layers, H_kv, D, dtype).
-        cfg: the pass config (batch, step_len, max_cache_len).
+        cfg: the pass config (batch; the largest step length and cache length of the set).
         copies: cache buffers alive at once while decoding.
 
     Returns:
@@ -135,22 +214,99 @@ def estimate_memory(kv: KVCache, cfg: StaticKVConfig, *, copies: int = RUNTIME_C
     """
     itemsize = kv.numpy_dtype.itemsize
     layers = len(kv.layers)
-    cache = 2 * layers * cfg.batch * kv.num_kv_heads * cfg.max_cache_len * kv.head_dim * itemsize * copies
-    slots = cfg.max_cache_len * cfg.step_len * cfg.batch
+    max_cache_len, step_len = cfg.caches()[-1], cfg.steps()[-1]  # the largest graph of a set
+    cache = 2 * layers * cfg.batch * kv.num_kv_heads * max_cache_len * kv.head_dim * itemsize * copies
+    slots = max_cache_len * step_len * cfg.batch
     peak = FOLDING_PEAK_BYTES_PER_SLOT * slots
     return MemoryEstimate(
         cache_bytes=cache,
         cache_text=(
-            f"2 × {layers} layers × {cfg.batch} × {kv.num_kv_heads} heads × {cfg.max_cache_len} slots × "
+            f"2 × {layers} layers × {cfg.batch} × {kv.num_kv_heads} heads × {max_cache_len} slots × "
             f"{kv.head_dim} × {itemsize} bytes × {copies} copies = {format_bytes(cache)}"
         ),
         folded_bytes=FOLDED_BYTES_PER_SLOT * slots,
         folding_peak_bytes=peak,
         folding_text=(
-            f"~{FOLDING_PEAK_BYTES_PER_SLOT} bytes × {cfg.max_cache_len} slots × {cfg.step_len} × {cfg.batch} = "
+            f"~{FOLDING_PEAK_BYTES_PER_SLOT} bytes × {max_cache_len} slots × {step_len} × {cfg.batch} = "
             f"{format_bytes(peak)}"
         ),
     )
+
+
+def graph_file_name(primary: str, step_len: int, max_cache_len: int) -> str:
+    """File name of a non-primary graph of a set: ``model.onnx`` → ``model.s16.c1024.onnx``.
+
+    Args:
+        primary: the primary graph's file name (the pipeline's ``output_name``).
+        step_len: S of the graph.
+        max_cache_len: L of the graph.
+    """
+    path = PurePath(primary)
+    return f"{path.stem}.s{step_len}.c{max_cache_len}{path.suffix}"
+
+
+_ELEMENTWISE_AFTER_HEAD = ("Identity", "Cast", "Tanh", "Mul", "Div", "Add", "Sub")
+"""Ops allowed between the LM head and the logits output (soft-capping, casts): they act per position."""
+
+
+def gather_last_position(model: ir.Model, logits_name: str, *, batch: int, who: str = "static_kv") -> str:
+    """Feed the LM head only the hidden state at ``last_token_index``: logits become ``(B, 1, V)``.
+
+    The LM head is the MatMul whose output reaches the logits output through per-position ops only
+    (:data:`_ELEMENTWISE_AFTER_HEAD` with constant other operands). Its hidden-state operand ``(B, S, H)`` is
+    replaced by ``GatherElements(hidden, Expand(Reshape(last_token_index, (B, 1, 1)), (B, 1, H)), axis=1)``
+    ``(B, 1, H)``; the new input ``last_token_index`` is int64 ``(B,)``. Shapes are re-inferred.
+
+    Args:
+        model: a static graph (shapes inferred), edited in place.
+        logits_name: its logits output.
+        batch: B.
+        who: the pass named in errors.
+
+    Returns:
+        The LM head node's name, for the report.
+
+    Raises:
+        PreconditionError: no MatMul reached that way, or its hidden-state operand is not a static
+            ``(B, S, H)``; the message suggests ``prefill_logits: all``.
+    """
+    graph = model.graph
+    value = next(v for v in graph.outputs if v.name == logits_name)
+    node = value.producer()
+    while node is not None and node.op_type != "MatMul":
+        others = [i for i in node.inputs[1:] if i is not None]
+        if node.op_type not in _ELEMENTWISE_AFTER_HEAD or any(
+            i.const_value is None or i.const_value.size != 1 for i in others
+        ):
+            node = None
+            break
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    hidden = node.inputs[0] if node is not None else None
+    shape = hidden.shape if hidden is not None else None
+    if node is None or hidden is None or shape is None or len(shape) != 3 or not all(isinstance(d, int) for d in shape):
+        raise PreconditionError(
+            who,
+            f"prefill_logits: last needs the LM head as a MatMul on hidden states (B, S, H) whose output reaches "
+            f"'{logits_name}' through per-position ops only; found none (hidden operand shape {shape}). "
+            "Use prefill_logits: all",
+        )
+    index = ir.Value(name=LAST_TOKEN_INDEX, shape=ir.Shape([batch]), type=ir.TensorType(ir.DataType.INT64))
+    graph.inputs.append(index)
+    prefix = "onnxdeploy/static_kv/last_position"
+    shape3 = ir.Value(name=f"{prefix}/index_shape", const_value=ir.tensor(np.array([batch, 1, 1], dtype=np.int64)))
+    wide = ir.Value(name=f"{prefix}/gather_shape", const_value=ir.tensor(np.array([1, 1, shape[2]], dtype=np.int64)))
+    for const in (shape3, wide):
+        const.const_value.name = const.name  # type: ignore[union-attr]
+        graph.register_initializer(const)
+    reshape = ir.node("Reshape", [index, shape3], name=f"{prefix}/Reshape")
+    expand = ir.node("Expand", [reshape.outputs[0], wide], name=f"{prefix}/Expand")
+    gather = ir.node("GatherElements", [hidden, expand.outputs[0]], {"axis": 1}, name=f"{prefix}/GatherElements")
+    for n, out in ((reshape, "index_3d"), (expand, "index_wide"), (gather, "hidden")):
+        n.outputs[0].name = f"{prefix}/{out}"
+    graph.insert_before(node, [reshape, expand, gather])
+    node.replace_input_with(0, gather.outputs[0])
+    infer_shapes(model)
+    return str(node.name or "?")
 
 
 @register_pass
@@ -161,21 +317,24 @@ class StaticKVCachePass(Pass):
     optional ``position_ids`` (B, S), past K/V (B, H_kv, past, D), present K/V (B, H_kv, past+S, D),
     logits (B, S, V)). Output: the same graph with every dim static, a new ``cache_position`` int64
     ``[step_len]`` input, ``attention_mask`` int64 ``(B, max_cache_len)``, past K/V
-    ``(B, H_kv, max_cache_len, D)``, and the decode contract in ``metadata_props``. The pass is functional: it
-    rewrites a structural copy of the graph (:meth:`ArtifactSet.copy_graph`: no weight copied, the rewritten
-    graph holds the same weight tensors) and returns a new set; the graph it was given is left as it was.
+    ``(B, H_kv, max_cache_len, D)``, and the decode contract in ``metadata_props``; with several step or
+    cache lengths, one such graph per ``(step_len, max_cache_len)`` (module docstring). The pass is
+    functional: it rewrites structural copies of the graph (:meth:`ArtifactSet.copy_graph`: no weight copied,
+    the rewritten graphs hold the same weight tensors) and returns a new set; the graph it was given is left
+    as it was.
 
     Raises:
         ConfigError: from :meth:`check_settings` / :meth:`check_model` (verification cannot fit, cache
             buffers larger than the memory available).
         PreconditionError: more than one graph, no KV cache found (the message says what was looked for and
             found), no single logits output, an unknown non-cache input, a batch other than the export's fixed
-            one, ``max_cache_len < step_len``, opset < 11, or a contract already present.
+            one, a step length above a cache length, opset < 11, a contract already present, no query-position
+            tensor for a step length above 1, or (``prefill_logits: last``) no LM head found.
         PostconditionError: a graph input or output is still dynamic after folding.
     """
 
     name = "static_kv"
-    summary = "Fix batch/step_len/max_cache_len; Concat-appended cache -> ScatterElements at cache_position."
+    summary = "Fix batch/step_len/max_cache_len (or a graph set); Concat-appended cache -> ScatterElements."
     config_model = StaticKVConfig
     config: StaticKVConfig
     in_place = False
@@ -183,30 +342,26 @@ class StaticKVCachePass(Pass):
     # ------------------------------------------------------------------------------------- validation
 
     def check_settings(self, settings: PipelineSettings) -> None:
-        """Refuse a verification the static graph cannot run (the caller prefixes the pipeline key).
+        """Refuse a verification the static graphs cannot run (the caller prefixes the pipeline key).
 
         Args:
             settings: the pipeline's non-pass sections.
 
         Raises:
-            ConfigError: ``len(prompt) + steps > max_cache_len``, or ``step_len > 1`` with verification.
-                Messages start with the key below ``passes[i].static_kv`` (``max_cache_len=…``, ``step_len=…``).
+            ConfigError: ``len(prompt) + steps`` above the largest cache length. The message starts with the key
+                below ``passes[i].static_kv`` (``max_cache_len=…`` or ``max_cache_lens=…``).
         """
         cfg = self.config
         positions = settings.verify_positions
         if positions is None:
             return
         prompt = settings.verify_prompt_len or 0
-        if positions > cfg.max_cache_len:
+        largest = cfg.caches()[-1]
+        if positions > largest:
+            key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
             raise ConfigError(
-                f"max_cache_len={cfg.max_cache_len} is smaller than the {prompt} prompt tokens + "
-                f"{positions - prompt} steps = {positions} positions verification decodes; lower verify.steps or "
-                "raise max_cache_len"
-            )
-        if cfg.step_len > 1:
-            raise ConfigError(
-                f"step_len={cfg.step_len}: the runner decodes one token per call, so a step_len {cfg.step_len} graph "
-                "(a prefill bucket) cannot be verified greedily yet; use step_len 1 or set verify: null"
+                f"{key} is smaller than the {prompt} prompt tokens + {positions - prompt} steps = {positions} "
+                "positions verification decodes; lower verify.steps or raise the largest cache length"
             )
 
     def check_model(self, model: ir.Model, settings: PipelineSettings) -> None:
@@ -229,7 +384,7 @@ class StaticKVCachePass(Pass):
         why = estimate_memory(kv, self.config).refusal(available)
         if why is not None:
             raise ConfigError(
-                f"max_cache_len={self.config.max_cache_len} does not fit in memory: {why}; lower max_cache_len or batch"
+                f"max_cache_len={self.config.caches()[-1]} does not fit in memory: {why}; lower max_cache_len or batch"
             )
 
     def _find(self, model: ir.Model) -> KVCache:
@@ -248,7 +403,7 @@ class StaticKVCachePass(Pass):
         return kv
 
     def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
-        """One graph, ``max_cache_len >= step_len``, ai.onnx opset ≥ 11 and no contract yet.
+        """One graph, every step length ≤ every cache length, ai.onnx opset ≥ 11 and no contract yet.
 
         Raises:
             PreconditionError: naming what is missing.
@@ -259,9 +414,11 @@ class StaticKVCachePass(Pass):
                 self.name, f"expected one graph (the export); got {len(artifacts.artifacts)}: run static_kv first"
             )
         model = artifacts.primary
-        if cfg.max_cache_len < cfg.step_len:
+        if cfg.caches()[0] < cfg.steps()[-1]:
             raise PreconditionError(
-                self.name, f"max_cache_len={cfg.max_cache_len} is smaller than step_len={cfg.step_len}"
+                self.name,
+                f"max_cache_len={cfg.caches()[0]} is smaller than step_len={cfg.steps()[-1]}; every graph of a set "
+                "must hold its largest chunk",
             )
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
         if opset < 11:
@@ -276,12 +433,11 @@ class StaticKVCachePass(Pass):
     # ---------------------------------------------------------------------------------------- rewrite
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
-        """Rewrite the cache of the primary graph; see the class docstring."""
+        """Rewrite one structural copy of the primary graph per ``(step_len, max_cache_len)`` (class docstring)."""
         cfg = self.config
-        B, S, L = cfg.batch, cfg.step_len, cfg.max_cache_len
-        model = artifacts.copy_graph(artifacts.primary)
-        g = model.graph
-        kv = self._find(model)
+        original = artifacts.primary
+        kv = self._find(original)
+        g = original.graph
         cache_inputs = {t.past_name for t in kv.tensors}
         other = [
             str(v.name)
@@ -296,10 +452,10 @@ class StaticKVCachePass(Pass):
         if "input_ids" not in {v.name for v in g.inputs}:
             raise PreconditionError(self.name, "the model has no 'input_ids' input")
 
-        query_positions = find_query_positions(model, kv, context, who=self.name)
+        query_positions = find_query_positions(original, kv, context, who=self.name)
         if query_positions:
             report.changes.append(f"query-position tensor(s) {query_positions} now read the cache_position input")
-        elif S > 1:
+        elif cfg.steps()[-1] > 1:
             raise PreconditionError(
                 self.name,
                 "no query-position tensor (past_len + arange(S)) found; a static step_len > 1 graph would get a "
@@ -311,6 +467,63 @@ class StaticKVCachePass(Pass):
                 "step_len 1 without sliding window)"
             )
 
+        primary_name = artifacts.artifacts[0].name
+        pairs = cfg.graphs()
+        names = [primary_name] + [graph_file_name(primary_name, s, c) for s, c in pairs[1:]]
+        built: list[tuple[str, ir.Model, DecodeContract]] = []
+        for i, ((S, L), name) in enumerate(zip(pairs, names, strict=True)):
+            graph_report = report if i == 0 else PassReport(name=self.name)
+            model, contract = self._rewrite(artifacts.copy_graph(original), query_positions, S, L, graph_report)
+            built.append((name, model, contract))
+            if i > 0:
+                report.warnings += [f"{name}: {w}" for w in graph_report.warnings]
+                report.changes.append(
+                    f"{name}: step_len {S}, max_cache_len {L}, prefill_logits {contract.prefill_logits}, "
+                    f"{len(graph_report.changes)} change(s) as for {primary_name}"
+                )
+        graph_set = [
+            GraphSetEntry(
+                file=name,
+                step_len=c.step_len,
+                max_cache_len=c.max_cache_len,
+                prefill_logits=c.prefill_logits,
+                role="decode" if c.step_len == 1 else "prefill",
+            )
+            for name, _, c in built
+        ]
+        for _, model, contract in built:
+            write_contract(model, contract.model_copy(update={"graph_set": graph_set}))
+        if len(built) > 1:
+            report.changes.append(
+                f"graph set of {len(built)} sharing one weights file: {', '.join(n for n, _, _ in built)}"
+            )
+        out = ArtifactSet(
+            [Artifact(name, model) for name, model, _ in built],
+            weights=artifacts.weights,
+            input_was_external=artifacts.input_was_external,
+            notes=list(artifacts.notes),
+        )
+        return out, True
+
+    def _rewrite(
+        self, model: ir.Model, query_positions: list[str], S: int, L: int, report: PassReport
+    ) -> tuple[ir.Model, DecodeContract]:
+        """One static graph of step length ``S`` and cache length ``L`` from a structural copy of the input.
+
+        Args:
+            model: a structural copy of the input (edited, then folded into a new model).
+            query_positions: the exporter's query-position values (names on the input; the copy keeps them).
+            S: step_len.
+            L: max_cache_len.
+            report: receives changes, dims fixed and warnings.
+
+        Returns:
+            The folded graph and its contract (``graph_set`` still empty).
+        """
+        cfg = self.config
+        B = cfg.batch
+        g = model.graph
+        kv = self._find(model)
         cache_position = add_cache_position(g, S, who=self.name)
         report.changes.append(f"added input {CACHE_POSITION} int64 [{S}]")
         report.changes += rewrite_cache_writes(
@@ -337,21 +550,37 @@ class StaticKVCachePass(Pass):
         contract = build_contract(
             folded, kv, batch=B, step_len=S, max_cache_len=L, cache_update=cfg.cache_update, who=self.name
         )
-        write_contract(folded, contract)
+        if S > 1:
+            update: dict[str, object] = {"padding": "trailing"}
+            if cfg.prefill_logits == "last":
+                head = gather_last_position(folded, contract.logits, batch=B, who=self.name)
+                report.changes.append(
+                    f"LM head '{head}' reads only the position at input {LAST_TOKEN_INDEX} int64 [{B}]: logits "
+                    f"(B, 1, V)"
+                )
+                update["prefill_logits"] = "last"
+                update["inputs"] = contract.inputs.model_copy(update={"last_token_index": LAST_TOKEN_INDEX})
+            contract = contract.model_copy(update=update)
+        if cfg.kv_dtype is not None and cfg.kv_dtype != contract.kv_dtype:
+            report.changes.append(cast_cache_boundary(folded, contract, cfg.kv_dtype, who=self.name))
+            contract = contract.model_copy(update={"kv_dtype": cfg.kv_dtype})
         report.changes.append(
             f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={B}, step_len={S}, "
             f"max_cache_len={L}, {cfg.cache_update}"
         )
-        return artifacts.with_models([folded]), True
+        return folded, contract
 
     def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
-        """Every graph input and output of the primary graph has a fully static shape.
+        """Every graph input and output of every graph has a fully static shape.
 
         Raises:
-            PostconditionError: naming the first dynamic input or output and its dims.
+            PostconditionError: naming the graph and its first dynamic input or output and its dims.
         """
-        g = artifacts.primary.graph
-        for value in [*g.inputs, *g.outputs]:
-            shape = value.shape
-            if shape is None or not all(isinstance(d, int) for d in shape):
-                raise PostconditionError(self.name, f"'{value.name}' is not static after the rewrite: {shape}")
+        for artifact in artifacts.artifacts:
+            g = artifact.model.graph
+            for value in [*g.inputs, *g.outputs]:
+                shape = value.shape
+                if shape is None or not all(isinstance(d, int) for d in shape):
+                    raise PostconditionError(
+                        self.name, f"{artifact.name}: '{value.name}' is not static after the rewrite: {shape}"
+                    )

@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 
 from onnxdeploy.errors import OnnxDeployError
-from onnxdeploy.report import LatencySummary, ModeResult, StepRecord
+from onnxdeploy.report import LatencySummary, ModeResult, PrefillSummary, StepRecord
 
 __all__ = ["REL_EPS", "SPIKE_FACTOR", "TOP_K", "latency_summary", "step_record", "summarize_mode"]
 
@@ -38,9 +38,10 @@ def step_record(
     token_in: int,
     reference: np.ndarray,
     candidate: np.ndarray,
-    latency_ms_reference: float,
-    latency_ms_candidate: float,
+    latency_ms_reference: float | None,
+    latency_ms_candidate: float | None,
     max_abs_logit_diff: float,
+    graph: str | None = None,
 ) -> StepRecord:
     """Compare the reference and candidate logits at one position.
 
@@ -50,9 +51,11 @@ def step_record(
         token_in: token fed to the candidate at this position.
         reference: float32 ``(V,)`` logits of the original model.
         candidate: float32 ``(V,)`` logits of the candidate.
-        latency_ms_reference: reference ``session.run`` wall time that computed this position (ms).
-        latency_ms_candidate: candidate ``session.run`` wall time that computed this position (ms).
+        latency_ms_reference: wall time of the reference ``session.run`` that fed this position alone (ms), or
+            None (a multi-token call fed it).
+        latency_ms_candidate: the same for the candidate.
         max_abs_logit_diff: the tolerance deciding ``within_tolerance``.
+        graph: file name of the candidate graph that computed this position.
 
     Returns:
         The record: max abs diff, max relative diff ``max(|a - b| / max(|a|, REL_EPS))``, cosine
@@ -95,6 +98,7 @@ def step_record(
         within_tolerance=bool(max_abs <= max_abs_logit_diff),
         latency_ms_reference=latency_ms_reference,
         latency_ms_candidate=latency_ms_candidate,
+        graph=graph,
     )
 
 
@@ -105,18 +109,24 @@ def latency_summary(latencies_ms: Sequence[float]) -> LatencySummary:
         latencies_ms: wall time of each ``session.run`` call (ms).
 
     Returns:
-        p50, p99 (linear interpolation), max and mean in ms, and ``spikes`` = calls slower than
-        ``SPIKE_FACTOR`` x the median. All zero for no calls.
+        The number of calls; p50, p99 (linear interpolation), max, mean, min, standard deviation and the
+        interquartile range in ms; and ``spikes`` = calls slower than ``SPIKE_FACTOR`` x the median. All zero
+        for no calls.
     """
     if not latencies_ms:
         return LatencySummary(p50=0.0, p99=0.0, max=0.0, mean=0.0, spikes=0)
     values = np.asarray(latencies_ms, dtype=np.float64)
     median = float(np.median(values))
+    p25, p75 = np.percentile(values, [25, 75])
     return LatencySummary(
+        calls=len(values),
         p50=median,
         p99=float(np.percentile(values, 99)),
         max=float(values.max()),
         mean=float(values.mean()),
+        min=float(values.min()),
+        std=float(values.std()),
+        iqr=float(p75 - p25),
         spikes=int((values > SPIKE_FACTOR * median).sum()),
     )
 
@@ -129,16 +139,20 @@ def summarize_mode(
     reference_latencies_ms: Sequence[float],
     max_abs_logit_diff: float,
     min_top1_agreement: float,
+    prefill: PrefillSummary | None = None,
+    reference_prefill: PrefillSummary | None = None,
 ) -> ModeResult:
     """Summarize one mode's step records against the thresholds.
 
     Args:
         mode: the decode mode.
         steps: one record per position, in position order (at least one).
-        candidate_latencies_ms: per-call candidate latencies (ms).
-        reference_latencies_ms: per-call reference latencies (ms).
+        candidate_latencies_ms: the candidate's per-step latencies (single-token calls, ms).
+        reference_latencies_ms: the reference's per-step latencies (ms).
         max_abs_logit_diff: the largest max-abs logit difference allowed at any position.
         min_top1_agreement: the smallest fraction of positions whose top-1 must agree.
+        prefill: the candidate's prompt calls, reported apart.
+        reference_prefill: the reference's prompt calls.
 
     Returns:
         The mode result. ``first_divergent_step`` is the first position whose top-1 differs or whose
@@ -171,6 +185,11 @@ def summarize_mode(
         first_divergent_step=divergent[0] if divergent else None,
         latency_ms=latency_summary(candidate_latencies_ms),
         reference_latency_ms=latency_summary(reference_latencies_ms),
+        prefill=prefill,
+        reference_prefill=reference_prefill,
+        positions_by_graph={
+            graph: sum(1 for s in steps if s.graph == graph) for graph in dict.fromkeys(s.graph for s in steps) if graph
+        },
         failures=failures,
         steps=steps,
     )

@@ -6,6 +6,12 @@ The host owns fixed cache buffers of ``max_cache_len`` slots, zero at reset. Eac
 ``attention_mask`` (B, max_cache_len) with 1 for slots <= the last position of the call. With
 ``cache_update: full_buffer`` the present outputs replace the buffers; with ``new_token_only`` they hold
 only the call's K/V and the host writes them into the buffers at ``cache_position``.
+
+A chunk of fewer real tokens than ``step_len`` (:meth:`ContractDecoder.run_chunk`, contract ``padding:
+trailing``) is padded at its end: the padding continues the positions (all below ``max_cache_len``), the
+causal mask hides their slots from the real tokens, ``attention_mask`` is 0 there, and the next call
+overwrites them. With ``prefill_logits: last`` the graph returns the logits of the position named by
+``last_token_index`` only.
 """
 
 from __future__ import annotations
@@ -80,6 +86,52 @@ class ContractDecoder(DecodeState):
         self._buffers: dict[str, np.ndarray] = {}
         self.reset()
 
+    def cache_buffers(self) -> dict[str, np.ndarray]:
+        """The host cache buffers by past-input name (``contract.cache_input_shape()``, ``kv_dtype``); not copies."""
+        return self._buffers
+
+    def load_cache(self, buffers: dict[str, np.ndarray], position: int) -> None:
+        """Continue another graph's decode: take its cache at ``position`` (a cache-length switch of a graph set).
+
+        Buffers of this graph's shape are taken as they are (no copy); others (a smaller ``max_cache_len``) are
+        copied: slots ``[0, position)`` on the sequence axis into zeroed buffers of this graph's shape. Slots
+        from ``position`` on are never read before they are written, so they are not carried over.
+
+        Args:
+            buffers: past-input name → buffer, as :meth:`cache_buffers` of a graph with the same cache names,
+                layout and dtype.
+            position: tokens already in the cache; the next call starts there.
+
+        Raises:
+            CacheOverflowError: ``position`` is above this graph's ``max_cache_len``.
+            ContractError: a buffer is missing or its shape differs on an axis other than the sequence axis.
+        """
+        c = self.contract
+        if position > c.max_cache_len:
+            raise CacheOverflowError(position, c.max_cache_len)
+        axis = c.cache_sequence_axis
+        moved: dict[str, np.ndarray] = {}
+        for past, _ in self._pairs:
+            old = buffers.get(past)
+            if old is None:
+                raise ContractError(f"{self.source}: no buffer for '{past}' to continue from")
+            if old.shape == self._buffer_shape:
+                moved[past] = old
+                continue
+            other_axes = [d for i, d in enumerate(old.shape) if i != axis]
+            if other_axes != [d for i, d in enumerate(self._buffer_shape) if i != axis]:
+                raise ContractError(
+                    f"{self.source}: cannot continue from a '{past}' buffer of shape {list(old.shape)}; this graph's "
+                    f"is {list(self._buffer_shape)}"
+                )
+            new = np.zeros(self._buffer_shape, dtype=c.kv_numpy_dtype)
+            index = [slice(None)] * new.ndim
+            index[axis] = slice(0, position)
+            new[tuple(index)] = old[tuple(index)]
+            moved[past] = new
+        self._buffers = moved
+        self._position = position
+
     def reset(self) -> None:
         """Zero the cache buffers; the next :meth:`feed` starts at position 0."""
         self._buffers = {
@@ -87,7 +139,7 @@ class ContractDecoder(DecodeState):
         }
         self._reset_counters()
 
-    def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray, float]]:
+    def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
         """Run the model on ``tokens``, ``step_len`` tokens per ``session.run``.
 
         The whole feed is checked against ``max_cache_len`` first: if any slot it would write is
@@ -99,7 +151,8 @@ class ContractDecoder(DecodeState):
 
         Returns:
             One ``(logits, latency_ms)`` per token: logits float32 ``(V,)`` of batch row 0 at that
-            position; latency_ms is the wall time of the ``session.run`` that computed it (ms).
+            position (None where a ``prefill_logits: last`` graph computes none); latency_ms is the wall time
+            of the ``session.run`` that computed it (ms).
 
         Raises:
             CacheOverflowError: a slot to write is ``>= max_cache_len`` (raised before ``session.run``).
@@ -121,11 +174,43 @@ class ContractDecoder(DecodeState):
             results.extend(self._run_step(tokens[start : start + c.step_len]))
         return results
 
-    def _run_step(self, chunk: Sequence[int]) -> list[tuple[np.ndarray, float]]:
+    def run_chunk(self, tokens: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
+        """Run one call on 1..``step_len`` real tokens, padding a short chunk at its end (contract ``padding``).
+
+        Args:
+            tokens: token ids for positions ``position .. position + len(tokens) - 1``.
+
+        Returns:
+            One ``(logits float32 (V,) of batch row 0 or None, latency_ms)`` per real token; logits are None
+            for the positions a ``prefill_logits: last`` graph does not compute (all but the last real one).
+
+        Raises:
+            ContractError: no tokens, more than ``step_len``, or fewer on a graph whose contract declares no
+                padding.
+            CacheOverflowError: the call's ``step_len`` slots (padding included) pass ``max_cache_len``.
+            DecodeRunError: ONNX Runtime failed, or the decoder is closed.
+        """
         c = self.contract
+        if not 0 < len(tokens) <= c.step_len:
+            raise ContractError(f"{self.source}: a call takes 1..{c.step_len} tokens, got {len(tokens)}")
+        if len(tokens) < c.step_len and c.padding is None:
+            raise ContractError(
+                f"{self.source}: step_len={c.step_len} graph is fed {c.step_len} tokens per call and its contract "
+                f"declares no padding; got {len(tokens)}"
+            )
+        if self._position + c.step_len > c.max_cache_len:
+            raise CacheOverflowError(max(self._position, c.max_cache_len), c.max_cache_len)
+        return self._run_step(tokens)
+
+    def _run_step(self, chunk: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
+        """One ``session.run`` on ``chunk`` (1..step_len tokens, trailing padding), buffers updated."""
+        c = self.contract
+        real = len(chunk)
         slots = np.arange(self._position, self._position + c.step_len, dtype=np.int64)
+        # Trailing padding repeats the last real token; its slots are hidden by the causal mask and overwritten later.
+        padded = [*chunk, *([chunk[-1]] * (c.step_len - real))]
         feeds: dict[str, np.ndarray] = {
-            self._inputs["input_ids"]: np.broadcast_to(np.asarray(chunk, dtype=np.int64), c.input_ids_shape()).copy(),
+            self._inputs["input_ids"]: np.broadcast_to(np.asarray(padded, dtype=np.int64), c.input_ids_shape()).copy(),
             **self._buffers,
         }
         if "cache_position" in self._inputs:
@@ -134,9 +219,11 @@ class ContractDecoder(DecodeState):
             feeds[self._inputs["position_ids"]] = np.broadcast_to(slots, c.position_ids_shape()).copy()
         if "attention_mask" in self._inputs:
             mask = np.zeros(c.attention_mask_shape(), dtype=np.int64)
-            mask[:, : slots[-1] + 1] = 1
+            mask[:, : slots[real - 1] + 1] = 1
             feeds[self._inputs["attention_mask"]] = mask
-        results, latency_ms = self._timed_run(self._output_names, feeds)
+        if "last_token_index" in self._inputs:
+            feeds[self._inputs["last_token_index"]] = np.full(c.last_token_index_shape(), real - 1, dtype=np.int64)
+        results, latency_ms = self._timed_run(self._output_names, feeds, tokens=real)
         presents = results[1:]
         for (_, name), present in zip(self._pairs, presents, strict=True):
             if present.shape != self._written_shape:
@@ -151,6 +238,8 @@ class ContractDecoder(DecodeState):
                 index = [slice(None)] * present.ndim
                 index[c.cache_sequence_axis] = slice(int(slots[0]), int(slots[-1]) + 1)
                 self._buffers[past][tuple(index)] = present
-        self._position += c.step_len
+        self._position += real
         logits = np.asarray(results[0][0], dtype=np.float32)
-        return [(logits[i], latency_ms) for i in range(c.step_len)]
+        if c.prefill_logits == "last":
+            return [(None, latency_ms)] * (real - 1) + [(logits[0], latency_ms)]
+        return [(logits[i], latency_ms) for i in range(real)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -12,7 +14,26 @@ import numpy as np
 from onnxdeploy.errors import DecodeRunError
 from onnxdeploy.runner.session import ModelSession
 
-__all__ = ["DecodeState"]
+__all__ = ["CallRecord", "DecodeState"]
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One ``session.run``: which graph ran, which positions it fed and how long it took.
+
+    Attributes:
+        graph: file name of the graph that ran.
+        start: absolute position of its first token.
+        tokens: real tokens fed (positions ``start .. start + tokens - 1``).
+        step_len: positions the graph computes per call; ``step_len - tokens`` of them were padding.
+        ms: wall time of the call, in ms.
+    """
+
+    graph: str
+    start: int
+    tokens: int
+    step_len: int
+    ms: float
 
 
 class DecodeState:
@@ -33,6 +54,7 @@ class DecodeState:
         self.model_session = model_session
         self._position = 0
         self._latencies: list[float] = []
+        self._calls: list[CallRecord] = []
 
     @property
     def position(self) -> int:
@@ -43,6 +65,11 @@ class DecodeState:
     def call_latencies_ms(self) -> list[float]:
         """Wall time of every ``session.run`` since the last reset, in ms."""
         return list(self._latencies)
+
+    @property
+    def call_records(self) -> list[CallRecord]:
+        """Every ``session.run`` since the last reset: graph, positions fed, padding and wall time."""
+        return list(self._calls)
 
     def close(self) -> None:
         """Close the session; the decoder cannot run afterwards. Safe to call twice."""
@@ -59,9 +86,17 @@ class DecodeState:
     def _reset_counters(self) -> None:
         self._position = 0
         self._latencies = []
+        self._calls = []
 
-    def _timed_run(self, names: Sequence[str], feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], float]:
+    def _timed_run(
+        self, names: Sequence[str], feeds: dict[str, np.ndarray], *, tokens: int | None = None
+    ) -> tuple[list[np.ndarray], float]:
         """Run the session once, record and return its wall time (ms).
+
+        Args:
+            names: outputs to fetch.
+            feeds: inputs by name (``input_ids`` (B, S) among them).
+            tokens: real tokens among the S fed (default S: no padding), for the call record.
 
         Raises:
             DecodeRunError: ONNX Runtime failed, or the session is closed (names the model and the position).
@@ -76,4 +111,15 @@ class DecodeState:
             raise DecodeRunError(f"{self.source}: ONNX Runtime failed at position {self._position}: {exc}") from exc
         latency_ms = (time.perf_counter() - start) * 1e3
         self._latencies.append(latency_ms)
+        ids = next((v for k, v in feeds.items() if k == "input_ids"), None)
+        step_len = int(ids.shape[-1]) if ids is not None else 1
+        self._calls.append(
+            CallRecord(
+                graph=Path(self.source).name,
+                start=self._position,
+                tokens=step_len if tokens is None else tokens,
+                step_len=step_len,
+                ms=latency_ms,
+            )
+        )
         return results, latency_ms

@@ -10,7 +10,9 @@ import numpy as np
 
 from onnxdeploy.contract import read_contract
 from onnxdeploy.runner.contract_decoder import ContractDecoder
+from onnxdeploy.runner.decode_state import CallRecord
 from onnxdeploy.runner.exporter_decoder import ExporterDecoder
+from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder, open_graph_set
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_session
 
 __all__ = ["Decoder", "make_decoder", "open_decoder"]
@@ -36,6 +38,16 @@ class Decoder(Protocol):
         """Wall time of every ``session.run`` since the last reset, in ms."""
         ...
 
+    @property
+    def call_records(self) -> list[CallRecord]:
+        """Every ``session.run`` since the last reset: graph file, positions fed, padding, wall time (ms)."""
+        ...
+
+    @property
+    def model_session(self) -> ModelSession:
+        """The (primary) graph's session."""
+        ...
+
     def reset(self) -> None:
         """Forget every fed token; the next feed starts at position 0."""
         ...
@@ -44,45 +56,61 @@ class Decoder(Protocol):
         """Close the decoder's session (and remove any scratch copy); it cannot run afterwards."""
         ...
 
-    def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray, float]]:
+    def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
         """Feed tokens at the next positions.
 
         Args:
             tokens: token ids.
 
         Returns:
-            One ``(logits float32 (V,) of batch row 0, latency_ms)`` per token fed.
+            One ``(logits float32 (V,) of batch row 0, latency_ms)`` per token fed; logits are None at positions
+            the graph that ran does not compute (a ``prefill_logits: last`` bucket).
         """
         ...
 
 
-def make_decoder(model_session: ModelSession) -> ExporterDecoder | ContractDecoder:
-    """Pick the decode loop for a loaded model: its contract if it has one, else the exporter convention.
+def make_decoder(
+    model_session: ModelSession, *, remainder: Remainder = "padded"
+) -> ExporterDecoder | ContractDecoder | GraphSetDecoder:
+    """Pick the decode loop for a loaded model: its graph set, its contract, else the exporter convention.
 
     Args:
         model_session: the loaded model; the decoder owns it from here (its ``close`` closes the session).
+        remainder: how a graph set feeds what is left after its largest bucket (``padded`` or ``buckets``).
 
     Returns:
-        A :class:`ContractDecoder` when ``metadata_props`` holds a contract, else an :class:`ExporterDecoder`.
+        A :class:`GraphSetDecoder` when the contract lists a ``graph_set`` of several graphs (its sibling files
+        are opened on the same providers) or is a ``step_len > 1`` graph (fed in padded chunks), a
+        :class:`ContractDecoder` for a lone step-1 graph, else an :class:`ExporterDecoder`.
 
     Raises:
         ContractError: the contract is malformed or disagrees with the graph, or (without a
             contract) the graph does not follow the exporter convention.
+        ModelLoadError: a sibling graph of the set cannot be loaded.
     """
     contract = read_contract(model_session.model, source=model_session.path)
+    if contract is not None and contract.graph_set and (len(contract.graph_set) > 1 or contract.step_len > 1):
+        return open_graph_set(
+            model_session.path,
+            contract,
+            providers=model_session.providers_requested,
+            remainder=remainder,
+            opened=model_session,
+        )
     if contract is not None:
         return ContractDecoder(model_session, contract)
     return ExporterDecoder(model_session)
 
 
 def open_decoder(
-    path: str | Path, *, providers: Sequence[str] = DEFAULT_PROVIDERS
-) -> ExporterDecoder | ContractDecoder:
+    path: str | Path, *, providers: Sequence[str] = DEFAULT_PROVIDERS, remainder: Remainder = "padded"
+) -> ExporterDecoder | ContractDecoder | GraphSetDecoder:
     """Load ``path`` on the given EPs and return the decode loop that fits it (see :func:`make_decoder`).
 
     Args:
         path: the ``.onnx`` file.
         providers: ORT execution providers in priority order.
+        remainder: how a graph set feeds what is left after its largest bucket (``padded`` or ``buckets``).
 
     Returns:
         The decoder, reset to position 0; close it (or use it as a context manager) to free the session.
@@ -93,7 +121,7 @@ def open_decoder(
     """
     model_session = open_session(path, providers=providers)
     try:
-        return make_decoder(model_session)
+        return make_decoder(model_session, remainder=remainder)
     except BaseException:
         model_session.close()
         raise

@@ -10,7 +10,17 @@ there are logits at every fed position. Two modes:
 
 Never both models resident: the original is opened, warmed up, decoded once (only its tokens, logits
 and latencies are kept) and closed before the candidate is opened. What can be refused from the file
-headers (contract, vocabulary, cache capacity, ``step_len``) is refused for both before either decodes.
+headers (contract, vocabulary, cache capacity) is refused for both before either decodes.
+
+A candidate whose contract lists a graph set is driven as a set (:mod:`onnxdeploy.runner.graph_set`):
+prompt through the buckets, decode through the step-1 graphs, moving to a larger cache length when the
+context outgrows one. Positions a ``prefill_logits: last`` bucket does not compute are not compared; every
+other position is, and its record names the graph that computed it.
+
+Latency (README, "Latency"): each model is warmed up first (the prompt and up to three steps, and every
+graph of a set once). The per-step summary covers the single-token calls after the prompt, for the original
+as for the candidate; the prompt's calls (one prefill call for the original, buckets for a set) are reported
+apart (``prefill``), never spread over the prompt positions.
 """
 
 from __future__ import annotations
@@ -23,11 +33,13 @@ import numpy as np
 
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import CacheOverflowError, ConfigError
-from onnxdeploy.report import ModeResult, StepRecord, VerifyReport
+from onnxdeploy.report import CallTiming, ModeResult, PrefillSummary, StepRecord, VerifyReport
 from onnxdeploy.resources import rss_bytes
 from onnxdeploy.runner.compare import step_record, summarize_mode
+from onnxdeploy.runner.decode_state import CallRecord
 from onnxdeploy.runner.decoder import Decoder, open_decoder
 from onnxdeploy.runner.exporter_decoder import exporter_logits_output
+from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, read_header
 
 __all__ = ["MODES", "ProgressCallback", "check_header", "greedy_decode", "verify"]
@@ -40,14 +52,47 @@ ProgressCallback = Callable[[str, int, int], None]
 decode mode; ``done`` of ``total`` positions have been fed."""
 
 
+WARM_UP_STEPS = 3
+"""Generated tokens fed after the prompt in the untimed warm-up decode."""
+
+
 @dataclass
 class _DecodeRun:
-    """One decode pass: what was fed at each position, the logits and latencies there."""
+    """One decode pass: what was fed at each position, the logits there and every call made."""
 
     tokens_in: list[int]
-    logits: np.ndarray  # float32 (positions, V)
-    latencies_ms: list[float]  # per position: the latency of the call that computed it
-    call_latencies_ms: list[float]
+    logits: list[np.ndarray | None]  # float32 (V,) per position; None where the graph computes none
+    calls: list[CallRecord]
+    prompt_len: int
+
+    def call_at(self) -> list[CallRecord]:
+        """The call that fed each position."""
+        by_position: list[CallRecord] = []
+        for call in self.calls:
+            by_position += [call] * call.tokens
+        return by_position
+
+    def step_latencies_ms(self) -> list[float]:
+        """Wall time of each single-token call after the prompt (ms): the per-step latency."""
+        return [c.ms for c in self.calls if c.start >= self.prompt_len]
+
+    def prefill(self) -> PrefillSummary | None:
+        """The calls that fed the prompt, or None when nothing was fed."""
+        calls = [c for c in self.calls if c.start < self.prompt_len]
+        if not calls:
+            return None
+        tokens = sum(c.tokens for c in calls)
+        total = sum(c.ms for c in calls)
+        return PrefillSummary(
+            calls=len(calls),
+            tokens=tokens,
+            total_ms=total,
+            ms_per_token=total / tokens,
+            tokens_per_s=tokens / (total / 1e3) if total > 0 else 0.0,
+            per_call=[
+                CallTiming(graph=c.graph, start=c.start, tokens=c.tokens, step_len=c.step_len, ms=c.ms) for c in calls
+            ],
+        )
 
 
 def _decode(
@@ -64,25 +109,29 @@ def _decode(
     report(decoder.position)
     tokens_in = list(prompt)
     for step in range(steps):
-        token = forced[step] if forced is not None else int(np.argmax(outputs[-1][0]))
+        last = outputs[-1][0]
+        assert last is not None  # the last real token of every call has logits
+        token = forced[step] if forced is not None else int(np.argmax(last))
         outputs += decoder.feed([token])
         tokens_in.append(token)
         report(decoder.position)
     return _DecodeRun(
         tokens_in=tokens_in,
-        logits=np.stack([logits for logits, _ in outputs]),
-        latencies_ms=[latency for _, latency in outputs],
-        call_latencies_ms=decoder.call_latencies_ms,
+        logits=[logits for logits, _ in outputs],
+        calls=decoder.call_records,
+        prompt_len=len(prompt),
     )
 
 
 def _warm_up(decoder: Decoder, prompt: Sequence[int], steps: int) -> None:
-    """Run the prompt and one generated token once so allocations do not land in the timed calls."""
-    _decode(decoder, prompt, min(steps, 1))
+    """Untimed: every graph of a set once, then the prompt and up to :data:`WARM_UP_STEPS` generated tokens."""
+    if isinstance(decoder, GraphSetDecoder):
+        decoder.warm_up()
+    _decode(decoder, prompt, min(steps, WARM_UP_STEPS))
     decoder.reset()
 
 
-def check_header(path: str | Path, prompt: list[int], positions: int, *, verifying: bool) -> None:
+def check_header(path: str | Path, prompt: list[int], positions: int) -> None:
     """Read a model's header (no weights, no session) and refuse what needs no decoding to refuse.
 
     The pipeline calls it on the original before the first pass, so a prompt the model cannot take fails
@@ -92,14 +141,13 @@ def check_header(path: str | Path, prompt: list[int], positions: int, *, verifyi
         path: the ``.onnx`` file.
         prompt: the prompt token ids.
         positions: ``len(prompt) + steps``, the positions to decode.
-        verifying: the model is a verification candidate (contract ``step_len`` must be 1).
 
     Raises:
         ModelLoadError: the file or its external data is refused (:func:`read_header`).
         ContractError: a contract that does not validate; without one, no KV cache or no single logits output.
-        ConfigError: a prompt id outside the vocabulary (the logits' last dim, when static); with
-            ``verifying``, a contract ``step_len`` above 1.
-        CacheOverflowError: a contract with fewer than ``positions`` cache slots.
+        ConfigError: a prompt id outside the vocabulary (the logits' last dim, when static), or a step_len > 1
+            graph that can take neither one token nor padding (a contract from an older version).
+        CacheOverflowError: a contract (its graph set's largest cache) with fewer than ``positions`` slots.
     """
     source = str(path)
     header = read_header(path)
@@ -115,13 +163,14 @@ def check_header(path: str | Path, prompt: list[int], positions: int, *, verifyi
             f"(logits have {vocab} entries: ids 0..{vocab - 1})"
         )
     if contract is not None:
-        if verifying and contract.step_len > 1:
+        if contract.step_len > 1 and contract.padding is None and not any(e.step_len == 1 for e in contract.graph_set):
             raise ConfigError(
-                f"verify: {source} is a step_len {contract.step_len} graph (a prefill bucket); the runner decodes "
-                "one token per call, so it can verify step_len 1 graphs only"
+                f"verify: {source} is a step_len {contract.step_len} graph whose contract declares no padding and no "
+                "step_len 1 graph beside it, so generated tokens cannot be fed one at a time; re-run static_kv"
             )
-        if positions > contract.max_cache_len:
-            raise CacheOverflowError(contract.max_cache_len, contract.max_cache_len)
+        largest = max([contract.max_cache_len, *(e.max_cache_len for e in contract.graph_set)])
+        if positions > largest:
+            raise CacheOverflowError(largest, largest)
 
 
 def greedy_decode(
@@ -150,10 +199,16 @@ def greedy_decode(
         CacheOverflowError: a contract model has fewer than ``len(prompt) + steps`` cache slots.
     """
     prompt = _check_request(prompt, steps)
-    check_header(model_path, prompt, len(prompt) + steps, verifying=False)
+    check_header(model_path, prompt, len(prompt) + steps)
     with open_decoder(model_path, providers=providers) as decoder:
         run = _decode(decoder, prompt, steps)
-    return np.asarray(run.tokens_in[len(prompt) :], dtype=np.int64), run.logits
+    missing = [i for i, row in enumerate(run.logits) if row is None]
+    if missing:
+        raise ConfigError(
+            f"{model_path}: positions {missing[:5]}... have no logits (a prefill_logits: last bucket computed "
+            "them); greedy_decode returns logits at every position, so use a set made with prefill_logits: all"
+        )
+    return np.asarray(run.tokens_in[len(prompt) :], dtype=np.int64), np.stack(run.logits)  # type: ignore[arg-type]
 
 
 def _check_request(prompt: Sequence[int], steps: int) -> list[int]:
@@ -172,19 +227,27 @@ def _check_request(prompt: Sequence[int], steps: int) -> list[int]:
 def _records(
     reference: _DecodeRun, candidate: _DecodeRun, prompt_len: int, max_abs_logit_diff: float
 ) -> list[StepRecord]:
-    return [
-        step_record(
-            position=position,
-            phase="prompt" if position < prompt_len else "generate",
-            token_in=candidate.tokens_in[position],
-            reference=reference.logits[position],
-            candidate=candidate.logits[position],
-            latency_ms_reference=reference.latencies_ms[position],
-            latency_ms_candidate=candidate.latencies_ms[position],
-            max_abs_logit_diff=max_abs_logit_diff,
+    """One record per position both runs computed logits for (a ``last`` bucket computes one per call)."""
+    ref_calls, cand_calls = reference.call_at(), candidate.call_at()
+    records = []
+    for position in range(len(candidate.tokens_in)):
+        ref, cand = reference.logits[position], candidate.logits[position]
+        if ref is None or cand is None:
+            continue
+        records.append(
+            step_record(
+                position=position,
+                phase="prompt" if position < prompt_len else "generate",
+                token_in=candidate.tokens_in[position],
+                reference=ref,
+                candidate=cand,
+                latency_ms_reference=ref_calls[position].ms if ref_calls[position].tokens == 1 else None,
+                latency_ms_candidate=cand_calls[position].ms if cand_calls[position].tokens == 1 else None,
+                max_abs_logit_diff=max_abs_logit_diff,
+                graph=cand_calls[position].graph,
+            )
         )
-        for position in range(len(candidate.tokens_in))
-    ]
+    return records
 
 
 def verify(
@@ -197,6 +260,8 @@ def verify(
     max_abs_logit_diff: float = 1e-4,
     min_top1_agreement: float = 1.0,
     providers: Sequence[str] = DEFAULT_PROVIDERS,
+    strict_providers: bool = False,
+    remainder: Remainder = "padded",
     progress: ProgressCallback | None = None,
 ) -> VerifyReport:
     """Decode the original and the candidate greedily and compare them position by position.
@@ -204,9 +269,10 @@ def verify(
     The models are never resident together: the original is opened, warmed up, decoded greedily and
     closed (its logits, tokens and latencies are kept: ``4 * V`` bytes per position), then the candidate
     is opened, warmed up and run in each mode, then closed. Both headers are checked first (contract,
-    vocabulary, capacity, ``step_len``), so a bad candidate fails before the original decodes. Each model
-    is warmed up once (prompt plus one token) before its timed runs. Latency summaries are per
-    ``session.run`` call (the original's prefill is one call). ``rss_growth_bytes`` is the change in
+    vocabulary, capacity), so a bad candidate fails before the original decodes. A candidate whose contract
+    lists a graph set is driven as a set (module docstring). Each model is warmed up (untimed) before its
+    timed runs; per-step latency covers the single-token calls after the prompt, the prompt's calls are
+    reported apart (``prefill``). ``rss_growth_bytes`` is the change in
     resident memory while each model decodes after its warm-up, summed over the two (a leak indicator,
     not the models' footprint).
 
@@ -219,17 +285,19 @@ def verify(
         max_abs_logit_diff: the largest max-abs logit difference allowed at any position.
         min_top1_agreement: the smallest fraction of positions whose top-1 token must agree (0..1).
         providers: ORT execution providers in priority order, for both models.
+        strict_providers: a requested provider that is not active (ORT fell back) fails the verification.
+        remainder: how a graph set feeds the tokens left after its largest bucket (``padded``: one padded
+            chunk; ``buckets``: smaller buckets).
         progress: optional ``progress(mode, done, total)`` callback; ``mode`` is ``"reference"`` while
             the original decodes, then each mode; ``done`` of ``total`` positions fed.
 
     Returns:
-        The report; ``passed`` is true when every mode passed. EP fallbacks of either session are
-        listed in ``provider_fallbacks``.
+        The report; ``passed`` is true when every mode passed (and, with ``strict_providers``, no requested
+        EP fell back). EP fallbacks of every session are listed in ``provider_fallbacks``.
 
     Raises:
         ConfigError: no or an unknown mode, an empty prompt, a negative ``steps``, a prompt id that is
-            negative or outside either model's vocabulary, a threshold out of range, or a contract model
-            with ``step_len`` above 1.
+            negative or outside either model's vocabulary, or a threshold out of range.
         DecodeRunError: ONNX Runtime failed inside ``session.run``.
         ModelLoadError: a model cannot be loaded (names the path).
         ContractError: a model follows neither a contract nor the exporter convention.
@@ -251,17 +319,17 @@ def verify(
         return (lambda done: progress(mode, done, total)) if progress is not None else (lambda done: None)
 
     for path in (original_path, candidate_path):
-        check_header(path, prompt, total, verifying=True)
+        check_header(path, prompt, total)
 
     with open_decoder(original_path, providers=providers) as original:
         _warm_up(original, prompt, steps)
         rss_before = rss_bytes()
         reference = _decode(original, prompt, steps, report=reporter("reference"))
         rss_growth = rss_bytes() - rss_before
-        original_fallbacks = list(original.model_session.fallbacks)
+        original_fallbacks = _fallbacks(original)
     generated = reference.tokens_in[len(prompt) :]
     results: dict[str, ModeResult] = {}
-    with open_decoder(candidate_path, providers=providers) as candidate:
+    with open_decoder(candidate_path, providers=providers, remainder=remainder) as candidate:
         _warm_up(candidate, prompt, steps)
         rss_before = rss_bytes()
         for mode in modes:
@@ -275,25 +343,47 @@ def verify(
             results[mode] = summarize_mode(
                 mode,  # type: ignore[arg-type]
                 _records(reference, run, len(prompt), max_abs_logit_diff),
-                candidate_latencies_ms=run.call_latencies_ms,
-                reference_latencies_ms=reference.call_latencies_ms,
+                candidate_latencies_ms=run.step_latencies_ms(),
+                reference_latencies_ms=reference.step_latencies_ms(),
                 max_abs_logit_diff=max_abs_logit_diff,
                 min_top1_agreement=min_top1_agreement,
+                prefill=run.prefill(),
+                reference_prefill=reference.prefill(),
             )
         rss_growth += rss_bytes() - rss_before
         candidate_session = candidate.model_session
+        candidate_fallbacks = _fallbacks(candidate)
+        graphs = (
+            [name for name, _, _ in candidate.graphs()]
+            if isinstance(candidate, GraphSetDecoder)
+            else [Path(candidate.source).name]
+        )
 
+    fallbacks = [*original_fallbacks, *candidate_fallbacks]
+    failures = []
+    if strict_providers and fallbacks:
+        failures.append(f"strict_providers: {len(fallbacks)} requested provider(s) fell back: {'; '.join(fallbacks)}")
     return VerifyReport(
-        passed=all(result.passed for result in results.values()),
+        passed=all(result.passed for result in results.values()) and not failures,
         original=str(original_path),
         candidate=str(candidate_path),
         providers=list(providers),
         providers_active=list(candidate_session.providers_active),
-        provider_fallbacks=[*original_fallbacks, *candidate_session.fallbacks],
+        provider_fallbacks=fallbacks,
         prompt=list(prompt),
         steps=steps,
         max_abs_logit_diff_threshold=max_abs_logit_diff,
         min_top1_agreement_threshold=min_top1_agreement,
         rss_growth_bytes=rss_growth,
+        strict_providers=strict_providers,
+        graphs=graphs,
+        failures=failures,
         modes=results,
     )
+
+
+def _fallbacks(decoder: Decoder) -> list[str]:
+    """Requested EPs that are not active, over every session of ``decoder`` (each graph of a set)."""
+    if isinstance(decoder, GraphSetDecoder):
+        return decoder.fallbacks
+    return list(decoder.model_session.fallbacks)

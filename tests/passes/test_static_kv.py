@@ -254,7 +254,7 @@ def test_step_len_2_graph_matches_pytorch_reference(tmp_path, name):
     entry = fixture_entry(name)
     ref = np.load(entry["reference_path"])
     tokens = [int(t) for t in ref["prompt"]] + [int(t) for t in ref["tokens"]]
-    static = _static(_load(name), step_len=2, max_cache_len=64)
+    static = _static(_load(name), step_len=2, max_cache_len=64, prefill_logits="all")
     decoder = open_decoder(_write(static, tmp_path / "step2"))
     logits = np.stack([logit for logit, _ in decoder.feed(tokens)])
     np.testing.assert_allclose(logits, ref["logits"], atol=1e-4, rtol=0)
@@ -298,10 +298,14 @@ def test_check_settings_refuses_what_verification_cannot_run():
         cfg_pass.check_settings(PipelineSettings(verify_positions=38, verify_prompt_len=6))
     cfg_pass.check_settings(PipelineSettings(verify_positions=16, verify_prompt_len=6))
     cfg_pass.check_settings(PipelineSettings())
-    with pytest.raises(ConfigError, match=r"^step_len=2: the runner decodes one token per call"):
-        StaticKVCachePass(StaticKVConfig(max_cache_len=64, step_len=2)).check_settings(
-            PipelineSettings(verify_positions=10, verify_prompt_len=6)
-        )
+    # a prefill bucket verifies now (padded chunks); a set is bounded by its largest cache length
+    StaticKVCachePass(StaticKVConfig(max_cache_len=64, step_len=2)).check_settings(
+        PipelineSettings(verify_positions=10, verify_prompt_len=6)
+    )
+    sets = StaticKVCachePass(StaticKVConfig(step_lens=[1, 4], max_cache_lens=[8, 16]))
+    sets.check_settings(PipelineSettings(verify_positions=16, verify_prompt_len=6))
+    with pytest.raises(ConfigError, match=r"^max_cache_lens=\[8, 16\] is smaller than the 6 prompt tokens"):
+        sets.check_settings(PipelineSettings(verify_positions=17, verify_prompt_len=6))
 
 
 def test_cache_larger_than_memory_is_refused_before_any_work(monkeypatch):

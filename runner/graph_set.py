@@ -1,0 +1,294 @@
+"""Decode loop over a graph set: prefill buckets and decode graphs of several cache lengths sharing one weights file.
+
+A set is written by ``static_kv {step_lens, max_cache_lens}``; every graph's contract lists it (``graph_set``:
+file, ``step_len``, ``max_cache_len``, ``prefill_logits``, role), the primary decode graph first. How a host
+drives it, and how :class:`GraphSetDecoder` does (README, "Graph sets"):
+
+* **Chunks.** Tokens are fed through the largest step length that still fits; what is left when no bucket
+  fits whole (fewer tokens than the largest bucket) goes either through smaller buckets (``remainder:
+  buckets``: greedy, largest first) or as one chunk of the smallest bucket that holds it, padded at its end
+  (``remainder: padded``; the contract's ``padding: trailing`` says how). A single token uses the step-1 graph.
+* **Cache length.** Each call runs the graph of its step length with the smallest ``max_cache_len`` that is at
+  least the current one and holds every slot the call writes (``position + step_len``, padding included). The
+  decoder never moves to a smaller cache within a sequence.
+* **Switching.** Graphs of one cache length share the host buffers as they are. When a call needs a larger
+  cache, slots ``[0, position)`` of every buffer are copied on the sequence axis (axis 2 for BHSD, 1 for BSH2D)
+  into zeroed buffers of the larger length; the slots after ``position`` are never read before they are
+  written, so they are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+import numpy as np
+
+from onnxdeploy.contract import DecodeContract, read_contract
+from onnxdeploy.errors import CacheOverflowError, ContractError
+from onnxdeploy.runner.contract_decoder import ContractDecoder
+from onnxdeploy.runner.decode_state import CallRecord
+from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_session
+
+__all__ = ["REMAINDER_POLICIES", "GraphSetDecoder", "Remainder", "open_graph_set"]
+
+Remainder = Literal["padded", "buckets"]
+"""How the tokens left after the largest bucket are fed: one padded chunk, or smaller buckets."""
+
+REMAINDER_POLICIES: tuple[Remainder, ...] = ("padded", "buckets")
+
+_SHARED_FIELDS = ("batch", "num_layers", "num_kv_heads", "head_dim", "head_dim_padded", "kv_layout", "kv_dtype")
+"""Contract fields every graph of a set must agree on (the buffers move between them)."""
+
+
+class GraphSetDecoder:
+    """Greedy-decode driver for a graph set (module docstring): chunks, cache lengths and buffer moves.
+
+    Args:
+        members: one :class:`ContractDecoder` per graph; the decoder closes them in :meth:`close`.
+        remainder: ``padded`` or ``buckets`` (module docstring).
+
+    Attributes:
+        source: the primary graph's path (the first member), for messages.
+
+    Raises:
+        ContractError: two graphs share a ``(step_len, max_cache_len)``, disagree on a field the buffers
+            depend on (batch, layers, heads, head dim, layout, dtype) or on the cache input names, or no graph
+            can take a single token (no step 1 graph and no padding).
+    """
+
+    def __init__(self, members: Sequence[ContractDecoder], *, remainder: Remainder = "padded"):
+        if remainder not in REMAINDER_POLICIES:
+            raise ContractError(f"remainder must be one of {list(REMAINDER_POLICIES)}, got {remainder!r}")
+        self.source = members[0].source
+        self.remainder: Remainder = remainder
+        self._members = {(m.contract.step_len, m.contract.max_cache_len): m for m in members}
+        if len(self._members) != len(members):
+            raise ContractError(f"{self.source}: two graphs of the set have the same step_len and max_cache_len")
+        first = members[0].contract
+        names = [past for past, _ in first.cache_pairs()]
+        for member in members[1:]:
+            c = member.contract
+            differ = [f for f in _SHARED_FIELDS if getattr(c, f) != getattr(first, f)]
+            if differ or [past for past, _ in c.cache_pairs()] != names:
+                raise ContractError(
+                    f"{member.source}: its contract differs from {self.source}'s in "
+                    f"{differ or ['cache input names']}; the graphs of a set share their cache buffers"
+                )
+        self._steps = sorted({s for s, _ in self._members})
+        self._caches = sorted({c for _, c in self._members})
+        if 1 not in self._steps and all(m.contract.padding is None for m in members):
+            raise ContractError(f"{self.source}: the set has no step_len 1 graph and no graph that takes padding")
+        self._position = 0
+        self._calls: list[CallRecord] = []
+        self._current: ContractDecoder = self._members[(self._steps[0], self._caches[0])]
+        self.reset()
+
+    # -- Decoder interface -------------------------------------------------------------------------
+
+    @property
+    def position(self) -> int:
+        """Number of tokens fed since the last reset (the next token's absolute position)."""
+        return self._position
+
+    @property
+    def call_latencies_ms(self) -> list[float]:
+        """Wall time of every ``session.run`` since the last reset, in ms."""
+        return [call.ms for call in self._calls]
+
+    @property
+    def call_records(self) -> list[CallRecord]:
+        """Every ``session.run`` since the last reset: graph file, positions fed, padding, wall time."""
+        return list(self._calls)
+
+    @property
+    def model_session(self) -> ModelSession:
+        """The primary graph's session (its providers stand for the set's)."""
+        return next(iter(self._members.values())).model_session
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Every requested execution provider that is not active, over all graphs of the set."""
+        return [line for m in self._members.values() for line in m.model_session.fallbacks]
+
+    def graphs(self) -> list[tuple[str, int, int]]:
+        """``(file name, step_len, max_cache_len)`` of every graph, primary first."""
+        return [(Path(m.source).name, s, c) for (s, c), m in self._members.items()]
+
+    def reset(self) -> None:
+        """Zero the buffers; the next feed starts at position 0 on the smallest cache length."""
+        for member in self._members.values():
+            member.reset()
+        self._current = self._members[(self._steps[0], self._caches[0])]
+        self._position = 0
+        self._calls = []
+
+    def close(self) -> None:
+        """Close every graph's session. Safe to call twice."""
+        for member in self._members.values():
+            member.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def warm_up(self) -> None:
+        """Run every graph once on zeroed buffers (first-call allocations stay out of timed calls), then reset."""
+        for member in self._members.values():
+            member.reset()
+            member.run_chunk([0] * member.contract.step_len)
+        self.reset()
+
+    def plan(self, count: int, position: int | None = None) -> list[tuple[int, int, int]]:
+        """The calls that would feed ``count`` tokens from ``position`` (default: the current one).
+
+        Args:
+            count: tokens to feed.
+            position: the first token's position.
+
+        Returns:
+            ``(step_len, max_cache_len, real tokens)`` per call, in order.
+
+        Raises:
+            CacheOverflowError: a token would land at or beyond the largest ``max_cache_len`` (nothing runs).
+        """
+        pos = self._position if position is None else position
+        cache = self._current.contract.max_cache_len
+        calls = []
+        left = count
+        while left > 0:
+            step, real = self._next_chunk(left, pos)
+            holds = [c for c in self._caches if c >= cache and pos + step <= c and (step, c) in self._members]
+            if not holds:
+                raise CacheOverflowError(max(pos, self._caches[-1]), self._caches[-1])
+            cache = holds[0]
+            calls.append((step, cache, real))
+            pos += real
+            left -= real
+        return calls
+
+    def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
+        """Feed ``tokens`` through the set (module docstring): chunks, cache lengths, buffer moves.
+
+        The whole feed is planned first; if any token would pass the largest cache nothing runs.
+
+        Args:
+            tokens: token ids for positions ``position .. position + len(tokens) - 1``.
+
+        Returns:
+            One ``(logits float32 (V,) of batch row 0 or None, latency_ms)`` per token; logits are None where
+            the graph that ran computes none (``prefill_logits: last``: all but a chunk's last real token).
+
+        Raises:
+            CacheOverflowError: the feed passes the largest ``max_cache_len`` (before any call).
+            DecodeRunError: ONNX Runtime failed, or the decoder is closed.
+        """
+        results: list[tuple[np.ndarray | None, float]] = []
+        start = 0
+        for step, cache, real in self.plan(len(tokens)):
+            member = self._members[(step, cache)]
+            if member is not self._current:
+                member.load_cache(self._current.cache_buffers(), self._position)
+                self._current = member
+            results += member.run_chunk(tokens[start : start + real])
+            self._calls.append(member.call_records[-1])
+            start += real
+            self._position += real
+        return results
+
+    # -- planning ----------------------------------------------------------------------------------
+
+    def _next_chunk(self, left: int, position: int) -> tuple[int, int]:
+        """``(step_len, real tokens)`` of the next call feeding ``left`` tokens from ``position``."""
+        largest = self._caches[-1]
+        fitting = [s for s in self._steps if position + s <= largest]
+        if position + min(left, 1) > largest or not fitting:
+            raise CacheOverflowError(max(position, largest), largest)
+        whole = [s for s in fitting if s <= left]
+        padded = [s for s in fitting if s >= left and self._can_pad(s)]
+        if whole and (self.remainder == "buckets" or whole[-1] == fitting[-1] or not padded):
+            return whole[-1], whole[-1]
+        if padded:
+            return padded[0], min(left, padded[0])
+        raise CacheOverflowError(max(position, largest), largest)
+
+    def _can_pad(self, step: int) -> bool:
+        """Whether the ``step`` graphs take a short chunk (step 1 never needs to)."""
+        members = [m for (s, _), m in self._members.items() if s == step]
+        return step == 1 or all(m.contract.padding is not None for m in members)
+
+
+def open_graph_set(
+    path: str | Path,
+    contract: DecodeContract | None = None,
+    *,
+    providers: Sequence[str] = DEFAULT_PROVIDERS,
+    remainder: Remainder = "padded",
+    opened: ModelSession | None = None,
+    bind_buffers: bool = False,
+) -> GraphSetDecoder:
+    """Open every graph of the set ``path``'s contract lists (files beside ``path``) and drive them together.
+
+    Args:
+        path: one graph of the set (usually the primary ``model.onnx``).
+        contract: its contract, if already read.
+        providers: ORT execution providers in priority order, for every graph.
+        remainder: ``padded`` or ``buckets`` (module docstring).
+        opened: ``path``'s session when the caller already opened it (the decoder owns it from here).
+        bind_buffers: every graph binds past and present to one buffer (ORT IOBinding; see :class:`ContractDecoder`).
+
+    Returns:
+        The decoder, reset to position 0; close it (or use it as a context manager).
+
+    Raises:
+        ModelLoadError: a graph cannot be loaded (names its path).
+        ContractError: no graph set in the contract, ``path`` not in its own set, a sibling whose contract
+            disagrees with its ``graph_set`` entry, or graphs that cannot share buffers.
+    """
+    path = Path(path)
+    if contract is None:
+        from onnxdeploy.runner.session import read_header  # noqa: PLC0415
+
+        contract = read_contract(read_header(path), source=str(path))
+    if contract is None or not contract.graph_set:
+        raise ContractError(f"{path}: its contract lists no graph set")
+    entries = contract.graph_set
+    if len(entries) == 1:  # a graph made alone: whatever its file is called now
+        entries = [entries[0].model_copy(update={"file": path.name})]
+    if path.name not in {e.file for e in entries}:
+        raise ContractError(f"{path}: not among the files of its own graph_set {[e.file for e in entries]}")
+    members: list[ContractDecoder] = []
+    try:
+        for entry in entries:
+            sibling = path.with_name(entry.file)
+            mine = opened is not None and entry.file == path.name
+            model_session = opened if mine and opened is not None else open_session(sibling, providers=providers)
+            if mine:
+                opened = None  # owned by its member from here
+            try:
+                own = read_contract(model_session.model, source=str(sibling))
+                if own is None:
+                    raise ContractError(f"{sibling}: listed in {path.name}'s graph_set but carries no contract")
+                said = (entry.step_len, entry.max_cache_len, entry.prefill_logits)
+                if (own.step_len, own.max_cache_len, own.prefill_logits) != said:
+                    raise ContractError(
+                        f"{sibling}: its contract says step_len {own.step_len}, max_cache_len {own.max_cache_len}, "
+                        f"prefill_logits {own.prefill_logits}; {path.name}'s graph_set says {said}"
+                    )
+                members.append(ContractDecoder(model_session, own, bind_buffers=bind_buffers))
+            except BaseException:
+                model_session.close()
+                raise
+        return GraphSetDecoder(members, remainder=remainder)
+    except BaseException:
+        for member in members:
+            member.close()
+        if opened is not None:
+            opened.close()
+        raise

@@ -22,6 +22,7 @@ import numpy as np
 
 from onnxdeploy.contract import DecodeContract
 from onnxdeploy.errors import CacheOverflowError, ContractError
+from onnxdeploy.runner.bound_buffers import BufferBinding
 from onnxdeploy.runner.decode_state import DecodeState
 from onnxdeploy.runner.session import ModelSession
 
@@ -42,15 +43,19 @@ class ContractDecoder(DecodeState):
     Args:
         model_session: the loaded model; the decoder closes it in :meth:`close`.
         contract: the model's contract (``read_contract(model_session.model)``).
+        bind_buffers: bind each layer's past input and present output to one host buffer with ORT IOBinding
+            (``cache_update: full_buffer`` only; :mod:`onnxdeploy.runner.bound_buffers`), checked bit-exact
+            against numpy feeds once (:meth:`check_binding`); False feeds numpy arrays.
 
     Raises:
         ContractError: the contract names an input or output the graph lacks, the graph has an input
             the contract does not describe, a cache input's element type is not ``kv_dtype`` or its static
             shape disagrees with the contract, or ``kv_dtype`` is one ORT's Python API cannot feed
-            (bfloat16).
+            (bfloat16); with ``bind_buffers``, a contract other than ``full_buffer`` or a binding that changes
+            the results (:meth:`check_binding`).
     """
 
-    def __init__(self, model_session: ModelSession, contract: DecodeContract):
+    def __init__(self, model_session: ModelSession, contract: DecodeContract, *, bind_buffers: bool = False):
         DecodeState.__init__(self, model_session)
         self.contract = contract
         inputs = model_session.input_types()
@@ -84,7 +89,57 @@ class ContractDecoder(DecodeState):
                     )
         self._output_names = [contract.logits, *(present for _, present in self._pairs)]
         self._buffers: dict[str, np.ndarray] = {}
+        self._binding: BufferBinding | None = None
+        if bind_buffers:
+            if contract.cache_update != "full_buffer":
+                raise ContractError(
+                    f"{self.source}: bound buffers need cache_update full_buffer (past and present are one buffer); "
+                    f"this graph's is {contract.cache_update}"
+                )
+            self._binding = BufferBinding(model_session._live(), self._pairs, contract.logits)
+            self.check_binding()
         self.reset()
+
+    @property
+    def binds_buffers(self) -> bool:
+        """Whether each call runs on bound buffers (IOBinding) rather than numpy feeds."""
+        return self._binding is not None
+
+    def check_binding(self) -> None:
+        """Check that bound buffers give bit-identical logits and buffers to numpy feeds, then reset.
+
+        One call at position ``min(2, max_cache_len - step_len)`` from the same random cache contents (normal,
+        seeded) with numpy feeds and with bound buffers. ORT 1.32's CPU ScatterElements writes in place when its
+        input and output are one buffer; a kernel that does not, or a node reading the past after the write,
+        shows up here.
+
+        Raises:
+            ContractError: the two calls differ (names the first tensor that does), or the decoder does not bind.
+        """
+        binding = self._binding
+        if binding is None:
+            raise ContractError(f"{self.source}: the decoder does not bind buffers")
+        c = self.contract
+        rng = np.random.default_rng(0)
+        start = {past: rng.standard_normal(self._buffer_shape).astype(c.kv_numpy_dtype) for past, _ in self._pairs}
+        position = min(2, c.max_cache_len - c.step_len)
+        outcomes = []
+        for bound in (None, binding):
+            self._binding = bound
+            self.reset()
+            self.load_cache({past: buffer.copy() for past, buffer in start.items()}, position)
+            logits = [x for x, _ in self._run_step([1] * c.step_len) if x is not None]
+            outcomes.append({"logits": np.stack(logits), **self._buffers})
+        self._binding = binding
+        self.reset()
+        for name, want in outcomes[0].items():
+            if not np.array_equal(want, outcomes[1][name], equal_nan=True):
+                raise ContractError(
+                    f"{self.source}: binding past and present to one buffer changes '{name}' (max abs diff "
+                    f"{float(np.nanmax(np.abs(want - outcomes[1][name]))):.3g}) on "
+                    f"{', '.join(self.model_session.providers_active)}: the graph or kernel does not update in "
+                    "place exactly; decode with numpy feeds (bind_buffers=False)"
+                )
 
     def cache_buffers(self) -> dict[str, np.ndarray]:
         """The host cache buffers by past-input name (``contract.cache_input_shape()``, ``kv_dtype``); not copies."""
@@ -223,7 +278,12 @@ class ContractDecoder(DecodeState):
             feeds[self._inputs["attention_mask"]] = mask
         if "last_token_index" in self._inputs:
             feeds[self._inputs["last_token_index"]] = np.full(c.last_token_index_shape(), real - 1, dtype=np.int64)
-        results, latency_ms = self._timed_run(self._output_names, feeds, tokens=real)
+        if self._binding is None:
+            results, latency_ms = self._timed_run(self._output_names, feeds, tokens=real)
+        else:
+            results, latency_ms = self._binding.run(
+                feeds, self._buffers, lambda b: self._timed_run((), feeds, tokens=real, binding=b)[1]
+            )
         presents = results[1:]
         for (_, name), present in zip(self._pairs, presents, strict=True):
             if present.shape != self._written_shape:

@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Self
 
 import numpy as np
+import onnxruntime as ort
 
 from onnxdeploy.errors import DecodeRunError
 from onnxdeploy.runner.session import ModelSession
@@ -89,7 +90,12 @@ class DecodeState:
         self._calls = []
 
     def _timed_run(
-        self, names: Sequence[str], feeds: dict[str, np.ndarray], *, tokens: int | None = None
+        self,
+        names: Sequence[str],
+        feeds: dict[str, np.ndarray],
+        *,
+        tokens: int | None = None,
+        binding: ort.IOBinding | None = None,
     ) -> tuple[list[np.ndarray], float]:
         """Run the session once, record and return its wall time (ms).
 
@@ -97,6 +103,8 @@ class DecodeState:
             names: outputs to fetch.
             feeds: inputs by name (``input_ids`` (B, S) among them).
             tokens: real tokens among the S fed (default S: no padding), for the call record.
+            binding: run this IOBinding instead of ``feeds`` (already bound); the results are then empty
+                (read them from the binding).
 
         Raises:
             DecodeRunError: ONNX Runtime failed, or the session is closed (names the model and the position).
@@ -106,7 +114,11 @@ class DecodeState:
             raise DecodeRunError(f"{self.source}: the decoder is closed")
         start = time.perf_counter()
         try:
-            results = session.run(list(names), feeds)
+            if binding is not None:
+                session.run_with_iobinding(binding)
+                results = []
+            else:
+                results = session.run(list(names), feeds)
         except Exception as exc:  # ORT raises its own types (InvalidArgument, Fail, ...)
             raise DecodeRunError(f"{self.source}: ONNX Runtime failed at position {self._position}: {exc}") from exc
         latency_ms = (time.perf_counter() - start) * 1e3

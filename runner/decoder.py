@@ -9,6 +9,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from onnxdeploy.contract import read_contract
+from onnxdeploy.errors import ConfigError
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decode_state import CallRecord
 from onnxdeploy.runner.exporter_decoder import ExporterDecoder
@@ -70,13 +71,15 @@ class Decoder(Protocol):
 
 
 def make_decoder(
-    model_session: ModelSession, *, remainder: Remainder = "padded"
+    model_session: ModelSession, *, remainder: Remainder = "padded", bind_buffers: bool = False
 ) -> ExporterDecoder | ContractDecoder | GraphSetDecoder:
     """Pick the decode loop for a loaded model: its graph set, its contract, else the exporter convention.
 
     Args:
         model_session: the loaded model; the decoder owns it from here (its ``close`` closes the session).
         remainder: how a graph set feeds what is left after its largest bucket (``padded`` or ``buckets``).
+        bind_buffers: contract graphs bind past and present to one buffer (ORT IOBinding; see
+            :class:`ContractDecoder`); an exporter-convention model has no fixed buffer to bind (ConfigError).
 
     Returns:
         A :class:`GraphSetDecoder` when the contract lists a ``graph_set`` of several graphs (its sibling files
@@ -87,8 +90,11 @@ def make_decoder(
         ContractError: the contract is malformed or disagrees with the graph, or (without a
             contract) the graph does not follow the exporter convention.
         ModelLoadError: a sibling graph of the set cannot be loaded.
+        ConfigError: ``bind_buffers`` for a model without a contract.
     """
     contract = read_contract(model_session.model, source=model_session.path)
+    if bind_buffers and contract is None:
+        raise ConfigError(f"{model_session.path}: bind_buffers needs a decode contract (a static graph)")
     if contract is not None and contract.graph_set and (len(contract.graph_set) > 1 or contract.step_len > 1):
         return open_graph_set(
             model_session.path,
@@ -96,14 +102,19 @@ def make_decoder(
             providers=model_session.providers_requested,
             remainder=remainder,
             opened=model_session,
+            bind_buffers=bind_buffers,
         )
     if contract is not None:
-        return ContractDecoder(model_session, contract)
+        return ContractDecoder(model_session, contract, bind_buffers=bind_buffers)
     return ExporterDecoder(model_session)
 
 
 def open_decoder(
-    path: str | Path, *, providers: Sequence[str] = DEFAULT_PROVIDERS, remainder: Remainder = "padded"
+    path: str | Path,
+    *,
+    providers: Sequence[str] = DEFAULT_PROVIDERS,
+    remainder: Remainder = "padded",
+    bind_buffers: bool = False,
 ) -> ExporterDecoder | ContractDecoder | GraphSetDecoder:
     """Load ``path`` on the given EPs and return the decode loop that fits it (see :func:`make_decoder`).
 
@@ -111,6 +122,7 @@ def open_decoder(
         path: the ``.onnx`` file.
         providers: ORT execution providers in priority order.
         remainder: how a graph set feeds what is left after its largest bucket (``padded`` or ``buckets``).
+        bind_buffers: as for :func:`make_decoder`.
 
     Returns:
         The decoder, reset to position 0; close it (or use it as a context manager) to free the session.
@@ -121,7 +133,7 @@ def open_decoder(
     """
     model_session = open_session(path, providers=providers)
     try:
-        return make_decoder(model_session, remainder=remainder)
+        return make_decoder(model_session, remainder=remainder, bind_buffers=bind_buffers)
     except BaseException:
         model_session.close()
         raise

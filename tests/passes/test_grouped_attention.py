@@ -1,0 +1,114 @@
+"""grouped_attention on the real exports: no copy of the cache into attention, and the same decode on ORT."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from onnxdeploy import model_io
+from onnxdeploy.contract import read_contract
+from onnxdeploy.errors import PreconditionError
+from onnxdeploy.passes._attention_edits import cache_buffers, find_cache_reads, head_repeats
+from onnxdeploy.passes.grouped_attention import GroupedAttentionPass
+from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
+from onnxdeploy.runner import verify
+from tests.conftest import FIXTURE_NAMES, fixture_entry
+
+PROMPT8 = [1, 17, 42, 99, 7, 3, 5, 8]
+STEPS = 64
+L = 128
+
+
+def _static(name: str, **cfg) -> ir.Model:
+    model = model_io.load_model(fixture_entry(name)["model_path"]).model
+    return StaticKVCachePass(StaticKVConfig(**cfg))(model).artifacts.primary
+
+
+def _cache_sized_copies(model: ir.Model, heads: int) -> list[str]:
+    """Node outputs of at least ``max_cache_len × H_q × D`` elements that are not a cache buffer.
+
+    A K buffer transposed straight into a MatMul is allowed: ONNX Runtime fuses it into FusedMatMul(transB=1)
+    (and with H_q = H_kv it is the buffer's own size, so any rewrite would have to keep a read of that size).
+    """
+    contract = read_contract(model)
+    limit = contract.max_cache_len * heads * contract.head_dim
+    buffers = cache_buffers(model)
+    found = []
+    for node in model.graph:
+        if node.op_type == "Transpose" and node.inputs[0] in buffers:
+            if {u.node.op_type for u in node.outputs[0].uses()} == {"MatMul"}:
+                continue
+        for out in node.outputs:
+            shape = out.shape
+            if out in buffers or shape is None or not all(isinstance(d, int) for d in shape):
+                continue
+            if math.prod(shape) >= limit:
+                found.append(f"{node.op_type} '{node.name}' -> {list(shape)}")
+    return found
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_grouped_attention_removes_the_head_repeat_and_decodes_the_same(tmp_path, name):
+    entry = fixture_entry(name)
+    heads = entry["config"]["heads"]
+    static = _static(name, max_cache_len=L)
+    assert _cache_sized_copies(static, heads), "the exporter's attention should copy the cache before the rewrite"
+
+    result = GroupedAttentionPass()(static)
+    grouped = result.artifacts.primary
+    layers = entry["config"]["layers"]
+    assert result.modified
+    assert len(result.report.changes) == 2 * layers if entry["config"]["kv_heads"] < heads else layers
+
+    assert _cache_sized_copies(grouped, heads) == []
+    assert head_repeats(grouped) == []
+    reads = find_cache_reads(grouped)
+    assert len(reads) == 2 * layers
+    assert {tuple(n.op_type for n in r.nodes) for r in reads} == {("Transpose",), ()}
+    assert all(not r.scales for r in reads)
+    assert read_contract(grouped) == read_contract(static)
+    assert [v.name for v in grouped.graph.inputs] == [v.name for v in static.graph.inputs]
+    assert [v.name for v in grouped.graph.outputs] == [v.name for v in static.graph.outputs]
+
+    path = model_io.write_for_ort(grouped, tmp_path)
+    res = verify(str(entry["model_path"]), path, prompt=PROMPT8, steps=STEPS, max_abs_logit_diff=1e-4)
+    for mode in res.modes.values():
+        assert mode.positions == len(PROMPT8) + STEPS
+        assert mode.top1_agreement == 1.0, mode.failures
+        assert mode.max_abs_logit_diff <= 1e-4, mode.failures
+    assert res.passed
+
+
+def test_grouped_attention_on_a_prefill_graph_matches_the_static_graph(tmp_path):
+    """S = 4 query positions per head: the (G, S) order of the grouped Q must match the scores' (H_q, S)."""
+    static = _static("llama_gqa_optimum", step_len=4, max_cache_len=32, prefill_logits="all")
+    grouped = GroupedAttentionPass()(static).artifacts.primary
+    assert head_repeats(grouped) == [] and head_repeats(static)
+    contract = read_contract(static)
+    rng = np.random.default_rng(0)
+    feeds = {
+        "input_ids": np.array([[5, 9, 11, 2]], np.int64),
+        "cache_position": np.arange(6, 10, dtype=np.int64),
+        "position_ids": np.arange(6, 10, dtype=np.int64)[None],
+        "attention_mask": (np.arange(32) < 10).astype(np.int64)[None],
+    }
+    for past, _ in contract.cache_pairs():
+        feeds[past] = rng.standard_normal(contract.cache_input_shape()).astype(np.float32)
+    outs = []
+    for model, folder in ((static, tmp_path / "static"), (grouped, tmp_path / "grouped")):
+        folder.mkdir()
+        session = ort.InferenceSession(str(model_io.write_for_ort(model, folder)), providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
+        outs.append(session.run(None, {k: v for k, v in feeds.items() if k in names}))
+    for want, got in zip(*outs, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_grouped_attention_requires_a_static_graph():
+    model = model_io.load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
+    with pytest.raises(PreconditionError, match="run static_kv before grouped_attention"):
+        GroupedAttentionPass()(model)

@@ -1,0 +1,384 @@
+"""Decode step time of static graph sets against the original export, and against the memory-bandwidth bound.
+
+A ~125M LLaMA-shaped decoder (hidden 768, 12 layers, 12 heads, 4 KV heads, head dim 64, intermediate 2048,
+vocab 32000, fp32, seeded random init) is exported once at benchmark time with the fixtures' TorchScript
+flat-KV path (``benchmarks/scale.py``'s :func:`ensure_export`, ``fixtures/_export_scale.py`` in the fixtures'
+``torchscript`` venv) into ``WORK_DIR/models/125m/`` and cached there. From it, with the library's passes, two
+graph sets are written (one shared weights file each):
+
+* ``static``: ``static_kv {max_cache_lens: [128, 512, 1024], step_lens: [1, 64]}`` → ``mask_rewrite`` →
+  ``grouped_attention`` (the pipeline the README recommends for a fast static step);
+* ``ungrouped``: the same without ``grouped_attention`` (decode graphs only), to show what the rewrite buys.
+
+Then, in one process and one run, interleaving the variants call by call (the order rotates every round so
+no variant always follows the same one), at contexts 64, 256 and 1000 (tokens already in the cache):
+
+* ``original``: the export with numpy feeds, past ``(1, 4, ctx, 64)`` per layer (ORT allocates the presents);
+* ``static numpy`` / ``static bound``: the decode graph of the set that fits (smallest ``max_cache_len`` >
+  ctx) driven by the runner's :class:`ContractDecoder` with numpy feeds / with past and present bound to one
+  buffer (ORT IOBinding); the position is rewound to ctx before every call, so every call sees the same context;
+* ``ungrouped bound``: the ``ungrouped`` decode graph that fits, bound buffers;
+* ``matvec``: an ORT MatMul ``(1, 4096) × (4096, 32768)`` fp32 (512 MiB matrix, fed as an input), whose
+  bytes / time is the memory bandwidth the step is held to;
+* ``matmuls only``: the model's weight MatMuls alone (q, k, v, o, gate, up, down per layer and the LM head, the
+  same shapes, weights fed as inputs, one token): the floor any graph of this model reaches on ORT's CPU
+  MatMul kernel with these options (what limits step / bound).
+
+Every session uses the runner's options (:func:`onnxdeploy.runner.session.session_options`: one intra-op
+thread, thread spinning off, prepacking off). Printed per context: median step time (ms) of each variant,
+static / original ratios, the bandwidth bound of the static step (bytes it must read ÷ the matvec bandwidth:
+every weight once, the embedding table one row, both cache buffers of every layer in full) and step / bound.
+Then prompt throughput (tokens/s) of a 128-token prompt: through the 64-token prefill bucket (2 calls), token
+by token through the decode graph (bound buffers), and the original in one call. Figures are printed, not
+asserted. Usage::
+
+    .venv/bin/python benchmarks/decode.py [--rounds 30] [--work-dir /tmp/onnxdeploy-decode] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from onnxdeploy.contract import read_contract
+from onnxdeploy.model_io import load_model, stage_artifacts
+from onnxdeploy.passes import ArtifactSet, get_pass
+from onnxdeploy.passes._pass_infra import Artifact
+from onnxdeploy.runner.contract_decoder import ContractDecoder
+from onnxdeploy.runner.session import ModelSession, open_session, read_header, session_options
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale import ModelSize, ensure_export  # noqa: E402  (benchmarks/ is not a package)
+
+SIZE = ModelSize("125m", hidden=768, layers=12, heads=12, kv_heads=4, head_dim=64, intermediate=2048, vocab=32000)
+CACHE_LENS = [128, 512, 1024]
+PREFILL = 64
+CONTEXTS = [64, 256, 1000]
+PROMPT_LEN = 128
+MATVEC = (4096, 32768)  # 512 MiB of fp32
+TOKEN = 17
+
+
+def build_sets(model_path: Path, work: Path) -> dict[str, dict[tuple[int, int], Path]]:
+    """Write the ``static`` and ``ungrouped`` graph sets; return ``{set: {(step_len, max_cache_len): path}}``."""
+    sets: dict[str, dict[tuple[int, int], Path]] = {}
+    plans = {
+        "static": ({"max_cache_lens": CACHE_LENS, "step_lens": [1, PREFILL]}, True),
+        "ungrouped": ({"max_cache_lens": CACHE_LENS}, False),
+    }
+    for name, (static_cfg, grouped) in plans.items():
+        out = work / "sets" / name
+        passes = [("static_kv", static_cfg), ("mask_rewrite", {})] + ([("grouped_attention", {})] if grouped else [])
+        loaded = load_model(model_path)
+        artifacts = ArtifactSet([Artifact("model.onnx", loaded.model)], input_was_external=True)
+        for pass_name, cfg in passes:
+            cls = get_pass(pass_name)
+            start = time.perf_counter()
+            artifacts = cls(cls.config_model(**cfg))(artifacts).artifacts
+            print(f"[{name}] {pass_name}: {time.perf_counter() - start:.1f} s, {len(artifacts.artifacts)} graph(s)")
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.iterdir():
+            old.unlink()
+        graphs = [(a.name, a.model) for a in artifacts.artifacts]
+        paths = stage_artifacts(graphs, out, external=True, data_name="model.onnx.data").commit()
+        found = {}
+        for path in paths:
+            if path.suffix == ".onnx":
+                contract = read_contract(read_header(path))
+                found[(contract.step_len, contract.max_cache_len)] = path
+        sets[name] = found
+    return sets
+
+
+def weights_read_per_step(path: Path) -> int:
+    """Bytes of initializers one decode step reads: every one in full, a Gather's table one row per token."""
+    header = read_header(path)
+    sizes = {t.name: (int(np.prod(t.dims)) if t.dims else 1) * 4 for t in header.graph.initializer}
+    gathered = {n.input[0]: n for n in header.graph.node if n.op_type == "Gather" and n.input[0] in sizes}
+    total = 0
+    for name, nbytes in sizes.items():
+        if name in gathered:
+            dims = next(t.dims for t in header.graph.initializer if t.name == name)
+            total += nbytes // dims[0]  # one row per token (batch 1, one token)
+        else:
+            total += nbytes
+    return total
+
+
+class Original:
+    """The export at a fixed context: numpy feeds, presents allocated by ORT."""
+
+    def __init__(self, path: Path, ctx: int):
+        self.session = open_session(path)
+        rng = np.random.default_rng(0)
+        self.feeds: dict[str, np.ndarray] = {
+            "input_ids": np.array([[TOKEN]], np.int64),
+            "attention_mask": np.ones((1, ctx + 1), np.int64),
+            "position_ids": np.array([[ctx]], np.int64),
+        }
+        for arg in self.session.session.get_inputs():
+            if arg.name.startswith("past_key_values"):
+                self.feeds[arg.name] = rng.standard_normal((1, SIZE.kv_heads, ctx, SIZE.head_dim)).astype(np.float32)
+
+    def step(self) -> float:
+        start = time.perf_counter()
+        self.session.session.run(None, self.feeds)
+        return (time.perf_counter() - start) * 1e3
+
+
+class Static:
+    """A contract decoder rewound to ``ctx`` before every call (the same context each time)."""
+
+    def __init__(self, path: Path, ctx: int, *, bind: bool):
+        model_session = open_session(path)
+        self.decoder = ContractDecoder(model_session, read_contract(model_session.model), bind_buffers=bind)
+        rng = np.random.default_rng(0)
+        buffers = self.decoder.cache_buffers()
+        for buffer in buffers.values():
+            buffer[:, :, :ctx] = rng.standard_normal(buffer[:, :, :ctx].shape)
+        self.ctx = ctx
+
+    def step(self) -> float:
+        self.decoder.load_cache(self.decoder.cache_buffers(), self.ctx)  # same buffers: nothing copied or rebound
+        ((_, ms),) = self.decoder.run_chunk([TOKEN])
+        return ms
+
+
+class MatmulsOnly:
+    """The model's weight MatMuls alone, chained as in the model (one token), weights fed as inputs."""
+
+    def __init__(self) -> None:
+        h, inter, kv, vocab = SIZE.hidden, SIZE.intermediate, SIZE.kv_heads * SIZE.head_dim, SIZE.vocab_size()
+        q_width = SIZE.heads * SIZE.head_dim
+        rng = np.random.default_rng(0)
+        nodes, inputs, outputs = [], [], []
+        self.feeds: dict[str, np.ndarray] = {"x": rng.standard_normal((1, h)).astype(np.float32)}
+
+        def matmul(x: str, k: int, n: int, tag: str) -> str:
+            self.feeds[f"w_{tag}"] = rng.random((k, n), np.float32) / k
+            inputs.append(helper.make_tensor_value_info(f"w_{tag}", TensorProto.FLOAT, [k, n]))
+            nodes.append(helper.make_node("MatMul", [x, f"w_{tag}"], [f"y_{tag}"]))
+            return f"y_{tag}"
+
+        x = "x"
+        for i in range(SIZE.layers):
+            q = matmul(x, h, q_width, f"{i}_q")
+            for side in ("k", "v"):
+                outputs.append(helper.make_tensor_value_info(matmul(x, h, kv, f"{i}_{side}"), TensorProto.FLOAT, None))
+            o = matmul(q, q_width, h, f"{i}_o")
+            gate, up = matmul(o, h, inter, f"{i}_gate"), matmul(o, h, inter, f"{i}_up")
+            nodes.append(helper.make_node("Mul", [gate, up], [f"act_{i}"]))
+            x = matmul(f"act_{i}", inter, h, f"{i}_down")
+        outputs.append(helper.make_tensor_value_info(matmul(x, h, vocab, "lm_head"), TensorProto.FLOAT, None))
+        graph = helper.make_graph(
+            nodes, "matmuls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, h]), *inputs], outputs
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        self.session = ort.InferenceSession(
+            model.SerializeToString(), sess_options=session_options(), providers=["CPUExecutionProvider"]
+        )
+        self.nbytes = sum(v.nbytes for k, v in self.feeds.items() if k != "x")
+
+    def step(self) -> float:
+        start = time.perf_counter()
+        self.session.run(None, self.feeds)
+        return (time.perf_counter() - start) * 1e3
+
+
+class Matvec:
+    """ORT MatMul of a (1, K) vector by a (K, N) fp32 matrix fed as an input; its bytes / time is the bandwidth."""
+
+    def __init__(self) -> None:
+        k, n = MATVEC
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            "matvec",
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k]),
+                helper.make_tensor_value_info("w", TensorProto.FLOAT, [k, n]),
+            ],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        self.session = ort.InferenceSession(
+            model.SerializeToString(), sess_options=session_options(), providers=["CPUExecutionProvider"]
+        )
+        rng = np.random.default_rng(0)
+        self.feeds = {"x": rng.standard_normal((1, k)).astype(np.float32), "w": rng.random((k, n), np.float32)}
+        self.nbytes = self.feeds["w"].nbytes
+
+    def step(self) -> float:
+        start = time.perf_counter()
+        self.session.run(None, self.feeds)
+        return (time.perf_counter() - start) * 1e3
+
+
+def interleave(variants: dict[str, Callable[[], float]], rounds: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Call every variant once per round, rotating the order each round; ``warmup`` rounds are not kept."""
+    names = list(variants)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            ms = variants[name]()
+            if r >= warmup:
+                times[name].append(ms)
+    return times
+
+
+def fits(graphs: dict[tuple[int, int], Path], ctx: int, step_len: int = 1) -> tuple[int, Path]:
+    """The smallest cache length of the set with a free slot at ``ctx`` (``max_cache_len > ctx``)."""
+    length = min(L for (s, L) in graphs if s == step_len and L > ctx)
+    return length, graphs[(step_len, length)]
+
+
+def prompt_throughput(original: Path, static: dict[tuple[int, int], Path], repeats: int) -> dict[str, float]:
+    """Tokens/s of a PROMPT_LEN-token prompt: 64-token bucket, token by token (bound), original in one call."""
+    length, decode_path = fits(static, PROMPT_LEN)
+    bucket_path = static[(PREFILL, length)]
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, SIZE.vocab_size(), PROMPT_LEN)]
+    opened: list[ModelSession] = []
+    bucket_session = open_session(bucket_path)
+    token_session = open_session(decode_path)
+    bucket = ContractDecoder(bucket_session, read_contract(bucket_session.model), bind_buffers=True)
+    token = ContractDecoder(token_session, read_contract(token_session.model), bind_buffers=True)
+    orig = open_session(original)
+    opened += [bucket_session, token_session, orig]
+    orig_feeds: dict[str, np.ndarray] = {
+        "input_ids": np.array([prompt], np.int64),
+        "attention_mask": np.ones((1, PROMPT_LEN), np.int64),
+        "position_ids": np.arange(PROMPT_LEN, dtype=np.int64)[None],
+    }
+    for arg in orig.session.get_inputs():
+        if arg.name.startswith("past_key_values"):
+            orig_feeds[arg.name] = np.zeros((1, SIZE.kv_heads, 0, SIZE.head_dim), np.float32)
+
+    def through(decoder: ContractDecoder, size: int) -> float:
+        decoder.reset()
+        start = time.perf_counter()
+        for i in range(0, PROMPT_LEN, size):
+            decoder.run_chunk(prompt[i : i + size])
+        return time.perf_counter() - start
+
+    def one_call() -> float:
+        start = time.perf_counter()
+        orig.session.run(None, orig_feeds)
+        return time.perf_counter() - start
+
+    runs = interleave(
+        {
+            f"bucket {PREFILL} (L={length})": lambda: through(bucket, PREFILL),
+            f"token by token (L={length})": lambda: through(token, 1),
+            "original, one call": one_call,
+        },
+        repeats,
+        warmup=1,
+    )
+    for s in opened:
+        s.close()
+    return {name: PROMPT_LEN / float(np.median(ts)) for name, ts in runs.items()}
+
+
+def main() -> int:
+    """Build (or reuse) the export and the graph sets, measure, print; returns the exit status."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=30, help="timed calls per variant and context")
+    ap.add_argument("--prompt-repeats", type=int, default=3, help="timed prompts per prefill variant")
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/onnxdeploy-decode"))
+    ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/onnxdeploy-fixture-venvs"),
+                    help="the fixtures' venvs (fixtures/make_fixtures.py --venv-dir)")  # fmt: skip
+    ap.add_argument("--json", action="store_true", help="also print the results as JSON")
+    args = ap.parse_args()
+    work = args.work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    info, _ = ensure_export(SIZE, work, args.venv_dir.resolve())
+    original = work / "models" / SIZE.name / "model.onnx"
+    print(f"export: {info['parameters'] / 1e6:.1f} M parameters, {original}")
+    print(f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; every session: 1 intra-op thread, spinning off")
+    sets = build_sets(original, work)
+    matvec = Matvec()
+    floor = MatmulsOnly()
+    results: dict[str, Any] = {"contexts": {}, "matvec_bytes": matvec.nbytes}
+    header = (f"{'ctx':>5} {'L':>5} {'original':>9} {'static np':>9} {'static bd':>9} {'ungrp bd':>9} "
+              f"{'np/orig':>7} {'bd/orig':>7} {'ungrp/orig':>10} {'GB/s':>6} {'bound':>7} {'bd/bound':>8} "
+              f"{'mm only':>8} {'mm/bound':>8} {'bd/mm':>6}")  # fmt: skip
+    rows = []
+    for ctx in CONTEXTS:
+        length, path = fits(sets["static"], ctx)
+        _, ungrouped = fits(sets["ungrouped"], ctx)
+        variants = {
+            "original": Original(original, ctx),
+            "static numpy": Static(path, ctx, bind=False),
+            "static bound": Static(path, ctx, bind=True),
+            "ungrouped bound": Static(ungrouped, ctx, bind=True),
+            "matvec": matvec,
+            "matmuls only": floor,
+        }
+        times = interleave({n: v.step for n, v in variants.items()}, args.rounds)
+        med = {n: float(np.median(t)) for n, t in times.items()}
+        bandwidth = matvec.nbytes / (med["matvec"] / 1e3)
+        cache = 2 * SIZE.layers * SIZE.kv_heads * length * SIZE.head_dim * 4
+        read = weights_read_per_step(path) + cache
+        bound_ms = read / bandwidth * 1e3
+        row = {
+            "context": ctx,
+            "max_cache_len": length,
+            "median_ms": med,
+            "p90_ms": {n: float(np.percentile(t, 90)) for n, t in times.items()},
+            "static_numpy_over_original": med["static numpy"] / med["original"],
+            "static_bound_over_original": med["static bound"] / med["original"],
+            "ungrouped_bound_over_original": med["ungrouped bound"] / med["original"],
+            "bandwidth_gb_s": bandwidth / 1e9,
+            "bytes_read_per_step": read,
+            "bound_ms": bound_ms,
+            "static_bound_over_bound": med["static bound"] / bound_ms,
+            "original_over_bound": med["original"] / bound_ms,
+            "matmuls_only_over_bound": med["matmuls only"] / (floor.nbytes / bandwidth * 1e3),
+            "static_bound_over_matmuls_only": med["static bound"] / med["matmuls only"],
+        }
+        rows.append(row)
+        results["contexts"][str(ctx)] = row
+        for v in variants.values():
+            closer = getattr(v, "decoder", None) or getattr(v, "session", None)
+            if hasattr(closer, "close"):
+                closer.close()
+    print(f"\n== per-step time, median of {args.rounds} interleaved calls (ms) ==")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        m = r["median_ms"]
+        print(
+            f"{r['context']:5d} {r['max_cache_len']:5d} {m['original']:9.2f} {m['static numpy']:9.2f} "
+            f"{m['static bound']:9.2f} {m['ungrouped bound']:9.2f} {r['static_numpy_over_original']:7.2f} "
+            f"{r['static_bound_over_original']:7.2f} {r['ungrouped_bound_over_original']:10.2f} "
+            f"{r['bandwidth_gb_s']:6.1f} {r['bound_ms']:7.2f} {r['static_bound_over_bound']:8.2f} "
+            f"{m['matmuls only']:8.2f} {r['matmuls_only_over_bound']:8.2f} {r['static_bound_over_matmuls_only']:6.2f}"
+        )
+    print(
+        "bound = bytes a static step reads (weights once, embedding one row, the whole cache of max_cache_len "
+        f"L) / matvec bandwidth; matvec: MatMul (1, {MATVEC[0]}) x ({MATVEC[0]}, {MATVEC[1]}) fp32, "
+        f"{matvec.nbytes / 2**20:.0f} MiB; mm only = the model's weight MatMuls alone ({floor.nbytes / 1e6:.0f} MB), "
+        "mm/bound = their time / their bytes' bound"
+    )
+    tput = prompt_throughput(original, sets["static"], args.prompt_repeats)
+    results["prompt_tokens_per_s"] = tput
+    print(f"\n== prompt of {PROMPT_LEN} tokens: throughput, median of {args.prompt_repeats} (tokens/s) ==")
+    for name, value in tput.items():
+        print(f"  {name:28s} {value:8.1f}")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

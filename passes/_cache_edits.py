@@ -35,7 +35,7 @@ import onnxruntime as ort
 import onnxsim
 
 from onnxdeploy import model_io
-from onnxdeploy.contract import CacheBinding, ContractInputs, DecodeContract
+from onnxdeploy.contract import KV_DTYPES, CacheBinding, ContractInputs, DecodeContract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.kv_cache import KVCache, find_logits_output, upstream_nodes
 from onnxdeploy.passes._pass_infra import PassContext
@@ -723,3 +723,66 @@ def build_contract(
             for layer in kv.layers
         ],
     )
+
+
+# ----------------------------------------------------------------------------------------- cache dtype
+
+_CACHE_IN_OP = {"GroupQueryAttention", "Attention", "MultiHeadAttention"}
+"""Ops that take the cache themselves: their cache dtype must equal their compute dtype."""
+
+
+def cast_cache_boundary(model: ir.Model, contract: DecodeContract, kv_dtype: str, *, who: str = "static_kv") -> str:
+    """Store the cache in ``kv_dtype`` while the graph computes in its own dtype: Casts at the cache boundary.
+
+    Every past input becomes ``kv_dtype`` and is cast to the compute dtype where the graph reads it; every
+    present output is cast to ``kv_dtype`` on its way out (same name). Buffers a host keeps are then
+    ``kv_dtype``; the values written are rounded once to it (the error this adds is what verification sees).
+
+    Args:
+        model: a static graph carrying the cache named by ``contract`` (edited in place).
+        contract: its contract (the cache names).
+        kv_dtype: a :data:`~onnxdeploy.contract.KV_DTYPES` key.
+        who: the pass name, for errors.
+
+    Returns:
+        A line for the pass report.
+
+    Raises:
+        PreconditionError: a past input feeds an op that keeps the cache inside it (GroupQueryAttention,
+            Attention): such an op needs its cache dtype to equal its compute dtype, so it cannot be split.
+    """
+    target = KV_DTYPES[kv_dtype]
+    graph = model.graph
+    inputs = {str(v.name): v for v in graph.inputs}
+    outputs = {str(v.name): (i, v) for i, v in enumerate(graph.outputs)}
+    compute = None
+    for past, present in contract.cache_pairs():
+        value = inputs[past]
+        inside = [n.op_type for n, _ in value.uses() if n.op_type in _CACHE_IN_OP]
+        if inside:
+            raise PreconditionError(
+                who,
+                f"kv_dtype {kv_dtype}: '{past}' feeds {inside[0]}, which keeps the cache inside the op and needs its "
+                "cache dtype to equal its compute dtype; keep kv_dtype equal to the model's dtype",
+            )
+        compute = value.dtype
+        if compute == target:
+            continue
+        readers = list(value.uses())
+        cast_in = ir.node("Cast", [value], attributes={"to": compute}, name=f"{past}/cast_to_compute")
+        cast_in.outputs[0].name = f"{past}/compute"
+        cast_in.outputs[0].dtype, cast_in.outputs[0].shape = compute, value.shape
+        for node, index in readers:
+            node.replace_input_with(index, cast_in.outputs[0])
+        graph.insert_before(graph.node(0), cast_in)
+        value.dtype = target
+        i, out = outputs[present]
+        cast_out = ir.node("Cast", [out], attributes={"to": target}, name=f"{present}/cast_to_cache")
+        graph.append(cast_out)
+        new = cast_out.outputs[0]
+        new.dtype, new.shape = target, out.shape
+        out.name = f"{present}/compute"
+        new.name = present
+        graph.outputs[i] = new
+    name = next((k for k, v in KV_DTYPES.items() if v == compute), str(compute))
+    return f"cache stored as {kv_dtype} (compute {name}): Cast at each past input and present output"

@@ -31,7 +31,7 @@ import onnxruntime as ort
 from onnxdeploy.matrices.generate_ort_cpu import _OPSET_MIN, _dump, _max_opsets, probe_max_ir_version
 from onnxdeploy.matrices.schema import Matrix
 
-__all__ = ["TARGETS", "build_matrix", "main", "parse_support_table"]
+__all__ = ["CONSTANT_ENTRY", "ORT_GRAPH_SOURCE", "TARGETS", "build_matrix", "main", "parse_support_table"]
 
 _ROW = re.compile(r"^\|\s*(ai\.onnx|com\.microsoft)[:.](\w+)\s*\|(.*)\|\s*$")
 """A table row ``|ai.onnx:Op|note|`` (the tables also spell the separator with a dot, e.g. ``ai.onnx.ReduceSum``)."""
@@ -76,6 +76,18 @@ TARGETS: dict[str, dict] = {
         },
     },
 }
+
+
+CONSTANT_ENTRY: dict = {"op": "Constant", "domain": "ai.onnx", "since": 1, "via": "graph", "source": "ort-graph"}
+"""ORT's graph loader turns Constant nodes into initializers before any EP takes nodes, so every ORT EP takes them."""
+
+ORT_GRAPH_SOURCE: dict = {
+    "doc": "ONNX Runtime graph loader (Constant nodes become initializers before EP partitioning)",
+    "section": "session probe: a model of Constant nodes opens although the CPU EP registers no Constant kernel",
+    "version": f"onnxruntime {ort.__version__}",
+    "address": "onnxdeploy.matrices.generate_ort_cpu._graph_entries (the probe behind ort-cpu's Constant entries)",
+}
+"""Source of :data:`CONSTANT_ENTRY` (add ``read``)."""
 
 
 def _helpers_dir() -> Path:
@@ -136,6 +148,7 @@ def build_matrix(target: str, today: datetime.date | None = None) -> dict:
     helpers = _helpers_dir()
     table = helpers / spec["file"]
     entries, notes = parse_support_table(table.read_text(encoding="utf-8"), "ep-table")
+    entries.append(CONSTANT_ENTRY)
     max_opsets = _max_opsets()
     domains = sorted({e["domain"] for e in entries} | {"ai.onnx"})
     wheel_path = f"onnxruntime/tools/mobile_helpers/{spec['file']}"
@@ -172,6 +185,7 @@ def build_matrix(target: str, today: datetime.date | None = None) -> dict:
                 "address": "onnxruntime/tools/mobile_helpers/usability_checker.py",
                 "read": today.isoformat(),
             },
+            "ort-graph": ORT_GRAPH_SOURCE | {"read": today.isoformat()},
             "ort-host": {
                 "doc": "The hosting ONNX Runtime's schema registry and IR probe (the model loads in ORT before the "
                 "EP takes nodes)",

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from onnxdeploy.cli import app
 from onnxdeploy.errors import ConfigError
-from onnxdeploy.matrices import get_target, list_targets, lookup
+from onnxdeploy.matrices import generate_ort_mobile, get_target, list_targets, lookup, transcribe_ort_cuda
 from onnxdeploy.matrices.generate_ort_cpu import build_matrix
 from onnxdeploy.matrices.schema import Matrix
 
@@ -51,13 +51,31 @@ def test_ort_cpu_is_generated_from_the_installed_onnxruntime():
     assert committed.opsets["ai.onnx"].max >= 23 and committed.ir_version.max >= 11
 
 
+def test_mobile_and_cuda_matrices_are_what_their_scripts_write():
+    for target in generate_ort_mobile.TARGETS:
+        committed = get_target(target)
+        assert committed.generated.versions["onnxruntime"] == onnxruntime.__version__, (
+            "regenerate: python -m onnxdeploy.matrices.generate_ort_mobile"
+        )
+        fresh = Matrix.model_validate(generate_ort_mobile.build_matrix(target, committed.generated.on))
+        assert fresh.ops == committed.ops and fresh.opsets == committed.opsets, target
+    cuda = Matrix.model_validate(transcribe_ort_cuda.build_matrix())
+    assert cuda.ops == get_target("ort-cuda").ops, "rewrite: python -m onnxdeploy.matrices.transcribe_ort_cuda"
+
+
 def test_lookup_attention_at_opset_23_answers_per_target():
     answers = {a.target: a for a in lookup("Attention", opset=23)}
-    assert set(answers) == set(list_targets())
+    assert set(answers) == set(list_targets()) and len(answers) == 10
     assert answers["ort-cpu"].verdict == "yes" and answers["ort-cpu"].entries[0].types["T1"] == ["float", "float16"]
+    assert answers["ort-cuda"].verdict == "yes" and "bfloat16" in answers["ort-cuda"].entries[0].types["T1"]
     assert answers["openvino"].verdict == "yes"
-    assert answers["rknn-rk3588"].verdict == "no" and "outside 12..19" in answers["rknn-rk3588"].reason
-    assert answers["rknn-rk3588"].max_opset == 19
+    (trt,) = answers["tensorrt"].entries
+    assert answers["tensorrt"].verdict == "yes" and any("past_key" in c for c in trt.constraints)
+    for target in ("ort-qnn", "ort-coreml", "ort-nnapi"):
+        assert answers[target].verdict == "no" and answers[target].reason == "not in the target's operator list"
+    for target, span in (("rknn-rk3588", "12..19"), ("ascend-atc", "9..13"), ("horizon-bpu", "10..11")):
+        assert answers[target].verdict == "no" and f"outside {span}" in answers[target].reason, target
+    assert answers["rknn-rk3588"].max_opset == 19 and answers["tensorrt"].max_opset == 24
 
 
 def test_lookup_schema_versions_decide_ort_dtypes():

@@ -15,7 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.passes import Pass, PipelineSettings, get_pass
 
-__all__ = ["VerifyConfig", "PassSpec", "PipelineConfig", "default_checks", "load_pipeline", "format_validation_error"]
+__all__ = [
+    "AccuracyConfig",
+    "CalibrationConfig",
+    "VerifyConfig",
+    "PassSpec",
+    "PipelineConfig",
+    "default_checks",
+    "load_pipeline",
+    "format_validation_error",
+]
 
 DEFAULT_CHECKS = ["checker", "static_shapes", "topo_order", "contract"]
 """Default checks of a run whose output carries a decode contract (a static decoder)."""
@@ -47,19 +56,22 @@ class VerifyConfig(BaseModel):
     providers: list[str] = Field(
         default=["CPUExecutionProvider"], min_length=1, description="ONNX Runtime execution providers, in order."
     )
-    strict_providers: StrictBool = Field(
-        False, description="Fail (exit 1) when a requested provider is not active (ONNX Runtime fell back to CPU)."
-    )
-    remainder: Literal["padded", "buckets"] = Field(
-        "padded",
-        description="Graph sets: how the prompt tokens left after the largest bucket are fed: one padded chunk of "
-        "the smallest bucket that holds them, or smaller buckets.",
-    )
     runtimes: list[Literal["onnxruntime", "openvino"]] = Field(
         default=["onnxruntime"],
         min_length=1,
         description="Runtimes the candidate is also decoded on; each is compared with the original on ONNX Runtime "
         "(openvino: CPU, INFERENCE_PRECISION_HINT f32; needs the openvino extra).",
+    )
+    strict_providers: StrictBool = Field(
+        False, description="Fail (exit 1) when a requested provider is not active (ONNX Runtime fell back to CPU)."
+    )
+    accuracy: AccuracyConfig | None = Field(
+        None, description="Teacher-forced KL, top-1 and perplexity on held-out tokens (for quantized candidates)."
+    )
+    remainder: Literal["padded", "buckets"] = Field(
+        "padded",
+        description="Graph sets: how the prompt tokens left after the largest bucket are fed: one padded chunk of "
+        "the smallest bucket that holds them, or smaller buckets.",
     )
 
     @field_validator("prompt")
@@ -75,6 +87,37 @@ class VerifyConfig(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError(f"each entry may appear once, got {v}")
         return v
+
+
+class CalibrationConfig(BaseModel):
+    """The ``calibration`` section: token ids passes collect activations on (``quantize_weights``' act-order, GPTQ)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    token_ids_file: Path = Field(
+        strict=False,
+        description="Token ids (.npy int array, .json list or list of lists, or whitespace-separated ints); "
+        "relative to the pipeline file.",
+    )
+    max_tokens: int = Field(2048, ge=1, description="Tokens used at most, from the start of the file.")
+
+
+class AccuracyConfig(BaseModel):
+    """The ``verify.accuracy`` section: teacher-forced accuracy of the candidate on held-out tokens (quantized models).
+
+    Both models are fed the same tokens; per position the runner compares the next-token distributions
+    (KL divergence original -> candidate, top-1 agreement) and both models' perplexity of the text.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    token_ids_file: Path = Field(
+        strict=False, description="Held-out token ids (formats as calibration); relative to the pipeline."
+    )
+    max_tokens: int = Field(129, ge=2, description="Tokens fed at most (positions compared: one fewer).")
+    max_mean_kl: float | None = Field(None, ge=0, description="Largest allowed mean KL(original || candidate), nats.")
+    min_top1_agreement: float | None = Field(None, ge=0, le=1, description="Smallest allowed top-1 agreement.")
+    max_ppl_ratio: float | None = Field(None, ge=1, description="Largest allowed perplexity candidate / original.")
 
 
 class PassSpec(BaseModel):
@@ -109,6 +152,9 @@ class PipelineConfig(BaseModel):
     verify: VerifyConfig | None = Field(
         default_factory=VerifyConfig, description="Runner settings; null skips verification."
     )
+    calibration: CalibrationConfig | None = Field(
+        None, description="Calibration token ids for passes that collect activations (quantize_weights)."
+    )
     source: Path | None = Field(None, description="Set by the loader: the pipeline file this was read from.")
 
     def settings(self) -> PipelineSettings:
@@ -118,6 +164,7 @@ class PipelineConfig(BaseModel):
             verify_positions=None if v is None else len(v.prompt) + v.steps,
             verify_prompt_len=None if v is None else len(v.prompt),
             source=str(self.source) if self.source else "pipeline",
+            calibration_tokens=self.calibration.max_tokens if self.calibration is not None else None,
         )
 
     @field_validator("model", "output_dir", mode="before")
@@ -209,6 +256,25 @@ def _check_pass_settings(cfg: PipelineConfig, where: str) -> None:
             raise ConfigError(f"{where}: key 'passes[{i}].{spec.name}': {exc}") from None
 
 
+def _resolve_token_files(cfg: PipelineConfig, base: Path, where: Path) -> PipelineConfig:
+    """Resolve the calibration and verify.accuracy ``token_ids_file`` against ``base``; they must exist."""
+    update: dict[str, Any] = {}
+    sections = (("calibration", cfg.calibration), ("verify.accuracy", cfg.verify.accuracy if cfg.verify else None))
+    for key, section in sections:
+        if section is None:
+            continue
+        file = section.token_ids_file if section.token_ids_file.is_absolute() else base / section.token_ids_file
+        if not file.is_file():
+            raise ConfigError(f"{where}: key '{key}.token_ids_file': file not found: {file}")
+        resolved = section.model_copy(update={"token_ids_file": file.resolve()})
+        if key == "calibration":
+            update["calibration"] = resolved
+        else:
+            assert cfg.verify is not None
+            update["verify"] = cfg.verify.model_copy(update={"accuracy": resolved})
+    return cfg.model_copy(update=update) if update else cfg
+
+
 def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> PipelineConfig:
     """Read and validate a pipeline file.
 
@@ -277,6 +343,7 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
             check_runtimes(cfg.verify.runtimes)
         except ConfigError as exc:
             raise ConfigError(f"{p}: key 'verify.runtimes': {exc}") from None
+    cfg = _resolve_token_files(cfg, base, p)
     cfg = cfg.model_copy(update={"model": model.resolve(), "output_dir": out.resolve(), "passes": passes, "source": p})
     _check_pass_settings(cfg, str(p))
     return cfg

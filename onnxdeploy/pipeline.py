@@ -40,10 +40,12 @@ from onnxdeploy.model_io import (
 )
 from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
 from onnxdeploy.render import render_markdown
-from onnxdeploy.report import Finding, GraphReport, PassReport, PhaseReport, RunReport
+from onnxdeploy.report import AccuracyReport, Finding, GraphReport, PassReport, PhaseReport, RunReport
 from onnxdeploy.resources import peak_rss_bytes, rss_bytes
 from onnxdeploy.runner import check_header, open_session, verify
+from onnxdeploy.runner.accuracy import evaluate_accuracy
 from onnxdeploy.runner.runtimes import compare_on_runtime
+from onnxdeploy.token_ids import load_token_ids
 
 __all__ = ["RunOutcome", "run_pipeline", "write_text_atomic"]
 
@@ -252,7 +254,14 @@ def run_pipeline(
         _remove_if_made(out_dir, made_dir)
         raise
     staged: StagedArtifacts | None = None
-    context = PassContext(model_path=model_in, target=config.target, session_factory=open_session)
+    calibration = (
+        load_token_ids(config.calibration.token_ids_file, config.calibration.max_tokens)
+        if config.calibration is not None
+        else []
+    )
+    context = PassContext(
+        model_path=model_in, target=config.target, session_factory=open_session, calibration=calibration
+    )
     clock = _PhaseClock()
     try:
         say(f"loading {model_in}")
@@ -305,6 +314,7 @@ def run_pipeline(
         tmp_model = staged.path(primary.name)
 
         verify_report = None
+        accuracy_report = None
         runtime_reports = []
         if config.verify is not None:
             v = config.verify
@@ -344,9 +354,12 @@ def run_pipeline(
                             max_abs_logit_diff=v.max_abs_logit_diff,
                         )
                     )
+            accuracy_report = _accuracy(config, model_in, tmp_model, final_model, say)
             clock.done("verify")
 
         failures = [f"{f.code} {f.message}" for f in findings if f.level == "error"]
+        if accuracy_report is not None:
+            failures += accuracy_report.failures
         if verify_report is not None and not verify_report.passed:
             failures += [f"verify: {msg}" for msg in verify_report.failures]
             for mode in verify_report.modes.values():
@@ -372,6 +385,7 @@ def run_pipeline(
             checks_run=_check_names(config, artifacts),
             findings=findings,
             verify=verify_report,
+            accuracy=accuracy_report,
             runtimes=runtime_reports,
             failures=failures,
             wall_time_s=round(time.perf_counter() - start, 3),
@@ -407,6 +421,28 @@ def run_pipeline(
         report_json=report_json,
         report_md=report_md,
     )
+
+
+def _accuracy(
+    config: PipelineConfig, model_in: Path, tmp_model: Path, final_model: Path, say: Progress
+) -> AccuracyReport | None:
+    """``verify.accuracy``: teacher-forced KL, top-1 and perplexity of the candidate on held-out tokens."""
+    assert config.verify is not None
+    acc = config.verify.accuracy
+    if acc is None:
+        return None
+    (tokens,) = load_token_ids(acc.token_ids_file, acc.max_tokens)[:1]
+    say(f"accuracy: {len(tokens)} held-out tokens, teacher-forced")
+    report = evaluate_accuracy(
+        str(model_in),
+        str(tmp_model),
+        tokens,
+        providers=tuple(config.verify.providers),
+        max_mean_kl=acc.max_mean_kl,
+        min_top1_agreement=acc.min_top1_agreement,
+        max_ppl_ratio=acc.max_ppl_ratio,
+    )
+    return report.model_copy(update={"candidate": str(final_model)})
 
 
 def _check_names(config: PipelineConfig, artifacts: ArtifactSet) -> list[str]:

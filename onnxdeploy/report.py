@@ -27,6 +27,8 @@ __all__ = [
     "ModeResult",
     "VerifyReport",
     "PhaseReport",
+    "AccuracyFigures",
+    "AccuracyReport",
     "RunReport",
 ]
 
@@ -121,6 +123,9 @@ class PassReport(BaseModel):
     dims_fixed: list[str] = Field(default_factory=list, description="'tensor[axis]: old -> new' entries.")
     changes: list[str] = Field(default_factory=list, description="Human-readable changes.")
     warnings: list[str] = Field(default_factory=list)
+    details: dict[str, Any] = Field(
+        default_factory=dict, description="Pass-specific figures, e.g. quantize_weights' per-layer weight error."
+    )
 
 
 class StepRecord(BaseModel):
@@ -260,6 +265,42 @@ class PhaseReport(BaseModel):
     rss_bytes: int = Field(description="The process's resident set size at the end of the phase, bytes.")
 
 
+class AccuracyFigures(BaseModel):
+    """Teacher-forced comparison of two models' next-token distributions over the same tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    positions: int = Field(description="Positions compared (tokens fed minus one).")
+    mean_kl: float = Field(description="Mean KL(original || candidate) over positions, nats.")
+    max_kl: float = Field(description="Largest per-position KL, nats.")
+    top1_agreement: float = Field(description="Fraction of positions whose argmax agrees.")
+    ppl_original: float = Field(description="Perplexity of the text under the original.")
+    ppl_candidate: float = Field(description="Perplexity of the text under the candidate.")
+    ppl_ratio: float = Field(description="ppl_candidate / ppl_original.")
+    kl_per_position: list[float] = Field(default_factory=list, description="KL at each position, nats.")
+
+
+class AccuracyReport(BaseModel):
+    """``verify.accuracy``: the candidate's teacher-forced accuracy on held-out tokens (runner/accuracy.py).
+
+    ``weight_only``: ORT's DQ+MatMul fusion in fp32 (``session.qdq_matmulnbits_accuracy_level=0``), the error
+    of the transformation itself; thresholds apply to it. ``default_optimized``: ORT's default session options.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    passed: bool
+    original: str
+    candidate: str
+    tokens: int
+    weight_only: AccuracyFigures
+    default_optimized: AccuracyFigures
+    max_mean_kl: float | None = None
+    min_top1_agreement: float | None = None
+    max_ppl_ratio: float | None = None
+    failures: list[str] = Field(default_factory=list)
+
+
 class RunReport(BaseModel):
     """The report of one ``onnxdeploy run``: passes, findings, verification, status."""
 
@@ -283,6 +324,7 @@ class RunReport(BaseModel):
     checks_run: list[str] = Field(default_factory=list, description="Registry names of the checks that ran.")
     findings: list[Finding] = Field(default_factory=list)
     verify: VerifyReport | None = Field(None, description="null when the pipeline has verify: null.")
+    accuracy: AccuracyReport | None = Field(None, description="verify.accuracy figures, when configured.")
     runtimes: list[RuntimeComparison] = Field(
         default_factory=list, description="verify.runtimes other than onnxruntime: each against the original on ORT."
     )

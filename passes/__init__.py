@@ -12,6 +12,7 @@ from onnxdeploy.passes import (  # noqa: F401  (modules register their passes)
     grouped_attention,
     mask_rewrite,
     pin_opset,
+    quantize_weights,
     static_kv,
 )
 from onnxdeploy.passes._pass_infra import (

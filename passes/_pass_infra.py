@@ -145,11 +145,13 @@ class PipelineSettings:
         verify_positions: ``len(prompt) + steps`` the runner will decode, or None without verification.
         verify_prompt_len: the prompt's length in tokens (None without verification).
         source: the pipeline file, for messages.
+        calibration_tokens: tokens the ``calibration`` section provides at most (None without one).
     """
 
     verify_positions: int | None = None
     verify_prompt_len: int | None = None
     source: str = "pipeline"
+    calibration_tokens: int | None = None
 
 
 @dataclass

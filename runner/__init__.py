@@ -8,6 +8,7 @@ logits. Sessions open models by path with weights memory-mapped (:func:`open_ses
 sessions are context managers.
 """
 
+from onnxdeploy.runner.accuracy import evaluate_accuracy, teacher_forced_logits
 from onnxdeploy.runner.compare import latency_summary, step_record, summarize_mode
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decoder import Decoder, make_decoder, open_decoder
@@ -21,6 +22,8 @@ from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_sess
 from onnxdeploy.runner.verify import MODES, ProgressCallback, check_header, greedy_decode, verify
 
 __all__ = [
+    "evaluate_accuracy",
+    "teacher_forced_logits",
     "DEFAULT_PROVIDERS",
     "MODES",
     "ContractDecoder",

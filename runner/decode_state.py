@@ -48,6 +48,9 @@ class DecodeState:
     Attributes:
         source: the model path, for messages.
         model_session: the session.
+        extra_outputs: further outputs every ``session.run`` (without IOBinding) fetches, e.g. activations
+            for calibration; the decode loop never sees them.
+        extra_results: one ``name -> array`` of ``extra_outputs`` per such run, until the caller clears it.
     """
 
     def __init__(self, model_session: ModelSession) -> None:
@@ -56,6 +59,8 @@ class DecodeState:
         self._position = 0
         self._latencies: list[float] = []
         self._calls: list[CallRecord] = []
+        self.extra_outputs: list[str] = []
+        self.extra_results: list[dict[str, np.ndarray]] = []
 
     @property
     def position(self) -> int:
@@ -118,7 +123,10 @@ class DecodeState:
                 session.run_with_iobinding(binding)
                 results = []
             else:
-                results = session.run(list(names), feeds)
+                results = session.run([*names, *self.extra_outputs], feeds)
+                if self.extra_outputs:  # e.g. activations for calibration: kept apart from the decode loop's
+                    self.extra_results.append(dict(zip(self.extra_outputs, results[len(names) :], strict=True)))
+                    results = results[: len(names)]
         except Exception as exc:  # ORT raises its own types (InvalidArgument, Fail, ...)
             raise DecodeRunError(f"{self.source}: ONNX Runtime failed at position {self._position}: {exc}") from exc
         latency_ms = (time.perf_counter() - start) * 1e3

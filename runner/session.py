@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -131,13 +131,17 @@ def numpy_dtype(ort_type: str, *, tensor: str) -> np.dtype:
         raise ContractError(f"'{tensor}' has element type {ort_type}, which the runner cannot feed") from None
 
 
-def session_options() -> ort.SessionOptions:
+def session_options(config_entries: Mapping[str, str] | None = None) -> ort.SessionOptions:
     """Build the ORT session options used for every verification run.
 
     One intra-op and one inter-op thread, sequential execution and deterministic compute, so two runs of
     the same model give bit-identical logits and latencies are comparable; no thread spinning (idle
     sessions in one process distort timings); no prepacking, so external weights stay memory-mapped
     instead of being copied into ORT's own buffers.
+
+    Args:
+        config_entries: further session config entries, or overrides of these (e.g.
+            ``session.qdq_matmulnbits_accuracy_level``, ``session.disable_prepacking``).
 
     Returns:
         A fresh ``onnxruntime.SessionOptions``.
@@ -148,8 +152,9 @@ def session_options() -> ort.SessionOptions:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.use_deterministic_compute = True
     options.log_severity_level = 3
-    options.add_session_config_entry("session.disable_prepacking", "1")
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    entries = {"session.disable_prepacking": "1", "session.intra_op.allow_spinning": "0", **(config_entries or {})}
+    for key, value in entries.items():
+        options.add_session_config_entry(key, value)
     return options
 
 
@@ -205,6 +210,7 @@ def open_session(
     *,
     providers: Sequence[str] = DEFAULT_PROVIDERS,
     scratch_root: str | Path | None = None,
+    config_entries: Mapping[str, str] | None = None,
 ) -> ModelSession:
     """Check a model file, then open it by path in an ORT session on the given EP list.
 
@@ -214,6 +220,7 @@ def open_session(
         scratch_root: where to make the scratch folder for a model ORT cannot open in place (Hugging Face
             cache layout); the system temp folder by default. On the data files' filesystem the copy is
             hard links (no bytes copied); elsewhere the weights are streamed into it.
+        config_entries: further ORT session config entries (see :func:`session_options`).
 
     Returns:
         The open session (close it, or use it as a context manager) with the header and any EP
@@ -246,7 +253,8 @@ def open_session(
         with warnings.catch_warnings():
             # ORT warns and falls back when an EP is unavailable; the fallback is reported below.
             warnings.simplefilter("ignore")
-            session = ort.InferenceSession(target, sess_options=session_options(), providers=list(requested))
+            options = session_options(config_entries)
+            session = ort.InferenceSession(target, sess_options=options, providers=list(requested))
     except BaseException as exc:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

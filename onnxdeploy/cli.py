@@ -501,6 +501,53 @@ def matrix_lookup(
     raise typer.Exit(EXIT_OK)
 
 
+def _print_sdk(out: Console, sdk: dict[str, Any]) -> None:
+    """The SDK's build outcome, its CPU placements and where it disagrees with the matrix."""
+    built = "built" if sdk["built"] else f"[red]did not build[/]: {escape(sdk['error'])}"
+    out.print(f"{escape(sdk['sdk'])} ({sdk['target_platform']}): {built} in {sdk['seconds']} s")
+    for n in sdk["nodes"]:
+        if n["sdk"] in ("cpu", "no_npu_lowering") or n["matrix"] != "supported":
+            rule = f" ({n['rule']})" if n["rule"] else ""
+            out.print(
+                f"    {escape(n['node'])} ({n['op']}): SDK {n['sdk']}{rule}; matrix {n['matrix']}", soft_wrap=True
+            )
+    if sdk["disagreements"]:
+        out.print(f"[yellow]{len(sdk['disagreements'])} node(s) where the SDK and the matrix disagree[/] (--json: sdk)")
+
+
+sdk_app = typer.Typer(help="Device SDK environments (installed on request, run as subprocesses).", no_args_is_help=True)
+app.add_typer(sdk_app, name="sdk")
+
+
+@sdk_app.command("install")
+def sdk_install(
+    name: Annotated[str, typer.Argument(help="The SDK: rknn (RKNN-Toolkit2 2.5.0, ~5.6 GB with torch).")],
+) -> None:
+    """Create the SDK's own virtual environment ($ONNXDEPLOY_SDK_HOME, default ~/.cache/onnxdeploy/sdk)."""
+    from onnxdeploy.sdk import install_rknn
+
+    out, err = _consoles(False)
+    if name != "rknn":
+        raise _fail(err, ConfigError(f"unknown SDK '{name}'; known: rknn"), as_json=False)
+    try:
+        python = install_rknn(log=lambda line: out.print(escape(line), soft_wrap=True))
+    except OnnxDeployError as exc:
+        raise _fail(err, exc, as_json=False) from None
+    out.print(f"RKNN-Toolkit2 environment ready: {python}")
+    raise typer.Exit(EXIT_OK)
+
+
+@sdk_app.command("status")
+def sdk_status() -> None:
+    """Say whether each SDK environment is installed (exit 0 either way)."""
+    from onnxdeploy.sdk import rknn_env, rknn_python
+
+    out, _ = _consoles(False)
+    python = rknn_python()
+    out.print(f"rknn: {'installed, ' + str(python) if python else 'not installed (' + str(rknn_env()) + ')'}")
+    raise typer.Exit(EXIT_OK)
+
+
 @app.command("check")
 def check_cmd(
     model: Annotated[Path, typer.Argument(help="An ONNX model file.")],
@@ -509,18 +556,25 @@ def check_cmd(
     checks: Annotated[
         str | None, typer.Option("--checks", help="Comma-separated check names instead of the defaults.")
     ] = None,
+    sdk: Annotated[
+        bool,
+        typer.Option(
+            "--sdk",
+            help="Also build with the target's SDK (rknn-rk3588) and show its verdict per node beside the matrix's.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the checks on a model (against --target's matrix): findings with node, rule, source and fixing pass.
 
-    Exit 0 when no finding is an error, 1 otherwise, 2 for bad input.
+    Exit 0 when no finding is an error (and, with --sdk, the SDK builds the model), 1 otherwise, 2 for bad input.
     """
     from onnxdeploy.model_check import check_model_file
 
     out, err = _consoles(as_json)
     names = [c.strip() for c in checks.split(",") if c.strip()] if checks is not None else None
     try:
-        report = check_model_file(model, target=target, checks=names)
+        report = check_model_file(model, target=target, checks=names, sdk=sdk)
     except OnnxDeployError as exc:
         raise _fail(err, exc, as_json=as_json) from None
     if as_json:
@@ -536,6 +590,8 @@ def check_cmd(
                 out.print(f"    source: {escape(f.source)}", soft_wrap=True)
             if f.hint:
                 out.print(f"    fix: {escape(f.hint)}", soft_wrap=True)
+        if report.sdk is not None:
+            _print_sdk(out, report.sdk)
         s = report.summary
         colour = "green" if report.status == "passed" else "red"
         out.print(

@@ -56,11 +56,12 @@ class VerifyConfig(BaseModel):
     providers: list[str] = Field(
         default=["CPUExecutionProvider"], min_length=1, description="ONNX Runtime execution providers, in order."
     )
-    runtimes: list[Literal["onnxruntime", "openvino"]] = Field(
+    runtimes: list[Literal["onnxruntime", "openvino", "rknn-sim"]] = Field(
         default=["onnxruntime"],
         min_length=1,
         description="Runtimes the candidate is also decoded on; each is compared with the original on ONNX Runtime "
-        "(openvino: CPU, INFERENCE_PRECISION_HINT f32; needs the openvino extra).",
+        "(openvino: CPU, INFERENCE_PRECISION_HINT f32; needs the openvino extra. rknn-sim: RKNN-Toolkit2 2.5.0's "
+        "simulator, fp16 build for rk3588; needs `onnxdeploy sdk install rknn`).",
     )
     strict_providers: StrictBool = Field(
         False, description="Fail (exit 1) when a requested provider is not active (ONNX Runtime fell back to CPU)."

@@ -30,6 +30,7 @@ from onnxdeploy.errors import ConfigError, ModelLoadError
 from onnxdeploy.report import RuntimeComparison
 from onnxdeploy.runner.decoder import make_decoder, open_decoder
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, read_header, session_options
+from onnxdeploy.sdk import RKNNSimSession, rknn_python
 
 __all__ = [
     "OPENVINO_CONFIG",
@@ -40,10 +41,11 @@ __all__ = [
     "installed_runtimes",
     "node_providers",
     "open_openvino_session",
+    "open_rknn_sim_session",
 ]
 
-Runtime = Literal["onnxruntime", "openvino"]
-RUNTIMES: tuple[str, ...] = ("onnxruntime", "openvino")
+Runtime = Literal["onnxruntime", "openvino", "rknn-sim"]
+RUNTIMES: tuple[str, ...] = ("onnxruntime", "openvino", "rknn-sim")
 """Runtime names ``verify.runtimes`` takes."""
 
 OPENVINO_CONFIG: dict[str, str] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": "1"}
@@ -51,8 +53,12 @@ OPENVINO_CONFIG: dict[str, str] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE
 
 
 def installed_runtimes() -> list[str]:
-    """The runtimes of :data:`RUNTIMES` whose Python package is importable here."""
-    return [name for name in RUNTIMES if importlib.util.find_spec(name) is not None]
+    """The runtimes of :data:`RUNTIMES` whose Python package is importable here (rknn-sim: its SDK environment)."""
+    return [
+        name
+        for name in RUNTIMES
+        if (rknn_python() is not None if name == "rknn-sim" else importlib.util.find_spec(name) is not None)
+    ]
 
 
 def check_runtimes(names: Sequence[str]) -> None:
@@ -68,7 +74,7 @@ def check_runtimes(names: Sequence[str]) -> None:
         if name not in installed:
             raise ConfigError(
                 f"runtime '{name}' is not installed; installed runtimes: {', '.join(installed)} "
-                "(OpenVINO: pip install -e '.[openvino]')"
+                "(OpenVINO: pip install -e '.[openvino]'; rknn-sim: onnxdeploy sdk install rknn)"
             )
 
 
@@ -160,6 +166,21 @@ def open_openvino_session(path: str | Path, *, device: str = "CPU") -> ModelSess
     return ModelSession(str(path), header, session, active, active)  # type: ignore[arg-type]
 
 
+def open_rknn_sim_session(path: str | Path) -> ModelSession:
+    """Build the model with RKNN-Toolkit2 (fp16, rk3588) and start its simulator; the decoders drive it.
+
+    Raises:
+        ConfigError: the SDK environment is not installed.
+        ModelLoadError: the file is refused (:func:`~onnxdeploy.runner.session.read_header`) or the SDK
+            cannot build or simulate it.
+    """
+    check_runtimes(["rknn-sim"])
+    header = read_header(path)
+    session = RKNNSimSession(path, header)
+    active = tuple(session.get_providers())
+    return ModelSession(str(path), header, session, active, active)  # type: ignore[arg-type]
+
+
 def _greedy_reference(original: str, prompt: Sequence[int], steps: int) -> tuple[list[int], np.ndarray]:
     """The original's greedy decode on ORT CPU: the tokens fed at each position and the logits there."""
     with open_decoder(original, providers=DEFAULT_PROVIDERS) as decoder:
@@ -187,7 +208,7 @@ def compare_on_runtime(
     Args:
         original: the original model (decoded on ONNX Runtime CPU).
         candidate: the transformed model.
-        runtime: ``onnxruntime`` or ``openvino``.
+        runtime: ``onnxruntime``, ``openvino`` or ``rknn-sim``.
         prompt: prompt token ids.
         steps: greedy tokens after the prompt.
         max_abs_logit_diff: tolerance; the comparison passes when every position is within it and top-1 agrees.
@@ -201,10 +222,13 @@ def compare_on_runtime(
     check_runtimes([runtime])
     tokens, reference = _greedy_reference(original, prompt, steps)
     try:
-        session = open_openvino_session(candidate) if runtime == "openvino" else None
+        session = {"openvino": open_openvino_session, "rknn-sim": open_rknn_sim_session}.get(
+            runtime, lambda _path: None
+        )(candidate)
     except ModelLoadError as exc:
-        return RuntimeComparison(runtime=runtime, device="CPU", passed=False, refused=str(exc))
-    precision = session.session.precision if session is not None else ""  # type: ignore[union-attr]
+        device = "rk3588 simulator" if runtime == "rknn-sim" else "CPU"
+        return RuntimeComparison(runtime=runtime, device=device, passed=False, refused=str(exc))
+    precision = getattr(session.session, "precision", "") if session is not None else ""
     decoder = make_decoder(session) if session is not None else open_decoder(candidate)
     try:
         decoder.reset()
@@ -214,6 +238,8 @@ def compare_on_runtime(
         device = ", ".join(decoder.model_session.providers_active)
     finally:
         decoder.close()
+        if session is not None and hasattr(session.session, "close"):
+            session.session.close()
     logits = np.stack([out for out, _ in outputs])
     diffs = np.abs(logits.astype(np.float64) - reference.astype(np.float64)).reshape(len(tokens), -1).max(axis=1)
     agree = logits.reshape(len(tokens), -1).argmax(axis=1) == reference.reshape(len(tokens), -1).argmax(axis=1)

@@ -1,0 +1,74 @@
+"""RKNN-Toolkit2 worker: runs inside the SDK's own virtual environment, never imported by onnxdeploy itself.
+
+The SDK pins numpy <= 1.26.4, onnx <= 1.18 and torch <= 2.4, so it cannot share onnxdeploy's environment;
+:mod:`onnxdeploy.sdk` starts this file with the SDK environment's Python (``python _rknn_worker.py MODE MODEL
+PLATFORM``). It imports only the standard library, numpy and ``rknn.api``.
+
+Everything the SDK prints (its verbose build log included) goes to stderr; the protocol uses the original
+stdout, one JSON object per line:
+
+- ``build``: load the ONNX model, build it for ``PLATFORM`` (fp16, no quantization), print
+  ``{"ok": bool, "seconds": float, "error": str}`` and exit. The per-node verdicts are in the build log.
+- ``serve``: build, start the simulator (``init_runtime()`` with no target), print ``{"ok": ...}``, then for
+  each request line ``{"inputs": npz, "outputs": npz}`` run one inference on the input file's arrays ``in0``, ``in1``,
+  ... (graph-input order) and write the outputs (graph-output order) as ``out0``, ``out1``, ...;
+  reply ``{"ok": true}`` or ``{"ok": false, "error": ...}``. Ends at end of input.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def _protocol_stream():
+    """Keep the real stdout for the protocol and send everything else (the SDK's prints) to stderr."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def _build(model: str, platform: str):
+    from rknn.api import RKNN
+
+    rknn = RKNN(verbose=True)
+    rknn.config(target_platform=platform)
+    start = time.perf_counter()
+    if rknn.load_onnx(model=model) != 0:
+        return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "load_onnx failed"}
+    if rknn.build(do_quantization=False) != 0:
+        return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "build failed"}
+    return rknn, {"ok": True, "seconds": time.perf_counter() - start, "error": ""}
+
+
+def main() -> int:
+    """Run the worker (see the module docstring); exit 0 when the build (and the simulator) started."""
+    proto = _protocol_stream()
+    mode, model, platform = sys.argv[1:4]
+    rknn, result = _build(model, platform)
+    if mode == "build" or not result["ok"]:
+        proto.write(json.dumps(result) + "\n")
+        return 0 if result["ok"] else 1
+    import numpy as np
+
+    if rknn.init_runtime() != 0:
+        proto.write(json.dumps({"ok": False, "seconds": result["seconds"], "error": "init_runtime failed"}) + "\n")
+        return 1
+    proto.write(json.dumps(result) + "\n")
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            with np.load(request["inputs"]) as data:
+                feeds = [data[f"in{i}"] for i in range(len(data.files))]
+            outputs = rknn.inference(inputs=feeds, data_format=["nchw"] * len(feeds))
+            np.savez(request["outputs"], **{f"out{i}": np.asarray(o) for i, o in enumerate(outputs)})
+            proto.write(json.dumps({"ok": True}) + "\n")
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, which raises
+            proto.write(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
+    rknn.release()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,374 @@
+"""Device SDKs in their own virtual environments, driven as subprocesses: today RKNN-Toolkit2 2.5.0 (RK3588).
+
+RKNN-Toolkit2 pins numpy <= 1.26.4, onnx <= 1.18 and torch <= 2.4 (its wheel's ``Requires-Dist``), so it cannot
+live in onnxdeploy's environment. :func:`install_rknn` creates ``<sdk home>/rknn-toolkit2-2.5.0`` (a venv with
+``pip install rknn-toolkit2==2.5.0``: ~5.6 GB with torch's CUDA wheels, about 3 minutes here);
+``onnxdeploy sdk install rknn`` calls it. The SDK home is ``$ONNXDEPLOY_SDK_HOME``, else
+``~/.cache/onnxdeploy/sdk``.
+
+Two uses, both through ``onnxdeploy/_rknn_worker.py`` run by the SDK environment's Python:
+
+- :func:`rknn_build_report`: build the model for ``rk3588`` (fp16) and read the SDK's own verdict per node from
+  its verbose build log: the final op table (``Target`` NPU or CPU per op of the compiled graph), the
+  "No lowering found for: NODE, node type = OP" lines (ops with no NPU lowering, run as CPU custom ops) and
+  the ``fuse_ops`` rules that removed or rewrote nodes (e.g. ``convert_neg_to_mul``);
+- :class:`RKNNSimSession`: the SDK's simulator (``init_runtime()`` with no device) behind the session
+  interface the decoders use, for ``verify.runtimes: [rknn-sim]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from onnxdeploy.errors import ConfigError, ModelLoadError
+
+__all__ = [
+    "RKNN_PACKAGE",
+    "RKNNSimSession",
+    "SdkNodeVerdict",
+    "SdkReport",
+    "install_rknn",
+    "rknn_build_report",
+    "rknn_env",
+    "rknn_python",
+    "sdk_home",
+]
+
+RKNN_PACKAGE = "rknn-toolkit2==2.5.0"
+"""The SDK release the environment installs (its cp311 x86-64 wheel is on PyPI)."""
+
+_WORKER = Path(__file__).with_name("_rknn_worker.py")
+_TIMEOUT_S = 600
+
+
+def sdk_home() -> Path:
+    """Folder holding the SDK environments: ``$ONNXDEPLOY_SDK_HOME`` or ``~/.cache/onnxdeploy/sdk``."""
+    return Path(os.environ.get("ONNXDEPLOY_SDK_HOME") or Path.home() / ".cache" / "onnxdeploy" / "sdk")
+
+
+def rknn_env() -> Path:
+    """The RKNN-Toolkit2 environment's folder (it may not exist)."""
+    return sdk_home() / "rknn-toolkit2-2.5.0"
+
+
+def rknn_python() -> Path | None:
+    """The SDK environment's Python when the environment exists and has ``rknn.api``, else None.
+
+    Finds the module without importing it (importing pulls in torch: ~3 s); the worker reports a broken install.
+    """
+    python = rknn_env() / "bin" / "python"
+    if not python.is_file():
+        return None
+    find = "import importlib.util, sys; sys.exit(importlib.util.find_spec('rknn.api') is None)"
+    probe = subprocess.run([str(python), "-I", "-c", find], capture_output=True, timeout=120, check=False)
+    return python if probe.returncode == 0 else None
+
+
+def install_rknn(*, python: str | None = None, log=print) -> Path:
+    """Create the RKNN-Toolkit2 environment (venv + ``pip install rknn-toolkit2==2.5.0``) and return its Python.
+
+    Args:
+        python: the interpreter that creates the venv; default: this one's base interpreter (the wheel is
+            cp311 only, so it must be Python 3.11).
+        log: called with progress lines.
+
+    Raises:
+        ConfigError: the interpreter is not Python 3.11, or venv/pip fails (the message carries pip's last lines).
+    """
+    base = python or getattr(sys, "_base_executable", sys.executable)
+    version = subprocess.run([base, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+    if version.stdout.strip() != "(3, 11)":
+        raise ConfigError(f"{base} is Python {version.stdout.strip()}; {RKNN_PACKAGE} ships a cp311 wheel only")
+    env = rknn_env()
+    steps = [
+        [base, "-m", "venv", str(env)],
+        [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+        [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet", RKNN_PACKAGE],
+    ]
+    for cmd in steps:
+        log(f"$ {' '.join(cmd)}")
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-10:])
+            raise ConfigError(f"creating the RKNN environment failed at `{' '.join(cmd)}`:\n{tail}")
+        log(f"  done in {time.perf_counter() - start:.0f} s")
+    found = rknn_python()
+    if found is None:
+        raise ConfigError(f"{env}: rknn.api does not import after installing {RKNN_PACKAGE}")
+    return found
+
+
+def _require_python() -> Path:
+    python = rknn_python()
+    if python is None:
+        raise ConfigError(
+            f"the RKNN-Toolkit2 environment is not installed ({rknn_env()}); run `onnxdeploy sdk install rknn`"
+        )
+    return python
+
+
+@dataclass
+class SdkNodeVerdict:
+    """The SDK's verdict on one node of the ONNX graph.
+
+    Attributes:
+        node: ONNX node name.
+        op: ONNX op type.
+        verdict: ``npu``, ``cpu`` (placed on the CPU in the compiled graph), ``no_npu_lowering`` (the SDK says
+            "No lowering found" and runs it as a CPU custom op), ``rewritten`` (a ``fuse_ops`` rule removed it
+            or replaced it by other ops; ``rule`` names it) or ``folded`` (not in the compiled graph and
+            not named by a rule: constant-folded or merged).
+        rule: the SDK rule that rewrote the node, when one did.
+    """
+
+    node: str
+    op: str
+    verdict: str
+    rule: str = ""
+
+
+@dataclass
+class SdkReport:
+    """What RKNN-Toolkit2 made of a model: build outcome, time, and a verdict per ONNX node."""
+
+    sdk: str
+    target_platform: str
+    built: bool
+    seconds: float
+    error: str = ""
+    nodes: list[SdkNodeVerdict] = field(default_factory=list)
+
+    def by_verdict(self, verdict: str) -> list[SdkNodeVerdict]:
+        """The nodes with ``verdict``."""
+        return [n for n in self.nodes if n.verdict == verdict]
+
+
+_TABLE_ROW = re.compile(r"^D RKNN: \[[^]]*\]\s+\d+\s+(\w+)\s+\w+\s+(NPU|CPU)\s+.*\s(\S+)\s*$")
+_NO_LOWERING = re.compile(r"No lowering found for: (.+?), node type = (\w+)")
+_FUSE = re.compile(r"^D\s+(\w+): remove node = \[([^]]*)\]")
+
+
+def parse_build_log(log: str, graph_nodes: list[tuple[str, str]]) -> list[SdkNodeVerdict]:
+    """Per-node verdicts from an RKNN-Toolkit2 verbose build log.
+
+    Args:
+        log: the SDK's build output (``RKNN(verbose=True)``).
+        graph_nodes: ``(name, op_type)`` of every node of the ONNX graph, in order.
+
+    Returns:
+        One :class:`SdkNodeVerdict` per graph node (see its ``verdict``).
+    """
+    placed: dict[str, str] = {}
+    for line in log.splitlines():
+        row = _TABLE_ROW.match(line)
+        if row:
+            full_name = row.group(3)
+            placed[full_name.split(":", 1)[1] if ":" in full_name else full_name] = row.group(2).lower()
+    no_lowering = {m.group(1) for m in _NO_LOWERING.finditer(log)}
+    rules: dict[str, str] = {}
+    for line in log.splitlines():
+        fuse = _FUSE.match(line)
+        if fuse:
+            for name in re.findall(r"'([^']*)'", fuse.group(2)):
+                rules.setdefault(name, fuse.group(1))
+    verdicts = []
+    for name, op in graph_nodes:
+        if name in no_lowering:
+            verdicts.append(SdkNodeVerdict(name, op, "no_npu_lowering"))
+        elif name in placed:
+            verdicts.append(SdkNodeVerdict(name, op, placed[name], rules.get(name, "")))
+        elif name in rules:
+            verdicts.append(SdkNodeVerdict(name, op, "rewritten", rules[name]))
+        else:
+            verdicts.append(SdkNodeVerdict(name, op, "folded"))
+    return verdicts
+
+
+def rknn_build_report(model: str | Path, *, target_platform: str = "rk3588") -> SdkReport:
+    """Build ``model`` with RKNN-Toolkit2 (fp16) in its environment and return the SDK's verdict per node.
+
+    Raises:
+        ConfigError: the SDK environment is not installed.
+        ModelLoadError: the worker did not answer (crashed or timed out).
+    """
+    import onnx
+
+    python = _require_python()
+    graph = onnx.load(str(model), load_external_data=False).graph
+    nodes = [(n.name, n.op_type) for n in graph.node]
+    done = subprocess.run(
+        [str(python), "-I", str(_WORKER), "build", str(Path(model).resolve()), target_platform],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        check=False,
+    )
+    try:
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise ModelLoadError(f"{model}: the RKNN worker gave no result (exit {done.returncode}):\n{tail}") from None
+    return SdkReport(
+        sdk=RKNN_PACKAGE.replace("==", " "),
+        target_platform=target_platform,
+        built=bool(result["ok"]),
+        seconds=round(float(result["seconds"]), 3),
+        error=result.get("error", ""),
+        nodes=parse_build_log(done.stderr, nodes) if result["ok"] else [],
+    )
+
+
+@dataclass
+class _Arg:
+    """An input/output description shaped like ORT's ``NodeArg``."""
+
+    name: str
+    shape: list[int | None]
+    type: str
+
+
+class RKNNSimSession:
+    """The RKNN-Toolkit2 simulator (fp16 build for ``rk3588``) behind the session interface the decoders use.
+
+    The model is built and the simulator started once in a worker process of the SDK environment; each
+    ``run`` sends the feeds through a temporary ``.npz`` file and reads the outputs back.
+
+    Raises (from the constructor):
+        ConfigError: the SDK environment is not installed.
+        ModelLoadError: the SDK cannot build the model or start the simulator.
+    """
+
+    def __init__(self, path: str | Path, header, *, target_platform: str = "rk3588") -> None:
+        from onnx import helper
+
+        python = _require_python()
+        self._inputs = [self._arg(v, helper) for v in header.graph.input]
+        self._outputs = [self._arg(v, helper) for v in header.graph.output]
+        self._dir = Path(tempfile.mkdtemp(prefix="onnxdeploy-rknn-"))
+        self._log = (self._dir / "worker.log").open("w")
+        self._proc = subprocess.Popen(
+            [str(python), "-I", str(_WORKER), "serve", str(Path(path).resolve()), target_platform],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        ready = self._reply()
+        if not ready.get("ok"):
+            self.close()
+            raise ModelLoadError(f"{path}: RKNN-Toolkit2 cannot build/simulate the model: {ready.get('error')}")
+        self.build_seconds = float(ready["seconds"])
+        self.precision = "fp16 (RKNN build without quantization)"
+
+    @staticmethod
+    def _arg(value, helper) -> _Arg:
+        t = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        return _Arg(value.name, dims, f"tensor({helper.tensor_dtype_to_string(t.elem_type).split('.')[-1].lower()})")
+
+    def _reply(self) -> dict:
+        line = self._proc.stdout.readline() if self._proc.stdout else ""
+        if not line:
+            self._log.flush()
+            tail = "\n".join((self._dir / "worker.log").read_text().strip().splitlines()[-5:])
+            return {"ok": False, "error": f"the RKNN worker exited:\n{tail}"}
+        return json.loads(line)
+
+    def get_inputs(self) -> list[_Arg]:
+        """The model inputs (ORT ``NodeArg``-like)."""
+        return self._inputs
+
+    def get_outputs(self) -> list[_Arg]:
+        """The model outputs (ORT ``NodeArg``-like)."""
+        return self._outputs
+
+    def get_providers(self) -> list[str]:
+        """``["rknn-sim:rk3588"]``: the runtime, where ORT lists its execution providers."""
+        return ["rknn-sim:rk3588"]
+
+    def run(self, output_names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one inference on the simulator and return the named outputs (all when None).
+
+        Raises:
+            ModelLoadError: the simulator failed (its error text is in the message).
+        """
+        src, dst = self._dir / "in.npz", self._dir / "out.npz"
+        np.savez(src, **{f"in{i}": np.asarray(feeds[a.name]) for i, a in enumerate(self._inputs)})
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps({"inputs": str(src), "outputs": str(dst)}) + "\n")
+        self._proc.stdin.flush()
+        reply = self._reply()
+        if not reply.get("ok"):
+            raise ModelLoadError(f"RKNN simulator run failed: {reply.get('error')}")
+        with np.load(dst) as data:
+            outputs = {a.name: data[f"out{i}"] for i, a in enumerate(self._outputs)}
+        names = list(output_names) if output_names else [a.name for a in self._outputs]
+        return [outputs[n] for n in names]
+
+    def close(self) -> None:
+        """Stop the worker and remove its temporary folder."""
+        if self._proc.poll() is None:
+            if self._proc.stdin:
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._log.close()
+        for f in self._dir.iterdir():
+            f.unlink()
+        self._dir.rmdir()
+
+
+_MATRIX_ERROR_CODES = ("OD510", "OD511", "OD512", "OD513", "OD514")
+
+
+def beside_matrix(report: SdkReport, findings) -> dict:
+    """The SDK's verdict per node beside the matrix's (from the ``target_ops`` findings), as report JSON.
+
+    Args:
+        report: the SDK build report.
+        findings: the findings of the target checks on the same model.
+
+    Returns:
+        ``{"sdk", "target_platform", "built", "seconds", "error", "nodes": [{"node", "op", "sdk", "rule",
+        "matrix"}], "disagreements": [...]}``: ``matrix`` is ``supported``, ``cpu_fallback`` (OD515) or the
+        error code the matrix gave; ``disagreements`` lists the nodes the matrix rejects but the SDK converts,
+        and the nodes the matrix accepts for the NPU but the SDK runs on the CPU.
+    """
+    matrix: dict[str, str] = {}
+    for f in findings:
+        if f.code in _MATRIX_ERROR_CODES or f.code == "OD515":
+            for node in f.nodes:
+                matrix.setdefault(node, "cpu_fallback" if f.code == "OD515" else f.code)
+    nodes, disagreements = [], []
+    for n in report.nodes:
+        verdict = matrix.get(n.node, "supported")
+        nodes.append({"node": n.node, "op": n.op, "sdk": n.verdict, "rule": n.rule, "matrix": verdict})
+        sdk_cpu = n.verdict in ("cpu", "no_npu_lowering")
+        if verdict in _MATRIX_ERROR_CODES and n.verdict != "no_npu_lowering":
+            disagreements.append(
+                f"{n.node} ({n.op}): matrix {verdict}, SDK {n.verdict}" + (f" ({n.rule})" if n.rule else "")
+            )
+        elif verdict == "supported" and sdk_cpu:
+            disagreements.append(f"{n.node} ({n.op}): matrix supported, SDK {n.verdict}")
+    return {
+        "sdk": report.sdk,
+        "target_platform": report.target_platform,
+        "built": report.built,
+        "seconds": report.seconds,
+        "error": report.error,
+        "nodes": nodes,
+        "disagreements": disagreements,
+    }

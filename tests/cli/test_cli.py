@@ -55,7 +55,7 @@ def test_run_example_pipeline_exits_0(tmp_path, name):
     result, out = _invoke("run", str(example), "--output-dir", str(tmp_path / "out"), "--json")
     assert result.exit_code == 0, out
     report = json.loads(result.stdout)
-    assert report["schema_version"] == 1 and report["status"] == "passed"
+    assert report["schema_version"] == 2 and report["status"] == "passed"
     assert [p["name"] for p in report["passes"]][0] == "static_kv"
     assert not [f for f in report["findings"] if f["level"] == "error"]
     for mode in ("teacher_forced", "free_running"):
@@ -229,7 +229,7 @@ def _run_yaml(tmp_path: Path, text: str, *extra: str):
         ({"passes": [{"static_kv": {"max_cache_len": True}}]}, "passes[0].static_kv.max_cache_len"),
         ({"verify": {"prompt": [1, 512]}}, "vocabulary"),
         ({"verify": {"providers": ["FooExecutionProvider"]}}, "FooExecutionProvider"),
-        ({"passes": [{"static_kv": {"max_cache_len": 64, "step_len": 2}}]}, "step_len"),
+        ({"passes": [{"static_kv": {"max_cache_len": 64, "step_len": 2, "step_lens": [1, 2]}}]}, "step_lens"),
     ],
 )
 def test_more_bad_input_exits_2(tmp_path, overrides, needle):

@@ -8,6 +8,14 @@ value, and which layer it belongs to, is read from the attention around it: the 
 whose output flows into a Softmax; the value reaches a MatMul whose other operand comes from a Softmax;
 a layer's key and value meet at the same Softmax.
 
+onnxruntime-genai builder exports have no Concat: each layer's past K and V enter
+``com.microsoft::GroupQueryAttention`` (inputs 3 and 4), which appends the step's K/V inside and outputs
+present K and V (outputs 1 and 2). Such a cache is found too (``KVCache.attention_op``); its head dim may be
+the symbol ``kv_cache_dim`` and is then read from the op's packed QKV projection weight (its shape, never
+its data) or given by the caller (genai_config.json's ``head_size``, :func:`genai_head_size`). A past input
+that enters another attention op that concatenates inside (opset-23 ``Attention`` as ``past_key``) is
+refused, naming the op and the node.
+
 The result holds ``ir.Value`` / ``ir.Node`` references into the graph it was found on (valid until that
 graph is edited or replaced) and their names (valid on any copy of it).
 """
@@ -15,7 +23,9 @@ graph is edited or replaced) and their names (valid on any copy of it).
 from __future__ import annotations
 
 import collections
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -24,6 +34,7 @@ import onnx_ir as ir
 from onnxdeploy.errors import PreconditionError
 
 __all__ = [
+    "GQA_OP",
     "PASS_THROUGH_OPS",
     "CacheLayer",
     "CacheTensor",
@@ -31,12 +42,19 @@ __all__ = [
     "find_kv_cache",
     "find_logits_output",
     "forward_aliases",
+    "genai_head_size",
     "is_pass_through",
     "upstream_nodes",
 ]
 
 PASS_THROUGH_OPS = frozenset({"Identity"})
 """Ops that forward a tensor unchanged; a one-input Concat counts too (TorchScript exporter)."""
+
+GQA_OP = "com.microsoft::GroupQueryAttention"
+"""The attention op of onnxruntime-genai builder exports; it holds the cache (past_key/past_value inputs 3, 4)."""
+_GQA_PAST_INPUTS = {3: "key", 4: "value"}
+_CONCATENATING_ATTENTION = {("", "Attention"): {4: "past_key", 5: "past_value"}}
+"""Attention ops that take a past and concatenate inside (ONNX opset 23 Attention): refused, op and node named."""
 
 _FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
@@ -127,10 +145,11 @@ class CacheTensor:
     Attributes:
         past_input: the graph input holding the past K or V.
         present_output: the graph output holding past and new K or V.
-        concat: the two-input Concat appending the step's K/V to the past.
+        concat: the two-input Concat appending the step's K/V to the past; None when an attention op holds the
+            cache (``attention``).
         past_aliases: ``past_input`` and every value equal to it through pass-throughs.
-        new_operand: the Concat's second input, the step's K or V.
-        concat_output: the Concat's output.
+        new_operand: the Concat's second input, the step's K or V (None with ``attention``).
+        concat_output: the Concat's output (with ``attention``: the op's present output).
         kind: ``key`` or ``value`` (``unknown`` until classified).
         softmax: the attention Softmax the tensor was matched to (None when not found).
         past_name: the past input's name when found (the static graph keeps it).
@@ -139,12 +158,13 @@ class CacheTensor:
 
     past_input: ir.Value
     present_output: ir.Value
-    concat: ir.Node
+    concat: ir.Node | None
     past_aliases: list[ir.Value]
-    new_operand: ir.Value
+    new_operand: ir.Value | None
     concat_output: ir.Value
     kind: Literal["key", "value", "unknown"] = "unknown"
     softmax: ir.Node | None = None
+    attention: ir.Node | None = None
     past_name: str = field(init=False)
     present_name: str = field(init=False)
 
@@ -174,6 +194,9 @@ class KVCache:
         dtype: the cache element type (a float type).
         batch: dim 0 of the cache inputs when the export fixed it (an int), else None.
         seq_axis: the axis the Concat appends on (2 for the exporters' ``(B, H_kv, S, D)``).
+        attention_op: :data:`GQA_OP` when the cache enters that op (no Concat; ``CacheTensor.attention`` is
+            the layer's node), None for a Concat-appended cache.
+        head_dim_source: where ``head_dim`` was read: ``input shape``, ``weights`` or ``given``.
     """
 
     layers: list[CacheLayer]
@@ -183,6 +206,13 @@ class KVCache:
     batch: int | None = None
     seq_axis: int = 2
     warnings: list[str] = field(default_factory=list)
+    attention_op: str | None = None
+    head_dim_source: str = "input shape"
+
+    @property
+    def attention_nodes(self) -> list[ir.Node]:
+        """The attention op nodes holding the cache, one per layer (empty for a Concat-appended cache)."""
+        return [layer.key.attention for layer in self.layers if layer.key.attention is not None]
 
     @property
     def tensors(self) -> list[CacheTensor]:
@@ -234,15 +264,18 @@ def _classify(ct: CacheTensor) -> None:
             return
 
 
-def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache") -> KVCache:
+def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache", head_dim: int | None = None) -> KVCache:
     """Find every (past input → Concat → present output) cache path of a decoder by data flow.
 
-    Only the graph structure and the inputs' types are read, never initializer data.
+    Only the graph structure and the inputs' types are read, never initializer data. A cache that enters
+    ``com.microsoft::GroupQueryAttention`` instead (onnxruntime-genai) is found as well (module docstring).
 
     Args:
         model: an exporter-convention decoder (past inputs ``(B, H_kv, past, D)`` of a float dtype), or its
             main graph.
         who: the name used in error messages (usually the pass name).
+        head_dim: D when known from elsewhere (genai_config.json's ``head_size``); it must agree with the
+            inputs' static D or the weights' where those give one.
 
     Returns:
         The cache, layers in graph order; key/value told apart by the attention around them. Its
@@ -250,8 +283,9 @@ def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache") -> KVCac
 
     Raises:
         PreconditionError: no cache path was found, or the paths found are inconsistent
-            (odd count, concat not on the sequence axis, mixed head counts or dtypes, dynamic H_kv or D).
-            The message says what was looked for and what was found.
+            (odd count, concat not on the sequence axis, mixed head counts or dtypes, dynamic H_kv or D, a head
+            dim that disagrees with ``head_dim``), or a past input enters an attention op that concatenates
+            inside (named with its node). The message says what was looked for and what was found.
     """
     g = model.graph if isinstance(model, ir.Model) else model
     order = {id(n): i for i, n in enumerate(g)}
@@ -270,7 +304,11 @@ def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache") -> KVCac
                 if c.op_type == "Concat" and c.domain in ("", "ai.onnx") and len(_live_inputs(c)) == 2:
                     concats.append((c, a))
         if not concats:
-            problems.append(f"input '{vi.name}' reaches no two-input Concat")
+            held = _attention_holding(vi, aliases, outputs, order)
+            if isinstance(held, CacheTensor):
+                found.append(held)
+            else:
+                problems.append(held)
             continue
         if len(concats) > 1:
             problems.append(f"input '{vi.name}' reaches {len(concats)} two-input Concats; expected one")
@@ -318,15 +356,37 @@ def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache") -> KVCac
     if len(found) % 2:
         raise PreconditionError(who, f"found {len(found)} cache tensors; expected key/value pairs")
 
-    found.sort(key=lambda c: order[id(c.concat)])
-    layers = _pair_layers(found, order)
+    held_by_op = [c for c in found if c.attention is not None]
+    if held_by_op and len(held_by_op) != len(found):
+        raise PreconditionError(
+            who,
+            f"{len(held_by_op)} cache inputs enter {GQA_OP} and {len(found) - len(held_by_op)} a Concat; expected one",
+        )
+    if held_by_op:
+        found.sort(key=lambda c: (order[id(c.attention)], c.kind != "key"))
+        layers = [CacheLayer(layer=i // 2, key=found[i], value=found[i + 1]) for i in range(0, len(found), 2)]
+        if any(la.key.attention is not la.value.attention or la.key.kind != "key" for la in layers):
+            raise PreconditionError(who, f"each {GQA_OP} node must take one past key and one past value input")
+    else:
+        found.sort(key=lambda c: order[id(c.concat)])
+        layers = _pair_layers(found, order)
     shapes = {(_dims(c.past_input)[1], _dims(c.past_input)[3]) for c in found}
     if len(shapes) != 1:
         raise PreconditionError(who, f"cache inputs disagree on (H_kv, D): {sorted(map(str, shapes))}")
-    heads, head_dim = next(iter(shapes))
-    if not isinstance(heads, int) or not isinstance(head_dim, int):
+    heads, static_dim = next(iter(shapes))
+    source = "input shape"
+    resolved: int | str | None = static_dim
+    if held_by_op and not isinstance(static_dim, int):
+        resolved, source = _gqa_head_dim(layers[0].key.attention), "weights"  # type: ignore[arg-type]
+    if head_dim is not None:
+        if isinstance(resolved, int) and resolved != head_dim:
+            raise PreconditionError(
+                who, f"head dim {head_dim} (given, e.g. genai_config.json head_size) but the {source} give {resolved}"
+            )
+        resolved, source = head_dim, "given" if not isinstance(resolved, int) else source
+    if not isinstance(heads, int) or not isinstance(resolved, int):
         raise PreconditionError(
-            who, f"cache inputs need static H_kv and D (dims 1 and 3); found H_kv={heads}, D={head_dim}"
+            who, f"cache inputs need static H_kv and D (dims 1 and 3); found H_kv={heads}, D={static_dim}"
         )
     dtypes = {c.past_input.dtype for c in found}
     if len(dtypes) != 1:
@@ -335,7 +395,120 @@ def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache") -> KVCac
     batch = next(iter(batches)) if len(batches) == 1 and isinstance(next(iter(batches)), int) else None
     dtype = dtypes.pop()
     assert dtype is not None
-    return KVCache(layers=layers, num_kv_heads=heads, head_dim=head_dim, dtype=dtype, batch=batch)
+    return KVCache(
+        layers=layers,
+        num_kv_heads=heads,
+        head_dim=resolved,
+        dtype=dtype,
+        batch=batch,
+        attention_op=GQA_OP if held_by_op else None,
+        head_dim_source=source,
+    )
+
+
+def _attention_holding(
+    past: ir.Value, aliases: list[ir.Value], outputs: set[int], order: dict[int, int]
+) -> CacheTensor | str:
+    """The cache tensor of ``past`` when it enters GroupQueryAttention, else why it is not a cache path."""
+    for alias in aliases:
+        for use in alias.uses():
+            node, index = use.node, use.idx
+            op = f"{node.domain or 'ai.onnx'}::{node.op_type}"
+            if op == GQA_OP and index in _GQA_PAST_INPUTS:
+                kind = _GQA_PAST_INPUTS[index]
+                present = node.outputs[1 if kind == "key" else 2]
+                outs = [a for a in forward_aliases(present) if id(a) in outputs]
+                if len(outs) != 1:
+                    return f"{GQA_OP} {_label(node, order)}'s present {kind} reaches {len(outs)} graph outputs"
+                return CacheTensor(
+                    past_input=past,
+                    present_output=outs[0],
+                    concat=None,
+                    past_aliases=aliases,
+                    new_operand=None,
+                    concat_output=present,
+                    kind=kind,  # type: ignore[arg-type]
+                    attention=node,
+                )
+            slot = _CONCATENATING_ATTENTION.get((node.domain if node.domain != "ai.onnx" else "", node.op_type), {})
+            if index in slot:
+                return (
+                    f"input '{past.name}' enters {op} {_label(node, order)} as {slot[index]}: the op concatenates the "
+                    "cache inside, which static_kv does not rewrite (export with the cache Concat outside the op, "
+                    "as torch.onnx.export(dynamo=True, opset_version=23) of transformers models does)"
+                )
+    users = sorted(
+        {f"{u.node.domain or 'ai.onnx'}::{u.node.op_type} {_label(u.node, order)}" for a in aliases for u in a.uses()}
+    )
+    return f"input '{past.name}' reaches no two-input Concat (read by {', '.join(users) or 'nothing'})"
+
+
+_PROJECTION_HOPS = 3
+
+
+def _projection_width(value: ir.Value) -> int | None:
+    """Output width of the MatMul / MatMulNBits projecting ``value`` (from the weight's shape or N), or None."""
+    for _ in range(_PROJECTION_HOPS):
+        node = value.producer()
+        if node is None:
+            return None
+        if node.op_type == "MatMulNBits":
+            n = node.attributes.get("N")
+            return n.as_int() if n is not None else None
+        if node.op_type in ("MatMul", "Gemm") and node.inputs[1] is not None:
+            weight = node.inputs[1]
+            shape = weight.const_value.shape if weight.const_value is not None else weight.shape
+            if shape is not None and len(shape) == 2 and isinstance(shape[1], int):
+                return int(shape[1])
+            return None
+        if node.op_type != "Add" or node.inputs[0] is None:  # a bias Add between projection and attention
+            return None
+        value = node.inputs[0]
+    return None
+
+
+def _gqa_head_dim(node: ir.Node) -> int | None:
+    """D of a GroupQueryAttention node from its query projection's width (packed QKV or Q alone), or None.
+
+    Packed QKV (no key input): width = (num_heads + 2 · kv_num_heads) · D; separate Q: width = num_heads · D.
+    """
+    heads = node.attributes.get_int("num_heads", 0)
+    kv_heads = node.attributes.get_int("kv_num_heads", 0)
+    query = node.inputs[0]
+    width = _projection_width(query) if query is not None else None
+    packed = len(node.inputs) < 2 or node.inputs[1] is None
+    per_head = heads + 2 * kv_heads if packed else heads
+    if width is None or per_head <= 0 or width % per_head:
+        return None
+    return width // per_head
+
+
+def genai_head_size(model_path: str | Path | None) -> int | None:
+    """``model.decoder.head_size`` of the ``genai_config.json`` beside ``model_path`` (onnxruntime-genai), or None.
+
+    Args:
+        model_path: the ``.onnx`` file (its folder is searched), or None.
+
+    Returns:
+        The head size, or None when there is no such file or key.
+
+    Raises:
+        PreconditionError: the file exists but is not JSON, or ``head_size`` is not a positive integer.
+    """
+    if model_path is None:
+        return None
+    config = Path(model_path).parent / "genai_config.json"
+    if not config.is_file():
+        return None
+    try:
+        value = json.loads(config.read_text()).get("model", {}).get("decoder", {}).get("head_size")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise PreconditionError("kv cache", f"{config}: not a genai config ({exc})") from exc
+    if value is None:
+        return None
+    if not isinstance(value, int) or value < 1:
+        raise PreconditionError("kv cache", f"{config}: model.decoder.head_size {value!r} is not a positive integer")
+    return value
 
 
 def _pair_layers(found: list[CacheTensor], order: dict[int, int]) -> list[CacheLayer]:

@@ -25,6 +25,7 @@ __all__ = [
     "PrefillSummary",
     "GraphReport",
     "ModeResult",
+    "NumericsReport",
     "VerifyReport",
     "PhaseReport",
     "AccuracyFigures",
@@ -220,6 +221,23 @@ class ModeResult(BaseModel):
     steps: list[StepRecord] = Field(default_factory=list)
 
 
+class NumericsReport(BaseModel):
+    """How the candidate's floating point ran on the provider that computed it (native or emulated)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    compute_dtype: Literal["float32", "float16", "bfloat16", "float64"] = Field(
+        description="The float type holding most of the candidate's weight elements (its compute dtype)."
+    )
+    provider: str = Field(description="The execution provider that ran the candidate (first active).")
+    execution: Literal["native", "emulated"] = Field(
+        description="native: the provider computes in compute_dtype; emulated: it does not (ORT's CPU EP runs "
+        "float16 MatMul/Add/Softmax through float32 Casts and has no bfloat16 kernels): the figures say the graph "
+        "is right, not how a float16/bfloat16 device rounds."
+    )
+    detail: str = Field(description="What ran in place of compute_dtype, in words.")
+
+
 class VerifyReport(BaseModel):
     """Step-by-step verification of a candidate against the original on ONNX Runtime."""
 
@@ -240,6 +258,9 @@ class VerifyReport(BaseModel):
     graphs: list[str] = Field(default_factory=list, description="Candidate graph files driven (a graph set: all).")
     failures: list[str] = Field(default_factory=list, description="Failures outside the modes (provider fallbacks).")
     modes: dict[str, ModeResult]
+    numerics: NumericsReport | None = Field(
+        None, description="Compute dtype of the candidate and whether the provider ran it natively or emulated."
+    )
 
 
 class GraphReport(BaseModel):

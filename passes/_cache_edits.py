@@ -614,13 +614,15 @@ def infer_shapes(model: ir.Model) -> None:
 
     Intermediate shapes are forgotten first, so stale symbolic dims (onnxsim keeps some for values it
     folded away) cannot survive. Runs with ``data_prop`` so shapes computed by Shape/Gather/Concat resolve.
+    A graph with ops onnx has no schema for (ORT contrib ops: genai's GroupQueryAttention,
+    SimplifiedLayerNormalization) is inferred by ONNX Runtime's symbolic shape inference, which knows them.
 
     Args:
         model: the model (weights never read).
     """
     graph = model.graph
     _forget_shapes(graph)
-    inferred = onnx.shape_inference.infer_shapes(model_io.stand_in_proto(model), strict_mode=False, data_prop=True)
+    inferred = _infer_proto(model_io.stand_in_proto(model))
     types = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
     for node in graph:
         for out in node.outputs:
@@ -634,6 +636,16 @@ def infer_shapes(model: ir.Model) -> None:
                 out.shape = ir.Shape(
                     [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
                 )
+
+
+def _infer_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Infer with onnx, or with ORT's symbolic shape inference when a node's op has no onnx schema."""
+    unknown = any(not onnx.defs.has(node.op_type, node.domain) for node in proto.graph.node)
+    if unknown:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference  # noqa: PLC0415
+
+        return SymbolicShapeInference.infer_shapes(proto, auto_merge=False)
+    return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
 
 
 def refold_and_infer(model: ir.Model) -> ir.Model:

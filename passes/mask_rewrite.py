@@ -24,6 +24,12 @@ chunk start (sampled above 384 starts) with the contract's ``attention_mask`` (a
 ``padding: true``); a candidate is used only if it selects exactly the slots the old mask selected. A mask
 that is not a plain 0 / large-negative mask (a bias such as ALiBi) or matches no candidate is refused.
 
+A graph whose cache enters ``com.microsoft::GroupQueryAttention`` (onnxruntime-genai; ``static_kv`` already
+feeds its ``seqlens_k`` / ``total_sequence_length`` from ``cache_position``, contract ``mask: cache_position``)
+has no exporter mask to replace: the op masks by length inside and never reads a slot past the current
+position. Such a graph passes through unchanged (reported); ``padding: true`` is refused there (the op takes
+per-row lengths, not a padding mask).
+
 Masked probabilities are exactly 0, and ``0 × NaN`` is still NaN: unused V slots must hold finite values.
 Sanitising V would copy the cache every step, so the contract states instead that the host zeroes every
 buffer once when it allocates it (``cache_init: zeros``); stale finite values from earlier use are harmless.
@@ -48,6 +54,8 @@ from pydantic import Field
 from onnxdeploy import model_io
 from onnxdeploy.contract import DecodeContract, read_contract, write_contract
 from onnxdeploy.errors import PostconditionError, PreconditionError
+from onnxdeploy.kv_cache import GQA_OP
+from onnxdeploy.passes._attention_cache import decompose_attention
 from onnxdeploy.passes._cache_edits import infer_shapes, refold_and_infer
 from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
 from onnxdeploy.report import PassReport
@@ -58,6 +66,7 @@ __all__ = [
     "MaskRewritePass",
     "find_attention_sites",
     "lowest_finite",
+    "masking_attention_op",
 ]
 
 _PREFIX = "onnxdeploy/mask_rewrite"
@@ -469,6 +478,17 @@ def _old_visible(site: AttentionSite, value: np.ndarray, who: str, source: str) 
 # -------------------------------------------------------------------------------------------------- pass
 
 
+def masking_attention_op(model: ir.Model, contract: DecodeContract) -> ir.Node | None:
+    """The GroupQueryAttention node a key cache input of ``contract`` feeds (it masks inside), or None."""
+    inputs = {str(v.name): v for v in model.graph.inputs}
+    for entry in contract.cache:
+        value = inputs.get(entry.key_in or entry.kv_in or "")
+        for use in value.uses() if value is not None else []:
+            if f"{use.node.domain}::{use.node.op_type}" == GQA_OP:
+                return use.node
+    return None
+
+
 @dataclass
 class _GraphResult:
     model: ir.Model
@@ -476,6 +496,7 @@ class _GraphResult:
     windows: set[int | None]
     sites: int
     guards: int
+    decomposed: list[str] = field(default_factory=list)
 
 
 @register_pass
@@ -516,6 +537,15 @@ class MaskRewritePass(Pass):
                 raise PreconditionError(self.name, f"{artifact.name} has no decode contract: run static_kv first")
             if contract.inputs.cache_position is None:
                 raise PreconditionError(self.name, f"{artifact.name}: the contract names no cache_position input")
+            op = masking_attention_op(artifact.model, contract)
+            if op is not None and self.config.padding:
+                raise PreconditionError(
+                    self.name,
+                    f"{artifact.name}: padding: true, but {GQA_OP} node '{op.name}' holds the cache and masks by "
+                    "per-row lengths (seqlens_k), not by a padding mask; use padding: false",
+                )
+            if op is not None:
+                continue
             if contract.mask == "cache_position":
                 raise PreconditionError(self.name, f"{artifact.name}: the mask was already rewritten")
             opset = artifact.model.opset_imports.get("", artifact.model.opset_imports.get("ai.onnx", 0))
@@ -526,8 +556,18 @@ class MaskRewritePass(Pass):
         """Rewrite the mask of every graph of the set; see the class docstring."""
         models = []
         for artifact in artifacts.artifacts:
+            contract = read_contract(artifact.model, source=artifact.name)
+            op = masking_attention_op(artifact.model, contract) if contract is not None else None
+            if op is not None:
+                models.append(artifact.model)
+                report.changes.append(
+                    f"{artifact.name}: unchanged: {GQA_OP} node '{op.name}' masks inside the op by seqlens_k, "
+                    "computed from cache_position (no exporter mask, no attention_mask input)"
+                )
+                continue
             result = self._rewrite(artifacts.copy_graph(artifact.model), artifact.name, context)
             models.append(result.model)
+            report.changes += [f"{artifact.name}: {line}" for line in result.decomposed]
             windows = sorted(w for w in result.windows if w is not None)
             report.changes.append(
                 f"{artifact.name}: {result.sites} attention Softmax(es) masked by select from cache_position "
@@ -541,8 +581,9 @@ class MaskRewritePass(Pass):
     def _rewrite(self, model: ir.Model, source: str, context: PassContext) -> _GraphResult:
         contract = read_contract(model, source=source)
         assert contract is not None  # requires() checked
-        infer_shapes(model)  # the sites are told apart by their static shapes; an earlier pass may have dropped them
         g = model.graph
+        decomposed = decompose_attention(g, who=self.name)  # opset-23 Attention: its scores become reachable
+        infer_shapes(model)  # the sites are told apart by their static shapes; an earlier pass may have dropped them
         inputs = {str(v.name): v for v in g.inputs}
         key_inputs = [name for entry in contract.cache for name in (entry.key_in or entry.kv_in,) if name]
         sites = find_attention_sites(g, key_inputs, contract.max_cache_len, who=self.name)
@@ -622,7 +663,7 @@ class MaskRewritePass(Pass):
             }
         )
         write_contract(folded, new_contract)
-        return _GraphResult(folded, new_contract, windows, len(sites), guards)
+        return _GraphResult(folded, new_contract, windows, len(sites), guards, decomposed)
 
     def _choose_windows(
         self,
@@ -727,6 +768,8 @@ class MaskRewritePass(Pass):
                 )
             if not self.config.padding and "attention_mask" in names:
                 raise PostconditionError(self.name, f"{artifact.name}: the attention_mask input is still there")
+            if masking_attention_op(artifact.model, contract) is not None:
+                continue
             keys = [name for entry in contract.cache for name in (entry.key_in or entry.kv_in,) if name]
             for site in find_attention_sites(g, keys, contract.max_cache_len, who=self.name):
                 x = site.softmax.inputs[0]

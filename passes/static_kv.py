@@ -39,7 +39,8 @@ from pydantic import Field, model_validator
 
 from onnxdeploy.contract import DecodeContract, GraphSetEntry, write_contract
 from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
-from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output
+from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output, genai_head_size
+from onnxdeploy.passes._attention_cache import rewrite_gqa_cache
 from onnxdeploy.passes._cache_edits import (
     CACHE_POSITION,
     KNOWN_INPUTS,
@@ -387,9 +388,12 @@ class StaticKVCachePass(Pass):
                 f"max_cache_len={self.config.caches()[-1]} does not fit in memory: {why}; lower max_cache_len or batch"
             )
 
-    def _find(self, model: ir.Model) -> KVCache:
-        """The cache of ``model``, its logits output and a batch consistent with the export, or raise."""
-        kv = find_kv_cache(model, who=self.name)
+    def _find(self, model: ir.Model, head_dim: int | None = None) -> KVCache:
+        """The cache of ``model``, its logits output and a batch consistent with the export, or raise.
+
+        ``head_dim`` is D from genai_config.json (:func:`~onnxdeploy.kv_cache.genai_head_size`) when known.
+        """
+        kv = find_kv_cache(model, who=self.name, head_dim=head_dim)
         find_logits_output(model.graph, {t.present_name for t in kv.tensors}, who=self.name)
         fixed = kv.batch
         ids = next((v for v in model.graph.inputs if v.name == "input_ids"), None)
@@ -436,7 +440,8 @@ class StaticKVCachePass(Pass):
         """Rewrite one structural copy of the primary graph per ``(step_len, max_cache_len)`` (class docstring)."""
         cfg = self.config
         original = artifacts.primary
-        kv = self._find(original)
+        head_dim = genai_head_size(context.model_path)
+        kv = self._find(original, head_dim)
         g = original.graph
         cache_inputs = {t.past_name for t in kv.tensors}
         other = [
@@ -452,9 +457,18 @@ class StaticKVCachePass(Pass):
         if "input_ids" not in {v.name for v in g.inputs}:
             raise PreconditionError(self.name, "the model has no 'input_ids' input")
 
-        query_positions = find_query_positions(original, kv, context, who=self.name)
+        if kv.attention_op is not None:
+            query_positions = []  # the op derives positions and the causal mask from seqlens_k
+            report.changes.append(
+                f"cache held by {kv.attention_op} ({len(kv.layers)} nodes); head dim {kv.head_dim} from the "
+                f"{kv.head_dim_source}"
+            )
+        else:
+            query_positions = find_query_positions(original, kv, context, who=self.name)
         if query_positions:
             report.changes.append(f"query-position tensor(s) {query_positions} now read the cache_position input")
+        elif kv.attention_op is not None:
+            pass
         elif cfg.steps()[-1] > 1:
             raise PreconditionError(
                 self.name,
@@ -473,7 +487,9 @@ class StaticKVCachePass(Pass):
         built: list[tuple[str, ir.Model, DecodeContract]] = []
         for i, ((S, L), name) in enumerate(zip(pairs, names, strict=True)):
             graph_report = report if i == 0 else PassReport(name=self.name)
-            model, contract = self._rewrite(artifacts.copy_graph(original), query_positions, S, L, graph_report)
+            model, contract = self._rewrite(
+                artifacts.copy_graph(original), query_positions, S, L, graph_report, head_dim
+            )
             built.append((name, model, contract))
             if i > 0:
                 report.warnings += [f"{name}: {w}" for w in graph_report.warnings]
@@ -506,7 +522,13 @@ class StaticKVCachePass(Pass):
         return out, True
 
     def _rewrite(
-        self, model: ir.Model, query_positions: list[str], S: int, L: int, report: PassReport
+        self,
+        model: ir.Model,
+        query_positions: list[str],
+        S: int,
+        L: int,
+        report: PassReport,
+        head_dim: int | None = None,
     ) -> tuple[ir.Model, DecodeContract]:
         """One static graph of step length ``S`` and cache length ``L`` from a structural copy of the input.
 
@@ -516,6 +538,7 @@ class StaticKVCachePass(Pass):
             S: step_len.
             L: max_cache_len.
             report: receives changes, dims fixed and warnings.
+            head_dim: D from genai_config.json, if any.
 
         Returns:
             The folded graph and its contract (``graph_set`` still empty).
@@ -523,19 +546,31 @@ class StaticKVCachePass(Pass):
         cfg = self.config
         B = cfg.batch
         g = model.graph
-        kv = self._find(model)
+        kv = self._find(model, head_dim)
         cache_position = add_cache_position(g, S, who=self.name)
         report.changes.append(f"added input {CACHE_POSITION} int64 [{S}]")
-        report.changes += rewrite_cache_writes(
-            g,
-            kv,
-            cache_position=cache_position,
-            seq_axis=kv.seq_axis,
-            cache_update=cfg.cache_update,
-            max_cache_len=L,
-            step_len=S,
-        )
-        feed_query_positions(g, query_positions, cache_position)
+        if kv.attention_op is not None:  # GroupQueryAttention holds the cache: rewrite its length inputs
+            report.changes += rewrite_gqa_cache(
+                g,
+                kv,
+                cache_position=cache_position,
+                batch=B,
+                step_len=S,
+                max_cache_len=L,
+                cache_update=cfg.cache_update,
+                who=self.name,
+            )
+        else:
+            report.changes += rewrite_cache_writes(
+                g,
+                kv,
+                cache_position=cache_position,
+                seq_axis=kv.seq_axis,
+                cache_update=cfg.cache_update,
+                max_cache_len=L,
+                step_len=S,
+            )
+            feed_query_positions(g, query_positions, cache_position)
         report.dims_fixed += fix_io_dims(g, kv, batch=B, step_len=S, max_cache_len=L)
 
         n_inf = replace_neg_inf(g)
@@ -550,6 +585,8 @@ class StaticKVCachePass(Pass):
         contract = build_contract(
             folded, kv, batch=B, step_len=S, max_cache_len=L, cache_update=cfg.cache_update, who=self.name
         )
+        if kv.attention_op is not None:  # the op masks by seqlens_k, computed from cache_position
+            contract = contract.model_copy(update={"mask": "cache_position"})
         if S > 1:
             update: dict[str, object] = {"padding": "trailing"}
             if cfg.prefill_logits == "last":

@@ -8,6 +8,11 @@ A cache whose tensors are renamed is paired by data flow instead (:func:`exporte
 logits are the one output that is not a present (an export may call it ``lm_logits``:
 :func:`exporter_logits_output`). A static batch dim of ``input_ids`` (e.g. ``[2, "sequence_length"]``) is
 fed that many identical rows.
+
+onnxruntime-genai builder exports follow the same convention without ``position_ids`` (positions come from
+``attention_mask`` inside GroupQueryAttention: ``seqlens_k = sum - 1``), with all keys before all values, and
+with the head dim as the symbol ``kv_cache_dim``: the empty past then takes D from ``genai_config.json``
+beside the model or from the attention op's projection weights (:func:`exporter_head_dim`).
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ import onnx
 import onnx_ir as ir
 
 from onnxdeploy.errors import ContractError, PreconditionError
-from onnxdeploy.kv_cache import find_kv_cache, find_logits_output
+from onnxdeploy.kv_cache import find_kv_cache, find_logits_output, genai_head_size
 from onnxdeploy.runner.decode_state import DecodeState
 from onnxdeploy.runner.session import ModelSession, numpy_dtype
 
-__all__ = ["ExporterDecoder", "exporter_batch", "exporter_cache_pairs", "exporter_logits_output"]
+__all__ = ["ExporterDecoder", "exporter_batch", "exporter_cache_pairs", "exporter_head_dim", "exporter_logits_output"]
 
 _PAST_INPUT = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
@@ -107,6 +112,25 @@ def exporter_batch(model: onnx.ModelProto) -> int:
     return dims[0].dim_value if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0 else 1
 
 
+def exporter_head_dim(model: onnx.ModelProto, path: str | None) -> int:
+    """D of a cache whose inputs leave it symbolic (genai's ``kv_cache_dim``).
+
+    Args:
+        model: the exporter-convention model header (weights not needed: only the weights' shapes are read).
+        path: its file; a ``genai_config.json`` beside it gives ``model.decoder.head_size``.
+
+    Returns:
+        D, from genai_config.json when present (checked against the weights' shapes), else from the weights.
+
+    Raises:
+        ContractError: neither gives D, or they disagree.
+    """
+    try:
+        return find_kv_cache(ir.serde.deserialize_model(model), who="runner", head_dim=genai_head_size(path)).head_dim
+    except PreconditionError as exc:
+        raise ContractError(f"the cache's head dim is symbolic and could not be resolved: {exc.detail}") from exc
+
+
 class ExporterDecoder(DecodeState):
     """Greedy-decode driver for exporter-convention models with a growing (dynamic) KV cache.
 
@@ -139,9 +163,13 @@ class ExporterDecoder(DecodeState):
         )
         self._has_position_ids = "position_ids" in inputs
         self._empty_past: dict[str, np.ndarray] = {}
+        resolved: int | None = None
         for past, _ in self._pairs:
             shape, ort_type = inputs[past]
             heads, head_dim = shape[1], shape[3]
+            if isinstance(heads, int) and not isinstance(head_dim, int):
+                resolved = resolved or exporter_head_dim(model_session.model, model_session.path)
+                head_dim = resolved
             if not (isinstance(heads, int) and isinstance(head_dim, int)):
                 raise ContractError(
                     f"{self.source}: past input '{past}' has shape {shape}; H_kv (dim 1) and D (dim 3) must be static"

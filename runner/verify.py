@@ -25,11 +25,14 @@ apart (``prefill``), never spread over the prompt positions.
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import CacheOverflowError, ConfigError
@@ -40,6 +43,7 @@ from onnxdeploy.runner.decode_state import CallRecord
 from onnxdeploy.runner.decoder import Decoder, open_decoder
 from onnxdeploy.runner.exporter_decoder import exporter_logits_output
 from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder
+from onnxdeploy.runner.numerics import compute_dtype, float32_shadow, numerics_report
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, read_header
 
 __all__ = ["MODES", "ProgressCallback", "check_header", "greedy_decode", "verify"]
@@ -321,6 +325,51 @@ def verify(
     for path in (original_path, candidate_path):
         check_header(path, prompt, total)
 
+    # ORT's CPU EP has no bfloat16 kernels: such models run as their float32 shadows (labelled emulated)
+    shadowed = list(providers) == ["CPUExecutionProvider"] and "bfloat16" in {
+        compute_dtype(read_header(path)) for path in (original_path, candidate_path)
+    }
+    with contextlib.ExitStack() as stack:
+        if shadowed:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxdeploy-shadow-")))
+            candidate_header = read_header(candidate_path)
+            original_path = float32_shadow(original_path, scratch / "original")
+            candidate_path = float32_shadow(candidate_path, scratch / "candidate")
+        else:
+            candidate_header = None
+        report = _verify_paths(
+            original_path,
+            candidate_path,
+            prompt=prompt,
+            steps=steps,
+            modes=modes,
+            max_abs_logit_diff=max_abs_logit_diff,
+            min_top1_agreement=min_top1_agreement,
+            providers=providers,
+            strict_providers=strict_providers,
+            remainder=remainder,
+            reporter=reporter,
+            candidate_header=candidate_header,
+        )
+    return report
+
+
+def _verify_paths(
+    original_path: str | Path,
+    candidate_path: str | Path,
+    *,
+    prompt: list[int],
+    steps: int,
+    modes: Sequence[str],
+    max_abs_logit_diff: float,
+    min_top1_agreement: float,
+    providers: Sequence[str],
+    strict_providers: bool,
+    remainder: Remainder,
+    reporter: Callable[[str], Callable[[int], None]],
+    candidate_header: onnx.ModelProto | None,
+) -> VerifyReport:
+    """:func:`verify` on two model files (maybe float32 shadows: ``candidate_header`` is then the real one)."""
     with open_decoder(original_path, providers=providers) as original:
         _warm_up(original, prompt, steps)
         rss_before = rss_bytes()
@@ -353,6 +402,11 @@ def verify(
         rss_growth += rss_bytes() - rss_before
         candidate_session = candidate.model_session
         candidate_fallbacks = _fallbacks(candidate)
+        numerics = numerics_report(
+            candidate_header if candidate_header is not None else candidate_session.model,
+            (candidate_session.providers_active or ("?",))[0],
+            shadowed=candidate_header is not None,
+        )
         graphs = (
             [name for name, _, _ in candidate.graphs()]
             if isinstance(candidate, GraphSetDecoder)
@@ -379,6 +433,7 @@ def verify(
         graphs=graphs,
         failures=failures,
         modes=results,
+        numerics=numerics,
     )
 
 

@@ -1,0 +1,240 @@
+"""A cache held inside ``com.microsoft::GroupQueryAttention`` made static at the op (onnxruntime-genai exports).
+
+The genai builder feeds each layer's past K and V ``(B, H_kv, past, D)`` straight into GroupQueryAttention
+(inputs 3 and 4) with ``seqlens_k = ReduceSum(attention_mask) - 1`` (int32 ``(B,)``) and
+``total_sequence_length = Shape(attention_mask)[1]`` (int32 scalar); the op appends the step's K/V inside and
+returns present K and V. There is no Concat to turn into a Scatter, and none is needed: the op already takes a
+fixed-length past buffer (genai's ``past_present_share_buffer``). With a buffer of ``L`` slots ORT's CPU kernel
+(1.32, ``group_query_attention_helper.h`` / ``gqa_attention_base.h``):
+
+* outputs present K/V of ``max(L, total_sequence_length) = L`` slots: the buffer with the step written at
+  ``seqlens_k + 1 - S .. seqlens_k``; when past and present are bound to one buffer it writes there in place,
+  else it copies the used slots into a new buffer (slots past ``total_sequence_length`` are then
+  uninitialised memory);
+* attends, for batch row ``b``, to slots ``0 .. seqlens_k[b]`` only, causally inside the chunk, and derives
+  the RoPE positions (``do_rotary``) from ``seqlens_k``, so no slot past the current position is ever read
+  (NaN there cannot leak).
+
+So :func:`rewrite_gqa_cache` only replaces the two length inputs: from ``cache_position`` (int64 ``[S]``, the
+slots this call writes), ``seqlens_k = cache_position[S-1]`` broadcast to ``(B,)`` and
+``total_sequence_length = cache_position[S-1] + 1``, both int32. ``attention_mask`` is then unread and removed.
+What the cache cannot do while inside the op is refused here or by the later pass that needs it:
+``new_token_only`` (the op outputs the whole buffer), ``kv_dtype`` other than the compute dtype
+(:func:`~onnxdeploy.passes._cache_edits.cast_cache_boundary`), other layouts than BNSH (the op reads
+``(B, H_kv, L, D)`` only), a step of S > 1 tokens at batch > 1 (ORT's CPU kernel refuses it after a past),
+and cache lengths beyond the op's cos/sin cache rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxdeploy.errors import PreconditionError
+from onnxdeploy.kv_cache import GQA_OP, KVCache
+
+__all__ = ["decompose_attention", "rewrite_gqa_cache"]
+
+_PREFIX = "onnxdeploy/static_kv/gqa"
+_SEQLENS_K, _TOTAL_SEQUENCE_LENGTH, _COS_CACHE = 5, 6, 7
+
+
+def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType(ir.tensor(array).dtype)))
+    value.const_value = ir.tensor(array, name=name)
+    graph.register_initializer(value)
+    return value
+
+
+def _label(node: ir.Node) -> str:
+    return f"{GQA_OP} node '{node.name or '?'}'"
+
+
+def _check(kv: KVCache, *, batch: int, step_len: int, max_cache_len: int, cache_update: str, who: str) -> None:
+    """Refuse what the cache cannot do while GroupQueryAttention holds it (module docstring)."""
+    first = kv.attention_nodes[0]
+    if cache_update != "full_buffer":
+        raise PreconditionError(
+            who,
+            f"cache_update {cache_update}: {_label(first)} holds the cache and outputs the whole buffer (present = "
+            "past buffer with the step written in), never the step's K/V alone; use cache_update: full_buffer (bind "
+            "past and present to one buffer and the op writes in place)",
+        )
+    if step_len > 1 and batch > 1:
+        raise PreconditionError(
+            who,
+            f"step_len {step_len} at batch {batch}: ONNX Runtime's CPU kernel of {_label(first)} refuses a chunk of "
+            "S > 1 tokens after a past at batch > 1 ('batch_size must be 1 when sequence_length > 1 and past context "
+            "is given'); use batch 1 for prefill graphs",
+        )
+    for node in kv.attention_nodes:
+        if node.attributes.get_int("do_rotary", 0) and len(node.inputs) > _COS_CACHE:
+            cos = node.inputs[_COS_CACHE]
+            shape = cos.shape if cos is not None else None
+            rows = shape[0] if shape is not None and len(shape) == 2 else None
+            if isinstance(rows, int) and max_cache_len > rows:
+                raise PreconditionError(
+                    who,
+                    f"max_cache_len {max_cache_len}: {_label(node)} reads RoPE from cos_cache '{cos.name}' of {rows} "  # type: ignore[union-attr]
+                    f"rows, so positions from {rows} on have none; use max_cache_len <= {rows} (rebuild the model "
+                    "with a longer context_length for more)",
+                )
+
+
+def rewrite_gqa_cache(
+    graph: ir.Graph,
+    kv: KVCache,
+    *,
+    cache_position: ir.Value,
+    batch: int,
+    step_len: int,
+    max_cache_len: int,
+    cache_update: str,
+    who: str = "static_kv",
+) -> list[str]:
+    """Feed every GroupQueryAttention node its lengths from ``cache_position``; drop the unread ``attention_mask``.
+
+    ``seqlens_k`` int32 ``(B,)`` = ``cache_position[S-1]`` (the last slot written, i.e. total length - 1) and
+    ``total_sequence_length`` int32 scalar = ``cache_position[S-1] + 1``; ``cache_position`` must hold
+    consecutive slots ``p .. p+S-1`` (the contract's meaning). The past inputs keep feeding the op (their dims
+    are fixed to ``(B, H_kv, L, D)`` by :func:`~onnxdeploy.passes._cache_edits.fix_io_dims`), and present is the
+    whole updated buffer. Nodes that computed the old lengths are removed, and ``attention_mask`` with them
+    when nothing else reads it.
+
+    Args:
+        graph: the graph ``kv`` was found on (edited in place).
+        kv: its cache, held by GroupQueryAttention (``kv.attention_op`` set).
+        cache_position: the int64 ``[S]`` input.
+        batch: B.
+        step_len: S.
+        max_cache_len: L.
+        cache_update: must be ``full_buffer``.
+        who: the pass named in errors.
+
+    Returns:
+        Human-readable lines for the pass report.
+
+    Raises:
+        PreconditionError: ``new_token_only``; S > 1 at B > 1; L above the rows of a node's cos/sin cache
+            (the message names the node).
+    """
+    _check(kv, batch=batch, step_len=step_len, max_cache_len=max_cache_len, cache_update=cache_update, who=who)
+    nodes = kv.attention_nodes
+    last_index = _const(graph, f"{_PREFIX}/last_index", np.array([step_len - 1], dtype=np.int64))
+    one = _const(graph, f"{_PREFIX}/one", np.array([1], dtype=np.int64))
+    rows = _const(graph, f"{_PREFIX}/batch_shape", np.array([batch], dtype=np.int64))
+    scalar = _const(graph, f"{_PREFIX}/scalar_shape", np.zeros((0,), dtype=np.int64))
+    last = ir.node("Gather", [cache_position, last_index], {"axis": 0}, name=f"{_PREFIX}/last_slot")
+    per_row = ir.node("Expand", [last.outputs[0], rows], name=f"{_PREFIX}/seqlens_rows")
+    seqlens = ir.node("Cast", [per_row.outputs[0]], {"to": ir.DataType.INT32}, name=f"{_PREFIX}/seqlens_k")
+    plus_one = ir.node("Add", [last.outputs[0], one], name=f"{_PREFIX}/total")
+    flat = ir.node("Reshape", [plus_one.outputs[0], scalar], name=f"{_PREFIX}/total_scalar")
+    total = ir.node("Cast", [flat.outputs[0]], {"to": ir.DataType.INT32}, name=f"{_PREFIX}/total_sequence_length")
+    made = [last, per_row, seqlens, plus_one, flat, total]
+    for node in made:
+        node.outputs[0].name = node.name
+    graph.insert_before(nodes[0], made)
+    old = set()
+    for node in nodes:
+        for index, new in ((_SEQLENS_K, seqlens.outputs[0]), (_TOTAL_SEQUENCE_LENGTH, total.outputs[0])):
+            if node.inputs[index] is not None:
+                old.add(node.inputs[index])
+            node.replace_input_with(index, new)
+    _remove_dead(graph)
+    changes = [
+        f"{len(nodes)} {GQA_OP} node(s): seqlens_k = cache_position[{step_len - 1}] (int32, per row) and "
+        f"total_sequence_length = cache_position[{step_len - 1}] + 1 (int32) instead of attention_mask's sum/width; "
+        f"past K/V are the fixed {max_cache_len}-slot buffers the op writes into (present = whole buffer)"
+    ]
+    mask = next((v for v in graph.inputs if v.name == "attention_mask"), None)
+    if mask is not None and not mask.uses():
+        graph.inputs.remove(mask)
+        changes.append(
+            "input attention_mask removed (only the old lengths read it); contract inputs.attention_mask = null"
+        )
+    return changes
+
+
+def _remove_dead(graph: ir.Graph) -> None:
+    """Remove nodes none of whose outputs is read or a graph output, until none is left."""
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(list(graph)):
+            if all(not o.uses() and not o.is_graph_output() for o in node.outputs):
+                graph.remove(node, safe=True)
+                changed = True
+
+
+def decompose_attention(graph: ir.Graph, *, who: str = "mask_rewrite") -> list[str]:
+    """Replace every ONNX ``Attention`` (opset 23) node by MatMul → scale → mask → Softmax → MatMul.
+
+    The dynamo opset-23 exporter puts SDPA in one ``Attention`` node whose scores are out of reach: a mask can
+    only be added inside it, where a NaN in an unused K slot still reaches the Softmax. Decomposed, the scores
+    are a tensor :mod:`~onnxdeploy.passes.mask_rewrite` masks by select (and grouped_attention can read the
+    cache without a copy). For 4-D ``Q (B, H, S, D)``, ``K``/``V`` ``(B, H, L, D)`` (the head repeat done
+    outside, as exported), ``scale`` (default ``1/sqrt(D)``) and an optional ``attn_mask``:
+    ``scores = MatMul(Q, Transpose(K)) · scale``; a bool mask gives ``Where(mask, scores, lowest)``, a float
+    mask ``scores + mask``; ``Softmax(axis=-1)``; ``MatMul(probs, V)``. Exact up to float rounding (same dot
+    products; ORT's kernel scales Q first).
+
+    Args:
+        graph: a static graph (shapes inferred), edited in place.
+        who: the pass named in errors.
+
+    Returns:
+        One line per decomposed node.
+
+    Raises:
+        PreconditionError: an Attention node with a past_key/past_value input, 3-D inputs, fewer K/V heads than
+            Q heads inside the op, ``is_causal``, ``softcap``, or a second output in use (names the node).
+    """
+    changes = []
+    for node in [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
+        q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+        mask = node.inputs[3] if len(node.inputs) > 3 else None
+        label = f"ai.onnx::Attention node '{node.name or '?'}'"
+        why = None
+        if any(i is not None for i in node.inputs[4:]):
+            why = "takes past_key/past_value (it concatenates the cache inside)"
+        elif any(x is None or x.shape is None or len(x.shape) != 4 for x in (q, k, v)):
+            why = "has inputs that are not 4-D (B, H, S, D)"
+        elif q.shape[1] != k.shape[1] or k.shape[1] != v.shape[1]:  # type: ignore[union-attr,index]
+            why = "repeats K/V heads inside the op (q and kv head counts differ)"
+        elif node.attributes.get_int("is_causal", 0) or node.attributes.get_float("softcap", 0.0):
+            why = "uses is_causal or softcap"
+        elif any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            why = "has present/qk outputs in use"
+        if why is not None:
+            raise PreconditionError(who, f"{label} {why}; only the exporters' plain SDPA form is decomposed")
+        assert q is not None and k is not None and v is not None and q.shape is not None
+        head_dim = q.shape[3]
+        default = 1.0 / float(np.sqrt(head_dim)) if isinstance(head_dim, int) else 1.0
+        scale = node.attributes.get_float("scale", default)
+        dtype = q.dtype or ir.DataType.FLOAT
+        np_dtype = dtype.numpy()
+        base = f"onnxdeploy/attention/{node.name or len(changes)}"
+        scale_c = _const(graph, f"{base}/scale", np.array(scale, dtype=np_dtype))
+        kt = ir.node("Transpose", [k], {"perm": [0, 1, 3, 2]}, name=f"{base}/Transpose")
+        qk = ir.node("MatMul", [q, kt.outputs[0]], name=f"{base}/MatMul_qk")
+        scaled = ir.node("Mul", [qk.outputs[0], scale_c], name=f"{base}/scale_mul")
+        made = [kt, qk, scaled]
+        scores = scaled.outputs[0]
+        if mask is not None and mask.dtype == ir.DataType.BOOL:
+            lowest = _const(graph, f"{base}/lowest", np.array(np.finfo(np_dtype).min, dtype=np_dtype))
+            made.append(ir.node("Where", [mask, scores, lowest], name=f"{base}/mask_select"))
+            scores = made[-1].outputs[0]
+        elif mask is not None:
+            made.append(ir.node("Add", [scores, mask], name=f"{base}/mask_add"))
+            scores = made[-1].outputs[0]
+        softmax = ir.node("Softmax", [scores], {"axis": -1}, name=f"{base}/Softmax")
+        pv = ir.node("MatMul", [softmax.outputs[0], v], name=f"{base}/MatMul_pv")
+        made += [softmax, pv]
+        for n in made:
+            n.outputs[0].name = n.name
+            n.outputs[0].dtype = dtype
+        graph.insert_before(node, made)
+        node.outputs[0].replace_all_uses_with(pv.outputs[0], replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        changes.append(f"{label} decomposed into MatMul/Mul(scale {scale:g})/{made[3].op_type}/Softmax/MatMul")
+    return changes

@@ -630,9 +630,10 @@ class QuantizeWeightsPass(Pass):
         writer = _ScratchWriter(context.scratch() / f"quantize_weights_{id(self):x}")
         written: dict[tuple, _Quantized] = {}
         layers: list[dict] = []
+        stats: dict[str, np.ndarray] = {}
         total = 0
         for index, model in enumerate(artifacts.models()):
-            total += self._quantize_graph(model, context, report, writer, written, layers, calibrate=index == 0)
+            total += self._quantize_graph(model, context, report, writer, written, layers, stats, first=index == 0)
         if not total:
             raise PreconditionError(self.name, "no MatMul/Gemm/Gather with a constant 2-D float weight to quantize")
         report.details["layers"] = layers
@@ -654,9 +655,16 @@ class QuantizeWeightsPass(Pass):
         writer: _ScratchWriter,
         written: dict[tuple, _Quantized],
         layers: list[dict],
+        stats: dict[str, np.ndarray],
         *,
-        calibrate: bool,
+        first: bool,
     ) -> int:
+        """Quantize one graph of the set; return how many weights were newly quantized.
+
+        The calibration statistics are collected on the first (primary) graph into ``stats`` and reused by
+        name for the others (structural copies of one export: same activation names), so every graph gets the
+        same permutations and shares the same quantized tensors (``written``).
+        """
         cfg = self.config
         graph = model.graph
         targets, skipped = find_targets(model, cfg)
@@ -670,8 +678,7 @@ class QuantizeWeightsPass(Pass):
             if t.activation is not None:
                 by_activation[id(t.activation)].append(t)
 
-        stats: dict[str, np.ndarray] = {}
-        if self._needs_calibration and calibrate and context.calibration:
+        if self._needs_calibration and first and context.calibration:
             acts = []
             for group in by_activation.values():
                 act = group[0].activation
@@ -679,7 +686,7 @@ class QuantizeWeightsPass(Pass):
                 if not act.name:
                     act.name = _unique("quantize_weights_activation", taken)
                 acts.append(act)
-            stats = _collect_statistics(model, acts, cfg.method == "gptq", context, report)
+            stats.update(_collect_statistics(model, acts, cfg.method == "gptq", context, report))
         # Statistics by reader, taken before any fold re-points a reader at a Gather's output.
         hessians = {id(t.node): stats.get(str(t.activation.name)) for t in targets if t.activation is not None}
         perm_in: dict[int, np.ndarray] = {}
@@ -745,7 +752,9 @@ class QuantizeWeightsPass(Pass):
         for group in by_activation.values():
             act = group[0].activation
             assert act is not None
-            stat = stats[str(act.name)]
+            stat = stats.get(str(act.name))
+            if stat is None:  # a graph of the set whose activation the primary does not have: natural order
+                continue
             importance = np.diag(stat) if stat.ndim == 2 else stat
             perm = act_order_permutation(importance)
             readers = {id(t.node) for t in group}
@@ -808,9 +817,7 @@ class QuantizeWeightsPass(Pass):
             fkey = (id(hessian), None if pin is None else pin.tobytes())
             if fkey not in self._factors:
                 self._factors = {fkey: inverse_hessian_factor(h, cfg.gptq_damp)}
-            qw = gptq(
-                wt, None, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, factor=self._factors[fkey]
-            )
+            qw = gptq(wt, None, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, factor=self._factors[fkey])
         elif pin is not None:
             qw = quantize_rtn(wt, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric)
         row["error"] = output_error(wt, qw.dequantize(), np.array([]) if h is None else h)

@@ -7,7 +7,9 @@ Domain errors are caught here, printed once, and turned into ``typer.Exit(code)`
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -68,6 +70,16 @@ def _interrupted(err: Console, *, as_json: bool) -> typer.Exit:
         sys.stdout.write(json.dumps({"status": "interrupted", "exit_code": EXIT_INTERRUPTED, "error": message}) + "\n")
         _json_error_written = True
     return typer.Exit(EXIT_INTERRUPTED)
+
+
+def _interrupt_on_termination() -> None:
+    """Make SIGTERM and SIGHUP (CI cancel, ``timeout``, a closed terminal) interrupt like Ctrl-C.
+
+    The run then removes its temporary files and exits 130 instead of dying with them on disk.
+    """
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.default_int_handler)
 
 
 def _verify_table(verify: Any) -> Table:
@@ -136,6 +148,7 @@ def run(
     out, err = _consoles(as_json)
     if output_dir is not None and not str(output_dir).strip():
         raise _fail(err, ConfigError("--output-dir is empty"), as_json=as_json)
+    _interrupt_on_termination()
     try:
         config = load_pipeline(pipeline, output_dir=output_dir)
         with _progress(err) as bar:

@@ -6,6 +6,7 @@ pipeline runs the same from any working directory.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,6 +81,18 @@ class VerifyConfig(BaseModel):
     def _non_negative(cls, v: list[int]) -> list[int]:
         if any(t < 0 for t in v):
             raise ValueError("token ids must be >= 0")
+        return v
+
+    @field_validator("providers")
+    @classmethod
+    def _known_providers(cls, v: list[str]) -> list[str]:
+        import onnxruntime  # noqa: PLC0415  (only when a verify section names providers)
+
+        unknown = [name for name in v if name not in onnxruntime.get_all_providers()]
+        if unknown:
+            raise ValueError(
+                f"unknown execution provider(s) {unknown}; ONNX Runtime knows {onnxruntime.get_all_providers()}"
+            )
         return v
 
     @field_validator("modes", "providers", "runtimes")
@@ -180,7 +193,7 @@ class PipelineConfig(BaseModel):
     def _plain_onnx_name(cls, v: str) -> str:
         if "\x00" in v:
             raise ValueError("must not contain NUL characters")
-        if not v or Path(v).name != v or v in (".", ".."):
+        if not v or Path(v).name != v or v in (".", "..") or v == ".onnx":
             raise ValueError("must be a plain file name (no folder part), e.g. model.onnx")
         if not v.endswith(".onnx"):
             raise ValueError("must end in .onnx")
@@ -345,6 +358,8 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
         except ConfigError as exc:
             raise ConfigError(f"{p}: key 'verify.runtimes': {exc}") from None
     cfg = _resolve_token_files(cfg, base, p)
-    cfg = cfg.model_copy(update={"model": model.resolve(), "output_dir": out.resolve(), "passes": passes, "source": p})
+    cfg = cfg.model_copy(
+        update={"model": Path(os.path.abspath(model)), "output_dir": out.resolve(), "passes": passes, "source": p}
+    )
     _check_pass_settings(cfg, str(p))
     return cfg

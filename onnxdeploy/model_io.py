@@ -191,6 +191,10 @@ def external_location(tensor: onnx.TensorProto) -> str | None:
     return _external_info(tensor).get("location", "")
 
 
+_EXTERNAL_DATA_KEYS = frozenset({"location", "offset", "length", "checksum", "basepath"})
+"""Keys of ``TensorProto.external_data`` (ONNX IR spec, "External Tensor Data"; ``basepath`` is onnx's own)."""
+
+
 def _external_info(tensor: onnx.TensorProto) -> dict[str, str]:
     return {e.key: e.value for e in tensor.external_data}
 
@@ -234,6 +238,10 @@ def _resolve_location(location: str, folder: Path, tensor: str, model: Path) -> 
         raise ModelLoadError(f"{where} is an absolute path; locations must be relative to the model's folder")
     if ".." in normalised.split("/"):
         raise ModelLoadError(f"{where} contains '..'; data outside the model's folder is refused")
+    if "\\" in location:
+        raise ModelLoadError(f"{where} uses '\\' as a separator, which ONNX Runtime does not read on POSIX; use '/'")
+    if normalised.endswith("/") or normalised.split("/")[-1] in ("", "."):
+        raise ModelLoadError(f"{where} names a folder, not a data file")
     candidate = folder / normalised
     folder_real = os.path.realpath(folder)
     parent_real = os.path.realpath(candidate.parent)
@@ -286,6 +294,11 @@ def check_external_data(proto: onnx.ModelProto, model_path: str | os.PathLike[st
         info = _external_info(tensor)
         location = info.get("location", "")
         where = f"{model}: tensor '{tensor.name}' (external data '{location}')"
+        unknown = sorted(set(info) - _EXTERNAL_DATA_KEYS)
+        if unknown:
+            raise ModelLoadError(
+                f"{where}: unknown external_data key(s) {unknown}; the ONNX spec defines {sorted(_EXTERNAL_DATA_KEYS)}"
+            )
         try:
             offset = int(info.get("offset", "0"))
             expected = tensor_nbytes(tensor)
@@ -325,6 +338,27 @@ def _unsorted_node(graph: ir.Graph) -> ir.Node | None:
     return None
 
 
+def _refuse_duplicate_producers(graph: onnx.GraphProto, model: Path) -> None:
+    """Refuse a main graph where two nodes (or a node and a graph input/initializer) define one tensor.
+
+    Raises:
+        ModelLoadError: naming the tensor and both definitions (the graph is not in SSA form).
+    """
+    defined: dict[str, str] = {v.name: "graph input" for v in graph.input}
+    defined.update({t.name: "initializer" for t in graph.initializer})
+    for i, node in enumerate(graph.node):
+        label = f"node '{node.name}' ({node.op_type})" if node.name else f"node #{i} ({node.op_type})"
+        for out in node.output:
+            if not out:
+                continue
+            if out in defined:
+                raise ModelLoadError(
+                    f"{model}: tensor '{out}' is defined twice, by {defined[out]} and by {label}; an ONNX graph "
+                    "gives every tensor one producer"
+                )
+            defined[out] = label
+
+
 def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     """Load a model for the passes: graph in memory, external weights memory-mapped on first use.
 
@@ -340,12 +374,14 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
         The loaded model.
 
     Raises:
-        ModelLoadError: as for :func:`read_model_header`, or onnx_ir cannot represent the graph.
+        ModelLoadError: as for :func:`read_model_header`, a tensor with two producers, or onnx_ir cannot
+            represent the graph.
     """
     p = Path(path)
     proto = read_model_header(p)
     files = check_external_data(proto, p)
     resolved = {f.location: f.path for f in files}
+    _refuse_duplicate_producers(proto.graph, p)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:  # onnx_ir raises ValueError/TypeError for malformed graphs
@@ -635,6 +671,20 @@ def _write_proto(proto: onnx.ModelProto, dest: Path) -> None:
     os.chmod(dest, default_file_mode())
 
 
+_INTEGER_DTYPES = frozenset(
+    {ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT16, ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.BOOL}
+)
+
+
+def _stays_inline(tensor: ir.TensorProtocol) -> bool:
+    """Small integer tensors (shapes, axes, indices: at most 1 KiB) stay inline whatever the threshold.
+
+    ONNX Runtime reads such operands while it builds the session (shape inference of Reshape, Unsqueeze, …)
+    and cannot take them from external data ("Cannot parse data from external tensors", ORT 1.32).
+    """
+    return tensor.dtype in _INTEGER_DTYPES and tensor.nbytes <= STAND_IN_THRESHOLD_BYTES
+
+
 def stage_artifacts(
     graphs: Sequence[tuple[str, ir.Model]],
     out_dir: Path,
@@ -645,7 +695,8 @@ def stage_artifacts(
 ) -> StagedArtifacts:
     """Write graphs that may share weights into a staging folder inside ``out_dir``.
 
-    With ``external``, every initializer above ``size_threshold_bytes`` goes to **one** new data file
+    With ``external``, every initializer above ``size_threshold_bytes`` (but small integer ones, see
+    :func:`_stays_inline`) goes to **one** new data file
     ``data_name`` (a tensor object shared by several graphs is written once; each graph references it by
     the relative ``location`` ``data_name``, its final name). The data file is written fresh, never
     appended to. Tensors are streamed one at a time (memory-mapped inputs are copied in chunks).
@@ -678,7 +729,12 @@ def stage_artifacts(
                 for graph in model.graphs():
                     for value in graph.initializers.values():
                         t = value.const_value
-                        if t is not None and t.nbytes > size_threshold_bytes and id(t) not in seen:
+                        if (
+                            t is not None
+                            and t.nbytes > size_threshold_bytes
+                            and not _stays_inline(t)
+                            and id(t) not in seen
+                        ):
                             seen.add(id(t))
                             tensors.append(t)
             if tensors:
@@ -794,7 +850,10 @@ def input_files(path: str | os.PathLike[str]) -> set[Path]:
     for tensor in _iter_external(proto.graph):
         loc = _external_info(tensor).get("location")
         if loc and not os.path.isabs(loc):
-            files.add((folder / loc).resolve())
+            try:
+                files.add((folder / loc).resolve())
+            except (OSError, RuntimeError, ValueError):  # NUL byte, symlink loop: the loader refuses it by name
+                continue
     return files
 
 

@@ -7,13 +7,15 @@ Exit status (README, "Exit codes"): 0 passed; 1 a check found an error or the ve
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import platform
 import shutil
+import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from onnxdeploy.checks import CheckContext, get_check
 from onnxdeploy.checks.target import TARGET_CHECKS
 from onnxdeploy.config import PipelineConfig, default_checks
 from onnxdeploy.contract import read_contract
-from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, ContractError, OutputError
+from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, ContractError, OnnxDeployError, OutputError
 from onnxdeploy.model_io import (
     StagedArtifacts,
     check_not_an_input,
@@ -146,6 +148,17 @@ def _check_output_location(config: PipelineConfig) -> None:
             break
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (they are delivered then, not lost)."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class _PhaseClock:
     """Records wall time and memory at each phase boundary of a run (``report.json`` → ``phases``)."""
 
@@ -191,8 +204,10 @@ def _check_prompt_vocab(config: PipelineConfig, where: str) -> None:
     assert v is not None
     try:
         check_header(config.model, list(v.prompt), len(v.prompt) + v.steps)
-    except (ConfigError, ContractError) as exc:
+    except ConfigError as exc:
         raise ConfigError(f"{where}: key 'verify.prompt': {exc}") from None
+    except ContractError as exc:
+        raise ConfigError(f"{where}: key 'verify': the original cannot be decoded for verification: {exc}") from None
 
 
 def _checked(config: PipelineConfig, staged: StagedArtifacts, artifacts: ArtifactSet, say: Progress) -> list[Finding]:
@@ -363,7 +378,7 @@ def run_pipeline(
         if verify_report is not None and not verify_report.passed:
             failures += [f"verify: {msg}" for msg in verify_report.failures]
             for mode in verify_report.modes.values():
-                failures += [f"verify {mode.mode}: {msg}" for msg in mode.failures]
+                failures += [f"verify {msg}" for msg in mode.failures]  # each line starts with its mode
         for r in runtime_reports:
             if not r.passed:
                 failures.append(
@@ -376,7 +391,7 @@ def run_pipeline(
             pipeline=str(config.source.resolve()) if config.source else None,
             input_model=str(model_in),
             output_model=str(final_model),
-            output_files=[str(out_dir / name) for name in staged.files],
+            output_files=[str(out_dir / name) for name in (*staged.files, "report.json", "report.md")],
             notes=artifacts.notes,
             target=config.target,
             contract=contract.model_dump() if contract else None,
@@ -397,17 +412,22 @@ def run_pipeline(
         report_md = out_dir / "report.md"
         staged.add_text("report.json", report.model_dump_json(indent=2))
         staged.add_text("report.md", render_markdown(report))
-        # Everything is on disk under the staging folder: only renames remain.
-        staged.commit()
+        # Everything is on disk under the staging folder: only renames remain, done with signals held.
+        with _signals_held():
+            staged.commit()
         stale = out_dir / f"{config.output_name}.data"
         if staged.data_file is None and stale.is_file():
             stale.unlink()  # an earlier run's weights: the new graph is self-contained and never reads them
     except BaseException as exc:
-        if staged is not None:
-            staged.discard()
-        _remove_if_made(out_dir, made_dir)
+        with _signals_held():  # a second Ctrl-C (or SIGTERM) must not cut the cleanup short
+            if staged is not None:
+                staged.discard()
+            _remove_if_made(out_dir, made_dir)
         if isinstance(exc, OSError):
             raise OutputError(f"cannot write the outputs to {out_dir}: {exc.strerror or exc}") from exc
+        if isinstance(exc, OnnxDeployError) and staged is not None and exc.args:
+            # name the output folder, not the staging folder that no longer exists
+            exc.args = (str(exc.args[0]).replace(str(staged.staging), str(out_dir)), *exc.args[1:])
         raise
     finally:
         os.close(lock)  # releases the flock

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from onnxdeploy.report import RunReport
 
 __all__ = ["render_markdown"]
@@ -60,7 +62,7 @@ def render_markdown(report: RunReport) -> str:
             )
         lines.append("")
         for p in report.passes:
-            lines += [f"### {p.name}", "", f"config: `{p.config}`", ""]
+            lines += [f"### {p.name}", "", f"config: `{json.dumps(p.config)}`", ""]
             lines += [f"- {c}" for c in p.changes]
             if p.dims_fixed:
                 lines += ["", "dims fixed: " + "; ".join(p.dims_fixed)]

@@ -14,9 +14,11 @@ the node objects of the input graphs are unchanged after it ran.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 import typing
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +181,8 @@ class PassContext:
         """A scratch folder for probe models (made on first use, in the system temp folder if unset)."""
         if self.scratch_dir is None:
             self.scratch_dir = Path(tempfile.mkdtemp(prefix="onnxdeploy-scratch-"))
+            # a folder this context made is removed with it (or at exit), whoever forgets to
+            weakref.finalize(self, shutil.rmtree, self.scratch_dir, True)
         return self.scratch_dir
 
 

@@ -16,9 +16,9 @@ import onnx_ir as ir
 from onnx import version_converter
 from pydantic import Field
 
-from onnxdeploy.errors import PassError
+from onnxdeploy.errors import ConfigError, PassError
 from onnxdeploy.model_io import proto_round_trip, stand_in_proto
-from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
+from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, PipelineSettings, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["PinOpsetConfig", "PinOpsetPass"]
@@ -75,6 +75,18 @@ class PinOpsetPass(Pass):
     config_model = PinOpsetConfig
     config: PinOpsetConfig
     in_place = False
+
+    def check_settings(self, settings: PipelineSettings) -> None:
+        """Refuse, before any pass runs, an opset the installed onnx does not know.
+
+        Raises:
+            ConfigError: ``opset`` is above ``onnx.defs.onnx_opset_version()``.
+        """
+        newest = onnx.defs.onnx_opset_version()
+        if self.config.opset > newest:
+            raise ConfigError(
+                f"opset={self.config.opset} is newer than this onnx ({onnx.__version__}) knows ({newest})"
+            )
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
         """Convert every graph of the set; see the class docstring."""

@@ -583,3 +583,57 @@ def test_externalize_then_embed_gives_the_fixture_weights(tmp_path, fixture_weig
     for t in proto.graph.initializer:
         np.testing.assert_array_equal(onnx.numpy_helper.to_array(t), fixture_weights[t.name], err_msg=t.name)
     np.testing.assert_array_equal(ort_logits(written[0]), fixture_logits)
+
+
+@pytest.mark.parametrize(
+    ("location", "needle"),
+    [("model.onnx.data/", "names a folder"), (".", "names a folder"), ("sub\\model.onnx.data", "separator")],
+)
+def test_locations_runtimes_cannot_read_are_refused_at_load(tmp_path, location, needle):
+    path = save_external(FIXTURE, tmp_path)
+    relocate(path, middle_tensor(path), location)
+    with pytest.raises(ModelLoadError, match=needle):
+        read_model_header(path)
+
+
+def test_an_unknown_external_data_key_is_refused_naming_it(tmp_path):
+    path = save_external(FIXTURE, tmp_path)
+    name = middle_tensor(path)
+    edit_external(path, lambda t, e: {**e, "compression": "zstd"} if t.name == name else None)
+    with pytest.raises(ModelLoadError, match=rf"'{name}'.*unknown external_data key.*compression"):
+        read_model_header(path)
+
+
+def test_a_tensor_defined_twice_is_refused_naming_both_producers(tmp_path):
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] y) { t = Relu (x) t = Neg (x) y = Abs (t) }
+        """
+    )
+    path = tmp_path / "twice.onnx"
+    onnx.save(model, path)
+    with pytest.raises(ModelLoadError, match=r"tensor 't' is defined twice.*Relu.*Neg"):
+        load_model(path)
+
+
+def test_input_files_survives_locations_the_loader_refuses(tmp_path):
+    path = save_external(FIXTURE, tmp_path)
+    relocate(path, middle_tensor(path), "bad\x00name")
+    assert Path(path).resolve() in input_files(path)  # no exception: the loader names the problem later
+
+
+def test_externalize_with_threshold_0_keeps_small_integer_tensors_inline_and_runs(tmp_path):
+    from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
+
+    # folding leaves the shape arithmetic as small int64 initializers (Reshape shapes, Unsqueeze axes)
+    model = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(load_model(FIXTURE).model).artifacts.primary
+    staged = stage_artifacts([("model.onnx", model)], tmp_path, external=True, data_name="model.onnx.data",
+                             size_threshold_bytes=0)  # fmt: skip
+    staged.commit()
+    header = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
+    inline = [t for t in header.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    assert inline and all(t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.BOOL) for t in inline)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in header.graph.initializer)
+    # it loads: ORT reads shape operands at session creation and cannot take them from external data
+    ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])

@@ -348,7 +348,7 @@ def test_an_unsorted_decoder_runs_and_the_report_says_it_was_sorted(tmp_path):
 # ------------------------------------------------------------------------------------- 9. interrupted runs
 
 
-def _interrupt(tmp_path: Path, trigger: str) -> tuple[int, str, Path]:
+def _interrupt(tmp_path: Path, trigger: str, sig: int = signal.SIGINT) -> tuple[int, str, Path]:
     """Start ``onnxdeploy run`` and send SIGINT once ``trigger`` happens; return (exit code, stderr, out dir).
 
     ``trigger`` is a progress line prefix printed on stderr (``pass static_kv``, ``verify:``), or ``staging``:
@@ -373,7 +373,7 @@ def _interrupt(tmp_path: Path, trigger: str) -> tuple[int, str, Path]:
         else:
             fired = any(line.lstrip("• ").startswith(trigger) for line in list(lines))
         if fired:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             break
         time.sleep(0.005)
     try:
@@ -387,14 +387,21 @@ def _interrupt(tmp_path: Path, trigger: str) -> tuple[int, str, Path]:
 
 
 @pytest.mark.parametrize(
-    ("trigger", "existing"),
-    [("pass static_kv", False), ("staging", False), ("staging", True), ("verify:", False)],
+    ("trigger", "existing", "sig"),
+    [
+        ("pass static_kv", False, signal.SIGINT),
+        ("staging", False, signal.SIGINT),
+        ("staging", True, signal.SIGINT),
+        ("verify:", False, signal.SIGINT),
+        ("verify:", False, signal.SIGTERM),  # CI cancel and `timeout` send SIGTERM
+        ("staging", True, signal.SIGHUP),
+    ],
 )
-def test_an_interrupted_run_leaves_nothing_in_the_output_folder(tmp_path, trigger, existing):
+def test_an_interrupted_run_leaves_nothing_in_the_output_folder(tmp_path, trigger, existing, sig):
     if existing:
         (tmp_path / "out").mkdir()
         (tmp_path / "out" / "keep.txt").write_text("pre-existing")
-    code, err, out_dir = _interrupt(tmp_path, trigger)
+    code, err, out_dir = _interrupt(tmp_path, trigger, sig)
     left = sorted(p.name for p in out_dir.iterdir()) if out_dir.exists() else []
     before = ["keep.txt"] if existing else []
     if code == 0:  # the signal came after the last rename: then the outputs are complete
@@ -404,6 +411,13 @@ def test_an_interrupted_run_leaves_nothing_in_the_output_folder(tmp_path, trigge
     assert "interrupted" in err, err
     assert left == before, (left, err)
     assert out_dir.exists() == existing, "a folder the run made is removed again"
+
+
+def test_run_takes_a_hugging_face_snapshot_whose_model_file_is_a_link_too(tmp_path):
+    """In a real cache both files are links into blobs/: the data is looked up beside the link, not the blob."""
+    model = hf_cache_model(tmp_path, model_is_link=True)
+    result, text = _invoke("run", _pipeline(tmp_path, model))
+    assert result.exit_code == 0, text
 
 
 def test_an_inline_run_removes_an_earlier_runs_data_file(tmp_path):

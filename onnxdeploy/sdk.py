@@ -207,13 +207,16 @@ def rknn_build_report(model: str | Path, *, target_platform: str = "rk3588") -> 
     python = _require_python()
     graph = onnx.load(str(model), load_external_data=False).graph
     nodes = [(n.name, n.op_type) for n in graph.node]
-    done = subprocess.run(
-        [str(python), "-I", str(_WORKER), "build", str(Path(model).resolve()), target_platform],
-        capture_output=True,
-        text=True,
-        timeout=_TIMEOUT_S,
-        check=False,
-    )
+    # the SDK dumps check*.onnx into its working folder: give it a temporary one, never the user's
+    with tempfile.TemporaryDirectory(prefix="onnxdeploy-rknn-build-") as workdir:
+        done = subprocess.run(
+            [str(python), "-I", str(_WORKER), "build", str(Path(model).resolve()), target_platform],
+            capture_output=True,
+            text=True,
+            timeout=_TIMEOUT_S,
+            check=False,
+            cwd=workdir,
+        )
     try:
         result = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -263,6 +266,7 @@ class RKNNSimSession:
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
+            cwd=self._dir,  # the SDK dumps check*.onnx into its working folder
         )
         ready = self._reply()
         if not ready.get("ok"):

@@ -37,7 +37,7 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import Field, model_validator
 
-from onnxdeploy.contract import DecodeContract, GraphSetEntry, write_contract
+from onnxdeploy.contract import CONTRACT_KEY, DecodeContract, GraphSetEntry, write_contract
 from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
 from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output, genai_head_size
 from onnxdeploy.passes._attention_cache import rewrite_gqa_cache
@@ -146,6 +146,11 @@ class StaticKVConfig(PassConfig):
             values = getattr(self, key)
             if values is not None and (min(values) < 1 or len(set(values)) != len(values)):
                 raise ValueError(f"{key} must hold distinct integers >= 1, got {values}")
+        if max(self.steps()) > min(self.caches()):
+            raise ValueError(
+                f"step length {max(self.steps())} does not fit cache length {min(self.caches())}: every step length "
+                "must be <= every cache length"
+            )
         return self
 
     def steps(self) -> list[int]:
@@ -378,6 +383,12 @@ class StaticKVCachePass(Pass):
                 folded constants, or the peak of folding, exceed
                 :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
+        if CONTRACT_KEY in model.metadata_props:
+            raise PreconditionError(
+                self.name,
+                "the model already carries metadata_props['onnxdeploy.contract'] (it was made static before); "
+                "run static_kv on the original export",
+            )
         kv = self._find(model)
         available = available_memory_bytes()
         if available is None:

@@ -10,6 +10,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from pydantic import ValidationError
 
 from onnxdeploy import model_io
 from onnxdeploy.contract import CONTRACT_KEY, DecodeContract
@@ -214,9 +215,15 @@ def test_input_files_hash_the_same_after_the_pass(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "model.onnx.data"]
 
 
-def test_max_cache_len_below_step_len_is_refused():
-    with pytest.raises(PreconditionError, match="max_cache_len"):
-        StaticKVCachePass(StaticKVConfig(max_cache_len=1, step_len=2))(_load(FIXTURE_NAMES[0]))
+def test_max_cache_len_below_step_len_is_refused_by_the_config():
+    with pytest.raises(ValidationError, match="step length 2 does not fit cache length 1"):
+        StaticKVConfig(max_cache_len=1, step_len=2)
+
+
+def test_an_already_static_model_is_refused_before_any_pass():
+    static = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(_load(FIXTURE_NAMES[0])).artifacts.primary
+    with pytest.raises(PreconditionError, match="already carries"):
+        StaticKVCachePass(StaticKVConfig(max_cache_len=64)).check_model(static, PipelineSettings())
 
 
 def test_more_than_one_graph_is_refused():

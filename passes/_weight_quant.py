@@ -26,6 +26,8 @@ permutes ``K`` in the graph, so the groups are contiguous in the stored weight a
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +40,7 @@ __all__ = [
     "output_error",
     "pack_matmulnbits",
     "quantize_rtn",
+    "quantize_rtn_kn",
 ]
 
 
@@ -46,11 +49,12 @@ class QuantizedWeight:
     """One quantized weight in output-channel-major layout.
 
     Attributes:
-        q: int16 ``(N, K)`` quantized values (signed when ``zero_point`` is None, else unsigned).
+        q: int8 ``(N, K)`` quantized values when ``zero_point`` is None, else uint8 (or int16 from GPTQ).
         scale: float32 ``(N, n_blocks)``.
-        zero_point: int16 ``(N, n_blocks)`` for asymmetric weights, else None.
+        zero_point: ``(N, n_blocks)`` integers for asymmetric weights, else None.
         bits: 4 or 8.
         block_size: input channels per block (``K`` rounded up for per-channel).
+        error: :func:`output_error` of this quantization, when it was computed along.
     """
 
     q: np.ndarray
@@ -58,6 +62,7 @@ class QuantizedWeight:
     zero_point: np.ndarray | None
     bits: int
     block_size: int
+    error: float | None = None
 
     @property
     def n_blocks(self) -> int:
@@ -67,11 +72,14 @@ class QuantizedWeight:
     def dequantize(self) -> np.ndarray:
         """Float32 ``(N, K)``: ``(q - zero_point) * scale`` per block."""
         n, k = self.q.shape
-        scale = np.repeat(self.scale, self.block_size, axis=1)[:, :k]
-        q = self.q.astype(np.float32)
+        nb, bs = self.n_blocks, self.block_size
+        q = np.zeros((n, nb * bs), dtype=np.float32)
+        q[:, :k] = self.q
+        q = q.reshape(n, nb, bs)
         if self.zero_point is not None:
-            q = q - np.repeat(self.zero_point, self.block_size, axis=1)[:, :k]
-        return q * scale
+            q -= self.zero_point[:, :, None]
+        q *= self.scale[:, :, None]
+        return q.reshape(n, nb * bs)[:, :k]
 
 
 def _levels(bits: int, symmetric: bool) -> tuple[int, int]:
@@ -100,42 +108,139 @@ def _round(w: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int,
     """Quantize ``w`` ``(N, ...)`` with per-row ``scale``/``zero`` ``(N,)``; returns float values on the grid."""
     qmin, qmax = _levels(bits, symmetric)
     shape = (-1,) + (1,) * (w.ndim - 1)
-    q = np.rint(w / scale.reshape(shape))
+    q = w / scale.reshape(shape)
+    np.rint(q, out=q)
     if zero is not None:
-        q = q + zero.reshape(shape)
-    return np.clip(q, qmin, qmax)
+        q += zero.reshape(shape)
+    return np.clip(q, qmin, qmax, out=q)
 
 
-def quantize_rtn(wt: np.ndarray, *, bits: int, block_size: int, symmetric: bool) -> QuantizedWeight:
-    """Round-to-nearest block quantization of ``wt`` float ``(N, K)``.
+CHUNK_ELEMENTS = 1 << 20
+"""Weights are quantized in row chunks of about this many elements (4 MiB of float32): temporaries stay small
+and in cache whatever the weight's size."""
+
+
+def quantize_rtn(
+    wt: np.ndarray, *, bits: int, block_size: int, symmetric: bool, error_weights: np.ndarray | None = None
+) -> QuantizedWeight:
+    """Round-to-nearest block quantization of ``wt`` float ``(N, K)``, in row chunks.
+
+    A partial last block is padded with zeros, which changes neither rule: the symmetric scale follows the
+    value of largest magnitude, the asymmetric range includes 0 anyway.
 
     Args:
         wt: the weight, output-channel-major.
         bits: 4 or 8.
         block_size: input channels per block; the last block may be partial (``K`` not a multiple).
         symmetric: signed values without zero point, else unsigned with one.
+        error_weights: when given, :func:`output_error`'s weights (empty: plain MSE); the error is then
+            computed chunk by chunk and stored in :attr:`QuantizedWeight.error`.
 
     Returns:
-        The quantized weight.
+        The quantized weight (``q`` int8 when symmetric, uint8 when not).
     """
     wt = np.asarray(wt, dtype=np.float32)
     n, k = wt.shape
     n_blocks = -(-k // block_size)
-    padded = np.zeros((n, n_blocks * block_size), dtype=np.float32)
-    padded[:, :k] = wt
-    blocks = padded.reshape(n, n_blocks, block_size)
+    q = np.empty((n, k), dtype=np.int8 if symmetric else np.uint8)
     scales = np.empty((n, n_blocks), dtype=np.float32)
-    zeros = None if symmetric else np.empty((n, n_blocks), dtype=np.int16)
-    q = np.empty((n, n_blocks, block_size), dtype=np.int16)
-    for b in range(n_blocks):
-        width = min(block_size, k - b * block_size)
-        real = blocks[:, b, :width]
-        scale, zero = _block_params(real, bits, symmetric)
-        scales[:, b] = scale
+    zeros = None if symmetric else np.empty((n, n_blocks), dtype=np.uint8)
+    rows = max(1, CHUNK_ELEMENTS // max(k, 1))
+
+    def chunk(r0: int) -> float:
+        w = wt[r0 : r0 + rows]
+        m = w.shape[0]
+        if k % block_size:
+            padded = np.zeros((m, n_blocks * block_size), dtype=np.float32)
+            padded[:, :k] = w
+        else:
+            padded = w
+        blocks = padded.reshape(m * n_blocks, block_size)
+        scale, zero = _block_params(blocks, bits, symmetric)
+        grid = _round(blocks, scale, zero, bits, symmetric).reshape(m, n_blocks * block_size)
+        q[r0 : r0 + m] = grid[:, :k]
+        scales[r0 : r0 + m] = scale.reshape(m, n_blocks)
         if zeros is not None:
-            zeros[:, b] = zero
-        q[:, b, :] = _round(blocks[:, b, :], scale, zero, bits, symmetric)
-    return QuantizedWeight(q.reshape(n, -1)[:, :k], scales, zeros, bits, block_size)
+            zeros[r0 : r0 + m] = zero.reshape(m, n_blocks)
+        if error_weights is None:
+            return 0.0
+        deq = grid.reshape(m, n_blocks, block_size)
+        if zero is not None:
+            deq -= zero.reshape(m, n_blocks, 1)
+        deq *= scale.reshape(m, n_blocks, 1)
+        return _squared_error(w, deq.reshape(m, -1)[:, :k], error_weights)
+
+    starts = range(0, n, rows)
+    if len(starts) > 1:  # numpy releases the GIL in its loops: chunks run on every core
+        with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
+            sq = sum(pool.map(chunk, starts))
+    else:
+        sq = sum(map(chunk, starts))
+    qw = QuantizedWeight(q, scales, zeros, bits, block_size)
+    if error_weights is not None:
+        qw.error = _normalise_error(sq, n, k, error_weights)
+    return qw
+
+
+def quantize_rtn_kn(
+    w_kn: np.ndarray, *, bits: int, block_size: int, symmetric: bool, error_weights: np.ndarray | None = None
+) -> QuantizedWeight:
+    """:func:`quantize_rtn` of ``w_kn.T`` for a weight stored ``(K, N)`` (a MatMul's), read in contiguous K chunks.
+
+    Reading whole rows of the stored layout (whole blocks of K for every output channel) keeps the reads
+    sequential (a memory-mapped weight is paged in once, in order); each chunk is transposed in cache.
+
+    Args:
+        w_kn: float ``(K, N)``.
+        bits: 4 or 8.
+        block_size: input channels per block.
+        symmetric: signed values without zero point, else unsigned with one.
+        error_weights: as for :func:`quantize_rtn`, but only an empty array (plain MSE) or a diagonal ``(K,)``
+            (a full ``H`` couples the chunks: the caller computes that error from :meth:`dequantize`).
+
+    Returns:
+        The quantized weight in output-channel-major layout, as :func:`quantize_rtn` returns it.
+    """
+    w_kn = np.asarray(w_kn)
+    k, n = w_kn.shape
+    n_blocks = -(-k // block_size)
+    q = np.empty((n, k), dtype=np.int8 if symmetric else np.uint8)
+    scales = np.empty((n, n_blocks), dtype=np.float32)
+    zeros = None if symmetric else np.empty((n, n_blocks), dtype=np.uint8)
+    per = max(1, CHUNK_ELEMENTS // max(n * block_size, 1))  # blocks of K per chunk
+
+    def chunk(b0: int) -> float:
+        b1 = min(b0 + per, n_blocks)
+        k0, k1 = b0 * block_size, min(b1 * block_size, k)
+        cb = b1 - b0
+        w = np.zeros((cb * block_size, n), dtype=np.float32)
+        w[: k1 - k0] = w_kn[k0:k1]
+        blocks = np.ascontiguousarray(w.reshape(cb, block_size, n).transpose(2, 0, 1)).reshape(n * cb, block_size)
+        scale, zero = _block_params(blocks, bits, symmetric)
+        grid = _round(blocks, scale, zero, bits, symmetric).reshape(n, cb * block_size)
+        q[:, k0:k1] = grid[:, : k1 - k0]
+        scales[:, b0:b1] = scale.reshape(n, cb)
+        if zeros is not None:
+            zeros[:, b0:b1] = zero.reshape(n, cb)
+        if error_weights is None:
+            return 0.0
+        deq = grid.reshape(n, cb, block_size)
+        if zero is not None:
+            deq -= zero.reshape(n, cb, 1)
+        deq *= scale.reshape(n, cb, 1)
+        h = error_weights if error_weights.size == 0 else error_weights[k0:k1]
+        return _squared_error(blocks.reshape(n, -1)[:, : k1 - k0], deq.reshape(n, -1)[:, : k1 - k0], h)
+
+    starts = range(0, n_blocks, per)
+    if len(starts) > 1:
+        with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
+            sq = sum(pool.map(chunk, starts))
+    else:
+        sq = sum(map(chunk, starts))
+    qw = QuantizedWeight(q, scales, zeros, bits, block_size)
+    if error_weights is not None:
+        qw.error = _normalise_error(sq, n, k, error_weights)
+    return qw
 
 
 def act_order_permutation(importance: np.ndarray) -> np.ndarray:
@@ -231,6 +336,24 @@ def gptq(
     return QuantizedWeight(q, scales, zeros, bits, block_size)
 
 
+def _squared_error(wt: np.ndarray, deq: np.ndarray, h: np.ndarray) -> float:
+    """``sum((W - Q) H (W - Q)^T)`` over rows (``H`` full or diagonal), or ``sum((W - Q)^2)`` for an empty ``H``."""
+    d = np.asarray(wt, dtype=np.float32) - np.asarray(deq, dtype=np.float32)
+    if h.size == 0:
+        return float(np.einsum("nk,nk->", d, d, dtype=np.float64))
+    d = d.astype(np.float64)
+    if h.ndim == 1:
+        return float(np.einsum("nk,k,nk->", d, h, d))
+    return float(np.einsum("nk,kl,nl->", d, h, d))
+
+
+def _normalise_error(total: float, n: int, k: int, h: np.ndarray) -> float:
+    """Per output channel and unit activation energy (``N · tr(H)``), or per element for plain MSE."""
+    if h.size == 0:
+        return total / (n * k)
+    return total / (n * max(float(h.sum() if h.ndim == 1 else np.trace(h)), 1e-30))
+
+
 def output_error(wt: np.ndarray, deq: np.ndarray, hessian_diag_or_full: np.ndarray) -> float:
     """Calibration-weighted weight error ``tr((W - Q) H (W - Q)^T) / (N · tr(H))``, or plain MSE without data.
 
@@ -242,13 +365,9 @@ def output_error(wt: np.ndarray, deq: np.ndarray, hessian_diag_or_full: np.ndarr
     Returns:
         The error (mean squared output error per output channel and unit activation energy).
     """
-    d = np.asarray(wt, dtype=np.float64) - np.asarray(deq, dtype=np.float64)
     h = np.asarray(hessian_diag_or_full, dtype=np.float64)
-    if h.size == 0:
-        return float(np.mean(d * d))
-    if h.ndim == 1:
-        return float(np.einsum("nk,k,nk->", d, h, d) / (d.shape[0] * max(h.sum(), 1e-30)))
-    return float(np.einsum("nk,kl,nl->", d, h, d) / (d.shape[0] * max(np.trace(h), 1e-30)))
+    n, k = np.shape(wt)
+    return _normalise_error(_squared_error(wt, deq, h), n, k, h)
 
 
 def pack_matmulnbits(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -274,7 +393,9 @@ def pack_matmulnbits(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np.nd
         u[:, k:] = pad_value
     else:
         u[:, k:] = np.repeat(qw.zero_point.astype(np.uint8), bs, axis=1)[:, k:]
-    u[:, :k] = (qw.q + offset).astype(np.uint8)
+    u[:, :k] = qw.q.astype(np.uint8)  # int8 wraps to its two's complement: + offset below restores the level
+    if offset:
+        u[:, :k] += np.uint8(offset)
     zp = None
     if bits == 4:
         u = u.reshape(n, nb, bs // 2, 2)

@@ -65,6 +65,7 @@ from onnxdeploy.passes._weight_quant import (
     output_error,
     pack_matmulnbits,
     quantize_rtn,
+    quantize_rtn_kn,
 )
 from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass
 from onnxdeploy.report import PassReport
@@ -794,19 +795,28 @@ class QuantizeWeightsPass(Pass):
         """
         cfg = self.config
         base = str(t.weight.root.name or t.node.name or "weight")
-        wt = np.asarray(root_tensor.numpy(), dtype=np.float32)
-        if not t.root_nk:
-            wt = wt.T
+        wt = root_tensor.numpy()
         # What the consumer reads: an fp16 weight cast to float32 keeps its fp16 values; the reverse rounds.
-        wt = np.ascontiguousarray(wt.astype(t.weight.dtype.numpy()).astype(np.float32))
+        wt = wt.astype(t.weight.dtype.numpy(), copy=False).astype(np.float32, copy=False)
+        wt = wt if t.root_nk else wt.T  # a view: RTN reads it in row chunks, so no full (N, K) copy is made
         if pout is not None:
             wt = wt[pout, :]
         n, k = wt.shape
         block = cfg.block_size if cfg.bits == 4 else (max(16, 1 << (k - 1).bit_length()) if nbits else k)
         h = hessian
-        natural = quantize_rtn(wt, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric)
+        if not t.root_nk and pout is None and (h is None or h.ndim == 1):
+            # Stored (K, N), as MatMul weights are: read in contiguous K chunks, never transposed whole.
+            natural = quantize_rtn_kn(
+                wt.T, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, error_weights=_h_or_empty(h)
+            )
+        else:
+            natural = quantize_rtn(
+                wt, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, error_weights=_h_or_empty(h)
+            )
+        if natural.error is None:
+            natural.error = output_error(wt, natural.dequantize(), _h_or_empty(h))
         row: dict = {"weight": base, "node": str(t.node.name), "n": n, "k": k}
-        row["error_rtn_natural"] = output_error(wt, natural.dequantize(), np.array([]) if h is None else h)
+        row["error_rtn_natural"] = natural.error
         qw = natural
         if pin is not None:
             wt = wt[:, pin]
@@ -819,8 +829,12 @@ class QuantizeWeightsPass(Pass):
                 self._factors = {fkey: inverse_hessian_factor(h, cfg.gptq_damp)}
             qw = gptq(wt, None, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, factor=self._factors[fkey])
         elif pin is not None:
-            qw = quantize_rtn(wt, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric)
-        row["error"] = output_error(wt, qw.dequantize(), np.array([]) if h is None else h)
+            qw = quantize_rtn(
+                wt, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, error_weights=_h_or_empty(h)
+            )
+        if qw.error is None:
+            qw.error = output_error(wt, qw.dequantize(), _h_or_empty(h))
+        row["error"] = qw.error
         row["method"] = cfg.method + (" act-order" if pin is not None else "")
         row["removed"] = 1 - row["error"] / row["error_rtn_natural"] if row["error_rtn_natural"] > 0 else 0.0
         layers.append(row)
@@ -897,6 +911,11 @@ class QuantizeWeightsPass(Pass):
             else:
                 values.kn = value
         node.replace_input_with(t.input_index, value)
+
+
+def _h_or_empty(h: np.ndarray | None) -> np.ndarray:
+    """The calibration statistics for :func:`output_error`, or an empty array (plain MSE) without them."""
+    return np.array([]) if h is None else h
 
 
 def _graph_values(graph: ir.Graph, q: _Quantized, dtype: ir.DataType, taken: set[str]) -> _Values:

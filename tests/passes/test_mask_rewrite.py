@@ -146,7 +146,8 @@ def _original_logits(session: ort.InferenceSession, contract: DecodeContract, to
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_garbage_in_unused_cache_slots_never_reaches_the_logits(tmp_path, name):
     _, result = _rewritten(name)
-    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 512, 16)]  # crosses mistral's 8-token window
+    vocab = fixture_entry(name)["config"]["vocab"]
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, vocab, 16)]  # crosses mistral's 8-token window
     original = _session(model_io.load_model(fixture_entry(name)["model_path"]).model, tmp_path / "original")
     for artifact in result.artifacts.artifacts:  # the decode graph and the step_len 4 graph
         contract = read_contract(artifact.model)

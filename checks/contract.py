@@ -42,8 +42,8 @@ class ContractCheck(Check):
     - dtypes and shapes (``OD405``/``OD406``): ``input_ids`` int64 ``[batch, step_len]``;
       ``cache_position`` int64 ``[step_len]``; ``position_ids`` int64 ``[batch, step_len]``;
       ``attention_mask`` int64 ``[batch, max_cache_len]``; past inputs of ``kv_dtype`` with
-      :meth:`DecodeContract.cache_input_shape`, present outputs with
-      :meth:`DecodeContract.cache_output_shape`; ``last_token_index`` int64 ``[batch]``; logits float
+      :meth:`DecodeContract.pair_input_shapes`, present outputs with
+      :meth:`DecodeContract.pair_output_shapes`; ``last_token_index`` int64 ``[batch]``; logits float
       ``[batch, step_len, V]`` (``[batch, 1, V]`` with ``prefill_logits: last``) with a static ``V``;
     - no graph input is left that the contract does not mention (``OD407``: the host cannot feed it;
       inputs with an initializer default are exempt); graph outputs it does not mention are a
@@ -140,12 +140,12 @@ class _GraphComparison:
             yield from self._input(names[role], role, (TensorProto.INT64,), shape)
 
         kv_types = (int(c.kv_onnx_type),)
-        past_shape, present_shape = c.cache_input_shape(), c.cache_output_shape()
+        shapes = iter(zip(c.pair_input_shapes(), c.pair_output_shapes(), strict=True))  # K and V differ for BHDS_K
         for entry in c.cache:
-            pairs = c.layer_cache_pairs(entry)
-            for past, _ in pairs:
+            pairs = [(names, next(shapes)) for names in c.layer_cache_pairs(entry)]
+            for (past, _), (past_shape, _) in pairs:
                 yield from self._input(past, f"layer {entry.layer} past cache", kv_types, past_shape)
-            for _, present in pairs:
+            for (_, present), (_, present_shape) in pairs:
                 yield from self._output(present, f"layer {entry.layer} present cache", kv_types, present_shape)
         yield from self._output(c.logits, "logits", _FLOAT_TYPES, (c.batch, c.logits_positions(), _ANY))
 

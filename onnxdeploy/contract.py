@@ -23,6 +23,7 @@ __all__ = [
     "CONTRACT_KEY",
     "CONTRACT_VERSION",
     "KV_DTYPES",
+    "LAYOUT_VERSIONS",
     "CacheBinding",
     "ContractInputs",
     "GraphSetEntry",
@@ -36,7 +37,12 @@ CONTRACT_KEY = "onnxdeploy.contract"
 CONTRACT_VERSION = 2
 """2 added what a host must read to drive a graph set: ``prefill_logits``, ``inputs.last_token_index``,
 ``padding`` and ``graph_set``; and, from ``mask_rewrite``, ``mask``, ``sliding_window`` and ``cache_init``. Version 1
-contracts read with those absent (one graph, logits at every position, the exporter's mask fed by attention_mask)."""
+contracts read with those absent (one graph, logits at every position, the exporter's mask fed by attention_mask).
+Contracts that need a later version say so themselves (:data:`LAYOUT_VERSIONS`)."""
+
+LAYOUT_VERSIONS: dict[str, int] = {"BHSD": 1, "BSH2D": 1, "BHDS_K": 3}
+"""The lowest ``contract_version`` that knows each ``kv_layout`` (3 added ``BHDS_K``): a contract with that layout
+carries at least that version, so a host that knows fewer layouts refuses it instead of guessing."""
 
 KVDtype = Literal["float32", "float16", "bfloat16"]
 """Element types a contract's cache may have."""
@@ -54,6 +60,7 @@ _LEGACY_KV_DTYPES = {"float": "float32"}
 _LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
     "BHSD": ("key_in", "value_in", "key_out", "value_out"),
     "BSH2D": ("kv_in", "kv_out"),
+    "BHDS_K": ("key_in", "value_in", "key_out", "value_out"),
 }
 """The cache-entry names each ``kv_layout`` needs."""
 
@@ -63,8 +70,8 @@ Shape = tuple[int, ...]
 class CacheBinding(BaseModel):
     """Names of one layer's cache tensors.
 
-    With ``kv_layout`` ``BHSD`` the key/value names are set; with ``BSH2D`` one packed ``kv_in``/``kv_out``
-    pair is used instead. :meth:`DecodeContract.cache_input_shape` and
+    With ``kv_layout`` ``BHSD`` or ``BHDS_K`` the key/value names are set; with ``BSH2D`` one packed
+    ``kv_in``/``kv_out`` pair is used instead. :meth:`DecodeContract.cache_input_shape` and
     :meth:`DecodeContract.cache_output_shape` give their shapes.
     """
 
@@ -112,14 +119,16 @@ class GraphSetEntry(BaseModel):
 
 
 class DecodeContract(BaseModel):
-    """The I/O contract of a static decode graph (contract_version 2; version 1 still reads).
+    """The I/O contract of a static decode graph (contract_version 2, 3 for BHDS_K; version 1 still reads).
 
     Shapes (``B`` = ``batch``, ``S`` = ``step_len``, ``M`` = ``max_cache_len``, ``H_kv`` = ``num_kv_heads``,
     ``D`` = ``head_dim_padded``): ``input_ids`` int64 ``(B, S)``; ``cache_position`` int64 ``(S,)``;
     ``position_ids`` int64 ``(B, S)``; ``attention_mask`` int64 ``(B, M)``; past cache of ``kv_dtype``
-    ``(B, H_kv, M, D)`` (BHSD) or ``(B, M, H_kv, 2·D)`` (BSH2D, K and V packed on the last axis); present
-    cache the same with ``S`` in place of ``M`` for ``new_token_only``; logits float ``(B, S, V)``, or
-    ``(B, 1, V)`` with ``prefill_logits: last`` (then ``last_token_index`` int64 ``(B,)`` is an input).
+    ``(B, H_kv, M, D)`` (BHSD), ``(B, M, H_kv, 2·D)`` (BSH2D, K and V packed on the last axis, K first, each
+    zero-padded from ``head_dim`` to ``D``), or K ``(B, H_kv, D, M)`` and V ``(B, H_kv, M, D)`` (BHDS_K: K
+    transposed); present cache the same with ``S`` in place of ``M`` for ``new_token_only``; logits float
+    ``(B, S, V)``, or ``(B, 1, V)`` with ``prefill_logits: last`` (then ``last_token_index`` int64 ``(B,)`` is an
+    input).
 
     Raises:
         pydantic.ValidationError: on construction, an unknown ``kv_dtype`` or ``kv_layout``, or a cache
@@ -129,7 +138,7 @@ class DecodeContract(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    contract_version: Literal[1, 2] = Field(
+    contract_version: Literal[1, 2, 3] = Field(
         default=CONTRACT_VERSION, description="Contract format version; a host refuses a version it does not know."
     )
     batch: int = Field(ge=1, description="Batch rows B of every input and output.")
@@ -139,7 +148,11 @@ class DecodeContract(BaseModel):
     num_kv_heads: int = Field(ge=1, description="KV heads H_kv.")
     head_dim: int = Field(ge=1, description="Head dim of the model.")
     head_dim_padded: int = Field(ge=1, description="Head dim of the cache tensors, >= head_dim.")
-    kv_layout: Literal["BHSD", "BSH2D"] = Field(default="BHSD", description="Cache tensor layout.")
+    kv_layout: Literal["BHSD", "BSH2D", "BHDS_K"] = Field(
+        default="BHSD",
+        description="Cache tensor layout: BHSD (B, H_kv, M, D); BSH2D (B, M, H_kv, 2·D), K then V on the last axis; "
+        "BHDS_K: K (B, H_kv, D, M), V (B, H_kv, M, D). contract_version >= 3 for BHDS_K.",
+    )
     kv_dtype: KVDtype = Field(default="float32", description="Cache element type; legacy 'float' reads as float32.")
     cache_update: Literal["full_buffer", "new_token_only"] = Field(
         default="full_buffer",
@@ -192,6 +205,11 @@ class DecodeContract(BaseModel):
 
     @model_validator(mode="after")
     def _layout_names(self) -> DecodeContract:
+        if self.contract_version < LAYOUT_VERSIONS[self.kv_layout]:
+            raise ValueError(
+                f"kv_layout {self.kv_layout} needs contract_version >= {LAYOUT_VERSIONS[self.kv_layout]}, "
+                f"got {self.contract_version}"
+            )
         needed = _LAYOUT_NAMES[self.kv_layout]
         for entry in self.cache:
             absent = [name for name in needed if not getattr(entry, name)]
@@ -218,19 +236,52 @@ class DecodeContract(BaseModel):
 
     @property
     def cache_sequence_axis(self) -> int:
-        """Axis of the cache tensors that indexes slots: 2 for BHSD, 1 for BSH2D."""
+        """Axis of the cache tensors that indexes slots: 2 for BHSD, 1 for BSH2D.
+
+        Raises:
+            ValueError: ``BHDS_K``, whose K and V differ (use :meth:`pair_sequence_axes`).
+        """
+        if self.kv_layout == "BHDS_K":
+            raise ValueError("kv_layout BHDS_K: K and V have different sequence axes; use pair_sequence_axes()")
         return 2 if self.kv_layout == "BHSD" else 1
 
-    def _cache_shape(self, slots: int) -> Shape:
+    def _cache_shape(self, slots: int, kind: Literal["key", "value", "kv"] = "kv") -> Shape:
         b, h, d = self.batch, self.num_kv_heads, self.head_dim_padded
-        return (b, h, slots, d) if self.kv_layout == "BHSD" else (b, slots, h, 2 * d)
+        if self.kv_layout == "BSH2D":
+            return (b, slots, h, 2 * d)
+        if self.kv_layout == "BHDS_K" and kind == "key":
+            return (b, h, d, slots)
+        return (b, h, slots, d)
+
+    def _pair_kinds(self) -> list[Literal["key", "value", "kv"]]:
+        return ["kv"] * len(self.cache) if self.kv_layout == "BSH2D" else ["key", "value"] * len(self.cache)
+
+    def pair_sequence_axes(self) -> list[int]:
+        """The slot axis of each :meth:`cache_pairs` entry: 2 (BHSD, BHDS_K V), 3 (BHDS_K K) or 1 (BSH2D)."""
+        if self.kv_layout == "BSH2D":
+            return [1] * len(self.cache)
+        return [3 if kind == "key" and self.kv_layout == "BHDS_K" else 2 for kind in self._pair_kinds()]
+
+    def pair_input_shapes(self) -> list[Shape]:
+        """The past input shape of each :meth:`cache_pairs` entry (K and V differ for BHDS_K)."""
+        return [self._cache_shape(self.max_cache_len, kind) for kind in self._pair_kinds()]
+
+    def pair_output_shapes(self) -> list[Shape]:
+        """The present output shape of each :meth:`cache_pairs` entry (``step_len`` slots for ``new_token_only``)."""
+        slots = self.step_len if self.cache_update == "new_token_only" else self.max_cache_len
+        return [self._cache_shape(slots, kind) for kind in self._pair_kinds()]
 
     def cache_input_shape(self) -> Shape:
-        """Shape of every past cache input.
+        """Shape of every past cache input (one shape for all: BHSD or BSH2D).
 
         Returns:
             ``(B, H_kv, max_cache_len, D_padded)`` for BHSD, ``(B, max_cache_len, H_kv, 2·D_padded)`` for BSH2D.
+
+        Raises:
+            ValueError: ``BHDS_K``, whose K and V shapes differ (use :meth:`pair_input_shapes`).
         """
+        if self.kv_layout == "BHDS_K":
+            raise ValueError("kv_layout BHDS_K: K and V shapes differ; use pair_input_shapes()")
         return self._cache_shape(self.max_cache_len)
 
     def cache_output_shape(self) -> Shape:
@@ -239,7 +290,12 @@ class DecodeContract(BaseModel):
         Returns:
             :meth:`cache_input_shape` for ``full_buffer``; for ``new_token_only`` the same with ``step_len``
             in place of ``max_cache_len`` on the sequence axis (:attr:`cache_sequence_axis`).
+
+        Raises:
+            ValueError: ``BHDS_K`` (use :meth:`pair_output_shapes`).
         """
+        if self.kv_layout == "BHDS_K":
+            raise ValueError("kv_layout BHDS_K: K and V shapes differ; use pair_output_shapes()")
         return self._cache_shape(self.step_len if self.cache_update == "new_token_only" else self.max_cache_len)
 
     def input_ids_shape(self) -> Shape:
@@ -283,7 +339,7 @@ class DecodeContract(BaseModel):
         """Return ``(past_input, present_output)`` name pairs, layer by layer, key before value.
 
         Returns:
-            A list of ``2 * len(cache)`` pairs for BHSD, ``len(cache)`` for BSH2D.
+            A list of ``2 * len(cache)`` pairs for BHSD and BHDS_K, ``len(cache)`` for BSH2D.
         """
         return [pair for entry in self.cache for pair in self.layer_cache_pairs(entry)]
 
@@ -294,7 +350,7 @@ class DecodeContract(BaseModel):
             entry: an entry of :attr:`cache`.
 
         Returns:
-            ``[(key_in, key_out), (value_in, value_out)]`` for BHSD, ``[(kv_in, kv_out)]`` for BSH2D.
+            ``[(key_in, key_out), (value_in, value_out)]`` for BHSD and BHDS_K, ``[(kv_in, kv_out)]`` for BSH2D.
         """
         # The names are set: the model validator refuses an entry lacking one its layout needs.
         if self.kv_layout == "BSH2D":

@@ -37,8 +37,9 @@ class ContractDecoder(DecodeState):
     written into cache slots (and could overflow the buffer) that the host never asked for. Batch
     rows all receive the same tokens; logits are returned for row 0. Shapes and dtypes come from the
     contract (:meth:`DecodeContract.cache_input_shape`, :attr:`DecodeContract.kv_numpy_dtype`, ...), so
-    both ``BHSD`` ``(B, H_kv, max_cache_len, D_padded)`` and ``BSH2D`` ``(B, max_cache_len, H_kv, 2·D_padded)``
-    layouts are driven.
+    every layout is driven: ``BHSD`` ``(B, H_kv, max_cache_len, D_padded)``, ``BSH2D`` ``(B, max_cache_len, H_kv,
+    2·D_padded)`` and ``BHDS_K`` (K ``(B, H_kv, D_padded, max_cache_len)``, V as BHSD); buffers are written and
+    moved on each tensor's own sequence axis (:meth:`DecodeContract.pair_sequence_axes`).
 
     Args:
         model_session: the loaded model; the decoder closes it in :meth:`close`.
@@ -73,19 +74,21 @@ class ContractDecoder(DecodeState):
         if contract.kv_dtype == "bfloat16":
             raise ContractError(f"{self.source}: kv_dtype bfloat16 cannot be fed through ONNX Runtime's Python API")
         self._inputs = named
-        self._buffer_shape = contract.cache_input_shape()
-        self._written_shape = contract.cache_output_shape()
+        pasts = [past for past, _ in self._pairs]
+        self._buffer_shapes = dict(zip(pasts, contract.pair_input_shapes(), strict=True))
+        self._written_shapes = dict(zip(pasts, contract.pair_output_shapes(), strict=True))
+        self._seq_axes = dict(zip(pasts, contract.pair_sequence_axes(), strict=True))
         declared = {value.name: value.type.tensor_type for value in model_session.model.graph.input}
         for past, _ in self._pairs:
             tensor_type = declared[past]
             if tensor_type.elem_type != contract.kv_onnx_type:
                 raise ContractError(f"{self.source}: '{past}' is {inputs[past][1]} but kv_dtype is {contract.kv_dtype}")
             shape = inputs[past][0]
-            for axis, (dim, want) in enumerate(zip(shape, self._buffer_shape, strict=True)):
+            for axis, (dim, want) in enumerate(zip(shape, self._buffer_shapes[past], strict=True)):
                 if isinstance(dim, int) and dim != want:
                     raise ContractError(
                         f"{self.source}: '{past}' has shape {shape}; the contract implies "
-                        f"{list(self._buffer_shape)} (dim {axis} differs)"
+                        f"{list(self._buffer_shapes[past])} (dim {axis} differs)"
                     )
         self._output_names = [contract.logits, *(present for _, present in self._pairs)]
         self._buffers: dict[str, np.ndarray] = {}
@@ -121,7 +124,9 @@ class ContractDecoder(DecodeState):
             raise ContractError(f"{self.source}: the decoder does not bind buffers")
         c = self.contract
         rng = np.random.default_rng(0)
-        start = {past: rng.standard_normal(self._buffer_shape).astype(c.kv_numpy_dtype) for past, _ in self._pairs}
+        start = {
+            past: rng.standard_normal(self._buffer_shapes[past]).astype(c.kv_numpy_dtype) for past, _ in self._pairs
+        }
         position = min(2, c.max_cache_len - c.step_len)
         outcomes = []
         for bound in (None, binding):
@@ -142,7 +147,7 @@ class ContractDecoder(DecodeState):
                 )
 
     def cache_buffers(self) -> dict[str, np.ndarray]:
-        """The host cache buffers by past-input name (``contract.cache_input_shape()``, ``kv_dtype``); not copies."""
+        """The host cache buffers by past-input name (``contract.pair_input_shapes()``, ``kv_dtype``); not copies."""
         return self._buffers
 
     def load_cache(self, buffers: dict[str, np.ndarray], position: int) -> None:
@@ -164,22 +169,22 @@ class ContractDecoder(DecodeState):
         c = self.contract
         if position > c.max_cache_len:
             raise CacheOverflowError(position, c.max_cache_len)
-        axis = c.cache_sequence_axis
         moved: dict[str, np.ndarray] = {}
         for past, _ in self._pairs:
             old = buffers.get(past)
             if old is None:
                 raise ContractError(f"{self.source}: no buffer for '{past}' to continue from")
-            if old.shape == self._buffer_shape:
+            shape, axis = self._buffer_shapes[past], self._seq_axes[past]
+            if old.shape == shape:
                 moved[past] = old
                 continue
             other_axes = [d for i, d in enumerate(old.shape) if i != axis]
-            if other_axes != [d for i, d in enumerate(self._buffer_shape) if i != axis]:
+            if other_axes != [d for i, d in enumerate(shape) if i != axis]:
                 raise ContractError(
                     f"{self.source}: cannot continue from a '{past}' buffer of shape {list(old.shape)}; this graph's "
-                    f"is {list(self._buffer_shape)}"
+                    f"is {list(shape)}"
                 )
-            new = np.zeros(self._buffer_shape, dtype=c.kv_numpy_dtype)
+            new = np.zeros(shape, dtype=c.kv_numpy_dtype)
             index = [slice(None)] * new.ndim
             index[axis] = slice(0, position)
             new[tuple(index)] = old[tuple(index)]
@@ -190,7 +195,7 @@ class ContractDecoder(DecodeState):
     def reset(self) -> None:
         """Zero the cache buffers; the next :meth:`feed` starts at position 0."""
         self._buffers = {
-            past: np.zeros(self._buffer_shape, dtype=self.contract.kv_numpy_dtype) for past, _ in self._pairs
+            past: np.zeros(self._buffer_shapes[past], dtype=self.contract.kv_numpy_dtype) for past, _ in self._pairs
         }
         self._reset_counters()
 
@@ -285,18 +290,18 @@ class ContractDecoder(DecodeState):
                 feeds, self._buffers, lambda b: self._timed_run((), feeds, tokens=real, binding=b)[1]
             )
         presents = results[1:]
-        for (_, name), present in zip(self._pairs, presents, strict=True):
-            if present.shape != self._written_shape:
+        for (past, name), present in zip(self._pairs, presents, strict=True):
+            if present.shape != self._written_shapes[past]:
                 raise ContractError(
                     f"{self.source}: '{name}' has shape {list(present.shape)}; cache_update "
-                    f"'{c.cache_update}' implies {list(self._written_shape)}"
+                    f"'{c.cache_update}' implies {list(self._written_shapes[past])}"
                 )
         for (past, _), present in zip(self._pairs, presents, strict=True):
             if c.cache_update == "full_buffer":
                 self._buffers[past] = present
             else:
                 index = [slice(None)] * present.ndim
-                index[c.cache_sequence_axis] = slice(int(slots[0]), int(slots[-1]) + 1)
+                index[self._seq_axes[past]] = slice(int(slots[0]), int(slots[-1]) + 1)
                 self._buffers[past][tuple(index)] = present
         self._position += real
         logits = np.asarray(results[0][0], dtype=np.float32)

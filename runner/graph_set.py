@@ -12,9 +12,9 @@ drives it, and how :class:`GraphSetDecoder` does (README, "Graph sets"):
   least the current one and holds every slot the call writes (``position + step_len``, padding included). The
   decoder never moves to a smaller cache within a sequence.
 * **Switching.** Graphs of one cache length share the host buffers as they are. When a call needs a larger
-  cache, slots ``[0, position)`` of every buffer are copied on the sequence axis (axis 2 for BHSD, 1 for BSH2D)
-  into zeroed buffers of the larger length; the slots after ``position`` are never read before they are
-  written, so they are dropped.
+  cache, slots ``[0, position)`` of every buffer are copied on its sequence axis (axis 2 for BHSD, 1 for BSH2D;
+  3 for BHDS_K's K, 2 for its V) into zeroed buffers of the larger length; the slots after ``position`` are
+  never read before they are written, so they are dropped.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import json
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -46,8 +47,17 @@ def _consoles(as_json: bool) -> tuple[Console, Console]:
     return out, err
 
 
+_debug = False
+"""Set by ``--debug`` (root option): errors also print their traceback."""
+
+
 def _fail(err: Console, exc: OnnxDeployError, *, as_json: bool = False) -> typer.Exit:
-    """Print a domain error once (and, with --json, a JSON error object on stdout); return the Exit."""
+    """Print a domain error once (and, with --json, a JSON error object on stdout); return the Exit.
+
+    With ``--debug`` the traceback of ``exc`` (and its causes) is printed first.
+    """
+    if _debug:
+        err.print("".join(traceback.format_exception(exc)), markup=False, highlight=False, soft_wrap=True)
     err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
     if as_json:
         global _json_error_written
@@ -139,10 +149,17 @@ def run(
     output_dir: Annotated[
         Path | None, typer.Option("--output-dir", "-o", help="Override the pipeline's output_dir.")
     ] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="Pass cache folder (overrides the pipeline's cache.dir).")
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Run every pass; neither read nor write the pass cache.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a pipeline: passes, checks, step-by-step verification; write model.onnx, report.json, report.md."""
     from onnxdeploy.config import load_pipeline
+    from onnxdeploy.pass_cache import CacheConfig
     from onnxdeploy.pipeline import run_pipeline
 
     out, err = _consoles(as_json)
@@ -151,6 +168,11 @@ def run(
     _interrupt_on_termination()
     try:
         config = load_pipeline(pipeline, output_dir=output_dir)
+        if no_cache:
+            config = config.model_copy(update={"cache": None})
+        elif cache_dir is not None:
+            section = config.cache or CacheConfig()
+            config = config.model_copy(update={"cache": section.model_copy(update={"dir": cache_dir.resolve()})})
         with _progress(err) as bar:
             on_verify = _progress_callback(bar)
             outcome = run_pipeline(
@@ -177,7 +199,7 @@ def run(
                 _ops_text(p.ops_added, "+"),
                 _ops_text(p.ops_removed, "-"),
                 str(len(p.dims_fixed)),
-                f"{p.wall_time_s:.2f}",
+                f"{p.wall_time_s:.2f}" + (" (cached)" if p.cache == "hit" else ""),
             )
         out.print(table)
         out.print("checks run: " + (", ".join(report.checks_run) or "[yellow]none[/]"))
@@ -617,7 +639,12 @@ def check_cmd(
 @app.callback(invoke_without_command=True)
 def _root(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Print the traceback of an error (e.g. `onnxdeploy --debug run p.yaml`).")
+    ] = False,
 ) -> None:
+    global _debug
+    _debug = debug
     if version:
         typer.echo(f"onnxdeploy {__version__}")
         raise typer.Exit(EXIT_OK)

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from onnxdeploy.errors import ConfigError
+from onnxdeploy.pass_cache import CacheConfig
 from onnxdeploy.passes import Pass, PipelineSettings, get_pass
 
 __all__ = [
@@ -168,6 +169,10 @@ class PipelineConfig(BaseModel):
     )
     calibration: CalibrationConfig | None = Field(
         None, description="Calibration token ids for passes that collect activations (quantize_weights)."
+    )
+    cache: CacheConfig | None = Field(
+        default_factory=CacheConfig,
+        description="The per-pass cache (dir, full_hash, max_bytes); null turns it off. CLI: --cache-dir, --no-cache.",
     )
     source: Path | None = Field(None, description="Set by the loader: the pipeline file this was read from.")
 
@@ -358,6 +363,8 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
         except ConfigError as exc:
             raise ConfigError(f"{p}: key 'verify.runtimes': {exc}") from None
     cfg = _resolve_token_files(cfg, base, p)
+    if cfg.cache is not None and cfg.cache.dir is not None and not cfg.cache.dir.is_absolute():
+        cfg = cfg.model_copy(update={"cache": cfg.cache.model_copy(update={"dir": (base / cfg.cache.dir).resolve()})})
     cfg = cfg.model_copy(
         update={"model": Path(os.path.abspath(model)), "output_dir": out.resolve(), "passes": passes, "source": p}
     )

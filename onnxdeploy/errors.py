@@ -12,6 +12,7 @@ __all__ = [
     "OnnxDeployError",
     "ConfigError",
     "ModelLoadError",
+    "DuplicateTensorError",
     "PassError",
     "PreconditionError",
     "PostconditionError",
@@ -42,6 +43,10 @@ class ConfigError(OnnxDeployError):
 
 class ModelLoadError(OnnxDeployError):
     """A model file is missing, unreadable or not a valid ONNX protobuf (names the path)."""
+
+
+class DuplicateTensorError(ModelLoadError):
+    """A graph defines a tensor twice (not SSA): no pass can load it; a checks-only run reports it as findings."""
 
 
 class ContractError(OnnxDeployError):

@@ -46,7 +46,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common  # noqa: F401  (ir.passes does not import its submodules)
 from google.protobuf.message import DecodeError
 
-from onnxdeploy.errors import ModelLoadError, OutputError
+from onnxdeploy.errors import DuplicateTensorError, ModelLoadError, OutputError
 
 __all__ = [
     "PROTOBUF_LIMIT_BYTES",
@@ -352,15 +352,71 @@ def _refuse_duplicate_producers(graph: onnx.GraphProto, model: Path) -> None:
             if not out:
                 continue
             if out in defined:
-                raise ModelLoadError(
+                raise DuplicateTensorError(
                     f"{model}: tensor '{out}' is defined twice, by {defined[out]} and by {label}; an ONNX graph "
-                    "gives every tensor one producer"
+                    "gives every tensor one producer; rename one of them (`onnxdeploy check` lists every duplicate)"
                 )
             defined[out] = label
 
 
 def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     """Load a model for the passes: graph in memory, external weights memory-mapped on first use.
+def _refuse_cycle(graph: onnx.GraphProto, model: Path) -> None:
+    """Refuse a main graph whose nodes read each other in a cycle (no order can run it).
+
+    Raises:
+        ModelLoadError: naming the nodes of one cycle, in data-flow order.
+    """
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    state = [0] * len(graph.node)  # 0 unseen, 1 on the current path, 2 done
+
+    def label(i: int) -> str:
+        node = graph.node[i]
+        return f"'{node.name}' ({node.op_type})" if node.name else f"#{i} ({node.op_type})"
+
+    for start in range(len(graph.node)):
+        if state[start]:
+            continue
+        path, stack = [start], [iter([producer[v] for v in graph.node[start].input if v in producer])]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state[nxt] == 1:
+                cycle = path[path.index(nxt) :][::-1]
+                raise ModelLoadError(
+                    f"{model}: the graph has a cycle: node {' -> '.join(label(i) for i in cycle)} -> {label(cycle[0])} "
+                    "(each reads the next one's output); an ONNX graph must be acyclic: re-export the model"
+                )
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter([producer[v] for v in graph.node[nxt].input if v in producer]))
+
+
+def _refuse_unknown_versions(proto: onnx.ModelProto, model: Path) -> None:
+    """Refuse an IR version or ai.onnx opset newer than the installed onnx knows, before a tool says it at length.
+
+    Raises:
+        ModelLoadError: naming the version found, the newest known one and what to do.
+    """
+    ir_max = onnx.IR_VERSION
+    opset_max = onnx.defs.onnx_opset_version()
+    opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if proto.ir_version > ir_max:
+        raise ModelLoadError(
+            f"{model}: IR version {proto.ir_version} is newer than the installed onnx {onnx.__version__} knows "
+            f"(up to {ir_max}); upgrade onnx and onnxruntime, or re-export with an older exporter"
+        )
+    if opset > opset_max:
+        raise ModelLoadError(
+            f"{model}: ai.onnx opset {opset} is newer than the installed onnx {onnx.__version__} knows (up to "
+            f"{opset_max}); upgrade onnx and onnxruntime, or re-export with opset <= {opset_max}"
+        )
+
+
 
     External tensors are re-pointed at the data files :func:`check_external_data` resolved (so onnx_ir's
     own containment and hard-link refusals, made for untrusted locations, do not apply twice: the
@@ -374,8 +430,9 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
         The loaded model.
 
     Raises:
-        ModelLoadError: as for :func:`read_model_header`, a tensor with two producers, or onnx_ir cannot
-            represent the graph.
+        ModelLoadError: as for :func:`read_model_header`, an IR version or ai.onnx opset newer than the installed
+            onnx knows, a cycle, or onnx_ir cannot represent the graph.
+        DuplicateTensorError: a tensor with two producers.
     """
     p = Path(path)
     proto = read_model_header(p)
@@ -383,7 +440,9 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     resolved = {f.location: f.path for f in files}
     _refuse_duplicate_producers(proto.graph, p)
     try:
+    _refuse_unknown_versions(proto, p)
         model = ir.serde.deserialize_model(proto)
+    _refuse_cycle(proto.graph, p)
     except Exception as exc:  # onnx_ir raises ValueError/TypeError for malformed graphs
         raise ModelLoadError(f"{p}: cannot read the graph: {type(exc).__name__}: {exc}") from exc
     del proto

@@ -29,17 +29,28 @@ from onnxdeploy.checks import CheckContext, get_check
 from onnxdeploy.checks.target import TARGET_CHECKS
 from onnxdeploy.config import PipelineConfig, default_checks
 from onnxdeploy.contract import read_contract
-from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, ContractError, OnnxDeployError, OutputError
+from onnxdeploy.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    ConfigError,
+    ContractError,
+    DuplicateTensorError,
+    OnnxDeployError,
+    OutputError,
+)
 from onnxdeploy.model_io import (
+    LoadedModel,
     StagedArtifacts,
     check_not_an_input,
     default_file_mode,
     input_files,
     load_model,
+    read_model_header,
     release_weights,
     stage_artifacts,
     stand_in_proto,
 )
+from onnxdeploy.pass_cache import PassCache
 from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
 from onnxdeploy.render import render_markdown
 from onnxdeploy.report import AccuracyReport, Finding, GraphReport, PassReport, PhaseReport, RunReport
@@ -264,7 +275,9 @@ def run_pipeline(
         out_dir.mkdir(parents=True, exist_ok=True)
         lock = _lock_folder(out_dir)
     except OSError as exc:
-        raise OutputError(f"cannot write to output_dir {out_dir}: {exc.strerror or exc}") from exc
+        raise OutputError(
+            f"cannot write to output_dir {out_dir}: {exc.strerror or exc}; choose a writable output_dir (--output-dir)"
+        ) from exc
     except BaseException:
         _remove_if_made(out_dir, made_dir)
         raise
@@ -280,7 +293,22 @@ def run_pipeline(
     clock = _PhaseClock()
     try:
         say(f"loading {model_in}")
-        loaded = load_model(model_in)
+        try:
+            loaded = load_model(model_in)
+        except DuplicateTensorError as exc:
+            if config.passes or config.verify is not None:
+                raise  # a pass or the verification cannot proceed on a graph onnx_ir and ORT cannot hold
+            staged = stage_artifacts([], out_dir, external=False, data_name=f"{config.output_name}.data")
+            report = _unloadable_report(config, staged, exc, say, start)
+            with _signals_held():
+                staged.commit()
+            return RunOutcome(
+                report=report,
+                exit_code=EXIT_FAILED,
+                model_path=model_in,
+                report_json=out_dir / "report.json",
+                report_md=out_dir / "report.md",
+            )
         artifacts = ArtifactSet(
             [Artifact(config.output_name, loaded.model)],
             input_was_external=bool(loaded.external_files),
@@ -293,7 +321,17 @@ def run_pipeline(
 
         pass_reports: list[PassReport] = []
         findings: list[Finding] = []
-        for spec in config.passes:
+        cache = _pass_cache(config, loaded, calibration)
+        first = 0
+        if cache is not None:
+            hit = cache.lookup()
+            if hit is not None:
+                artifacts, first = hit.artifacts, hit.passes
+                pass_reports = [r.model_copy(update={"cache": "hit"}) for r in hit.reports]
+                findings += hit.findings
+                context.passes_run.extend(r.name for r in hit.reports)
+                say(f"passes {', '.join(context.passes_run)}: from the cache {cache.folder / cache.keys[first - 1]}")
+        for i, spec in enumerate(config.passes[first:], start=first):
             say(f"pass {spec.name}")
             result = spec.build()(artifacts, context)
             artifacts = result.artifacts
@@ -305,6 +343,10 @@ def run_pipeline(
                         f.model_copy(update={"message": f"after pass {spec.name}: {f.message}"})
                         for f in get_check("checker")().run(header, CheckContext(target=config.target))
                     ]
+            if cache is not None:
+                result.report.cache = cache.store(i + 1, artifacts, pass_reports, findings)
+        if cache is not None:
+            artifacts.notes.extend(cache.notes)
 
         clock.done("passes")
         inputs = input_files(config.model)
@@ -440,6 +482,57 @@ def run_pipeline(
         model_path=final_model,
         report_json=report_json,
         report_md=report_md,
+    )
+
+
+def _unloadable_report(
+    config: PipelineConfig, staged: StagedArtifacts, exc: DuplicateTensorError, say: Progress, start: float
+) -> RunReport:
+    """A checks-only run on a graph that defines a tensor twice: its checks' findings on the input, no model written.
+
+    The graph cannot be loaded into onnx_ir (nor run by ONNX Runtime), so the checks read the input's header as
+    it is and the report (status ``failed``) is all the run writes.
+    """
+    header = read_model_header(config.model)
+    names = list(config.checks) if config.checks is not None else default_checks(False)
+    if config.target:
+        names += [n for n in TARGET_CHECKS if n not in names]
+    context = CheckContext(model_path=config.model, target=config.target)
+    findings: list[Finding] = []
+    for name in names:
+        say(f"check {name}")
+        findings += get_check(name)().run(header, context)
+    failures = [f"{f.code} {f.message}" for f in findings if f.level == "error"] or [str(exc)]
+    report = RunReport(
+        status="failed",
+        pipeline=str(config.source.resolve()) if config.source else None,
+        input_model=str(config.model),
+        output_model=None,
+        output_files=[str(config.output_dir / n) for n in ("report.json", "report.md")],
+        notes=[f"{exc}; the model was checked as it is and not written"],
+        target=config.target,
+        checks_run=names,
+        findings=findings,
+        failures=failures,
+        wall_time_s=round(time.perf_counter() - start, 3),
+        onnxdeploy_version=__version__,
+        versions=_versions(),
+    )
+    staged.add_text("report.json", report.model_dump_json(indent=2))
+    staged.add_text("report.md", render_markdown(report))
+    return report
+
+
+def _pass_cache(config: PipelineConfig, loaded: LoadedModel, calibration: list[list[int]]) -> PassCache | None:
+    """The run's pass cache, or None when the pipeline has no passes or ``cache: null`` (``--no-cache``)."""
+    if config.cache is None or not config.passes:
+        return None
+    return PassCache.for_run(
+        config.cache,
+        loaded,
+        [(spec.name, spec.config.model_dump(mode="json")) for spec in config.passes],
+        target=config.target,
+        calibration=calibration,
     )
 
 

@@ -127,6 +127,11 @@ class PassReport(BaseModel):
     details: dict[str, Any] = Field(
         default_factory=dict, description="Pass-specific figures, e.g. quantize_weights' per-layer weight error."
     )
+    cache: Literal["hit", "stored", "not_stored", "off"] = Field(
+        "off",
+        description="Pass cache: hit (served from the cache, figures from the run that stored it), stored (ran and "
+        "stored), not_stored (ran; why in the run's notes), off (no cache).",
+    )
 
 
 class StepRecord(BaseModel):

@@ -405,6 +405,16 @@ class StaticKVCachePass(Pass):
         ``head_dim`` is D from genai_config.json (:func:`~onnxdeploy.kv_cache.genai_head_size`) when known.
         """
         kv = find_kv_cache(model, who=self.name, head_dim=head_dim)
+        for t in kv.tensors:
+            shape = t.past_input.shape
+            if shape is not None and len(shape) > kv.seq_axis and shape[kv.seq_axis] == 0:
+                raise PreconditionError(
+                    self.name,
+                    f"past input '{t.past_input.name}' has its past-length axis {kv.seq_axis} fixed to 0 (shape "
+                    f"({', '.join(str(d) for d in shape)})): this export takes no cache, so it cannot be probed or "
+                    "made static; re-export with a dynamic past length (optimum: --task text-generation-with-past; "
+                    "torch.onnx.export: a dynamic axis on the past_key_values inputs)",
+                )
         find_logits_output(model.graph, {t.present_name for t in kv.tensors}, who=self.name)
         fixed = kv.batch
         ids = next((v for v in model.graph.inputs if v.name == "input_ids"), None)

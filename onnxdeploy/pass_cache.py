@@ -1,0 +1,336 @@
+"""The per-pass cache: the output of every pass prefix of a pipeline, stored on disk and served on a re-run.
+
+A run of ``passes: [p1, p2, p3]`` stores three entries, the artifact sets after ``p1``, after ``p1, p2`` and
+after all three. Each entry's key is a chain: the key of the input (its files and graph) and the versions
+of the tools, then one link per pass (its name and config), so a re-run with a changed third pass is served
+the first two from the cache and runs only the third. Verification and checks are never cached.
+
+Input key, by default: the size and mtime (ns) of the ``.onnx`` and of every external-data file it reads, plus
+the sha256 of the graph without its weights (initializers above 1 KiB stripped to typed stand-ins, so the
+cost does not grow with the weights). With ``full_hash`` the sha256 of every file's bytes replaces size and
+mtime (a copied or re-downloaded model then still hits; hashing 16 GB takes about a minute).
+The chain's first link also holds the versions of onnxdeploy, onnx, onnx_ir, onnxsim and onnxruntime, the
+run's target and the calibration tokens' hash (passes read both through the :class:`PassContext`).
+
+An entry is a folder ``<cache dir>/<key>/`` holding each graph under its artifact name, one shared
+``weights.data`` (written by :func:`onnxdeploy.model_io.stage_artifacts`, every initializer above the small
+integer ones) and ``entry.json`` (the pass reports so far, the weights policy, the loader's notes). It is
+written in a staging folder inside the cache folder and renamed into place in one step, so a reader sees a
+whole entry or none. A hit is loaded with :func:`onnxdeploy.model_io.load_model` (weights memory-mapped from
+the cache, shared tensors shared again across the graphs of a set).
+
+Size: after each store, the least recently used entries (by folder mtime, refreshed on every hit) are removed
+until the cache holds at most ``max_bytes``; an entry larger than that alone is not stored. The cache folder
+can be removed at any time (``rm -rf ~/.cache/onnxdeploy/passes``) between runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import onnxruntime
+import onnxsim
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from onnxdeploy import __version__
+from onnxdeploy.errors import OnnxDeployError
+from onnxdeploy.model_io import (
+    LoadedModel,
+    WeightsPolicy,
+    load_model,
+    stage_artifacts,
+    stand_in_proto,
+)
+from onnxdeploy.passes import Artifact, ArtifactSet
+from onnxdeploy.report import Finding, PassReport
+
+__all__ = ["CACHE_FORMAT", "CacheConfig", "CacheHit", "PassCache", "cache_versions", "default_cache_dir"]
+
+CACHE_FORMAT = 1
+"""Version of the entry layout; part of every key, so a new layout never reads an old entry."""
+
+_ENTRY_JSON = "entry.json"
+_WEIGHTS = "weights.data"
+_HASH_CHUNK = 1 << 22
+
+
+def default_cache_dir() -> Path:
+    """``$ONNXDEPLOY_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnxdeploy/passes``, else ``~/.cache/onnxdeploy/passes``."""
+    env = os.environ.get("ONNXDEPLOY_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "onnxdeploy" / "passes"
+
+
+class CacheConfig(BaseModel):
+    """The ``cache`` section of a pipeline (``cache: null`` or CLI ``--no-cache`` turns the cache off)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dir: Path | None = Field(
+        None,
+        strict=False,
+        description="Cache folder (relative to the pipeline file); default $ONNXDEPLOY_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/onnxdeploy/passes or ~/.cache/onnxdeploy/passes. CLI: --cache-dir.",
+    )
+    full_hash: StrictBool = Field(
+        False,
+        description="Key the input by the sha256 of every model and data file instead of their size and mtime "
+        "(plus the graph's hash either way); reads every weight byte once per run.",
+    )
+    max_bytes: int = Field(
+        8 * 2**30,
+        ge=0,
+        description="Bytes the cache folder holds at most; least recently used entries are removed after each "
+        "store, and an entry larger than this is not stored.",
+    )
+
+    def folder(self) -> Path:
+        """The cache folder: ``dir`` or :func:`default_cache_dir`."""
+        return self.dir if self.dir is not None else default_cache_dir()
+
+
+def cache_versions() -> dict[str, str]:
+    """The tool versions every key holds: onnxdeploy, onnx, onnx_ir, onnxsim, onnxruntime."""
+    return {
+        "onnxdeploy": __version__,
+        "onnx": onnx.__version__,
+        "onnx_ir": ir.__version__,
+        "onnxsim": str(getattr(onnxsim, "__version__", "unknown")),
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def input_key(loaded: LoadedModel, *, full_hash: bool) -> dict[str, Any]:
+    """What identifies the input model: its files (size+mtime, or sha256) and its graph's hash.
+
+    Args:
+        loaded: the loaded input (its path and the external-data files it reads).
+        full_hash: hash every file's bytes instead of taking size and mtime.
+
+    Returns:
+        A JSON-able dict (the first link of every key).
+    """
+    files = [loaded.path.resolve(), *(f.path for f in loaded.external_files)]
+    if full_hash:
+        described = [{"sha256": _sha256_file(p)} for p in files]
+    else:
+        described = []
+        for p in files:
+            st = p.stat()
+            described.append({"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    graph = hashlib.sha256(stand_in_proto(loaded.model).SerializeToString(deterministic=True)).hexdigest()
+    return {"files": described, "graph_sha256": graph}
+
+
+@dataclass
+class CacheHit:
+    """A prefix served from the cache: the artifact set after ``passes`` passes and their reports."""
+
+    passes: int
+    artifacts: ArtifactSet
+    reports: list[PassReport]
+    findings: list[Finding]
+
+
+@dataclass
+class PassCache:
+    """The cache of one run: the key of every pass prefix, lookup, load and store.
+
+    Build it with :meth:`for_run`. ``keys[i]`` is the key of the artifacts after passes ``0..i``.
+
+    Attributes:
+        folder: the cache folder.
+        keys: one key per pass, in order.
+        max_bytes: the size bound (see the module docstring).
+        notes: what went wrong with the cache (it never fails a run: a cache it cannot write is skipped).
+    """
+
+    folder: Path
+    keys: list[str]
+    max_bytes: int
+    notes: list[str] = field(default_factory=list)
+    _stored: set[str] = field(default_factory=set)
+
+    @classmethod
+    def for_run(
+        cls,
+        config: CacheConfig,
+        loaded: LoadedModel,
+        passes: list[tuple[str, dict[str, Any]]],
+        *,
+        target: str | None,
+        calibration: list[list[int]],
+    ) -> PassCache:
+        """Key every pass prefix of a run.
+
+        Args:
+            config: the ``cache`` section.
+            loaded: the loaded input model.
+            passes: ``(name, config as JSON)`` per pass, in order.
+            target: the run's target id (passes may read it).
+            calibration: the calibration token ids (passes may read them).
+        """
+        key = _digest(
+            {
+                "format": CACHE_FORMAT,
+                "input": input_key(loaded, full_hash=config.full_hash),
+                "versions": cache_versions(),
+                "target": target,
+                "calibration": _digest(calibration),
+            }
+        )
+        keys = []
+        for name, cfg in passes:
+            key = _digest({"previous": key, "pass": name, "config": cfg})
+            keys.append(key)
+        return cls(folder=config.folder(), keys=keys, max_bytes=config.max_bytes)
+
+    def lookup(self) -> CacheHit | None:
+        """Load the longest cached prefix, or None.
+
+        A broken entry (a file missing or unreadable) is removed and the next shorter prefix is tried.
+        """
+        for n in range(len(self.keys), 0, -1):
+            entry = self.folder / self.keys[n - 1]
+            if not (entry / _ENTRY_JSON).is_file():
+                continue
+            try:
+                hit = self._load(entry, n)
+            except (OnnxDeployError, OSError, ValueError, KeyError) as exc:
+                self.notes.append(f"pass cache: entry {entry} unreadable ({exc}); removed")
+                shutil.rmtree(entry, ignore_errors=True)
+                continue
+            with contextlib.suppress(OSError):
+                os.utime(entry)  # recently used: evicted last
+            return hit
+        return None
+
+    def _load(self, entry: Path, n: int) -> CacheHit:
+        meta = json.loads((entry / _ENTRY_JSON).read_text(encoding="utf-8"))
+        models = [load_model(entry / name).model for name in meta["artifacts"]]
+        _share_tensors(models)
+        artifacts = ArtifactSet(
+            [Artifact(name, m) for name, m in zip(meta["artifacts"], models, strict=True)],
+            weights=WeightsPolicy(**meta["weights"]),
+            input_was_external=meta["input_was_external"],
+            notes=list(meta["notes"]),
+        )
+        reports = [PassReport.model_validate(r) for r in meta["reports"]]
+        findings = [Finding.model_validate(f) for f in meta["findings"]]
+        if len(reports) != n:
+            raise ValueError(f"{len(reports)} pass reports for a prefix of {n} passes")
+        return CacheHit(passes=n, artifacts=artifacts, reports=reports, findings=findings)
+
+    def store(self, n: int, artifacts: ArtifactSet, reports: list[PassReport], findings: list[Finding]) -> str:
+        """Store the artifacts after the first ``n`` passes (atomically: staged, then one rename).
+
+        Returns:
+            ``stored``, or ``not_stored`` (the reason is appended to :attr:`notes`).
+        """
+        key = self.keys[n - 1]
+        entry = self.folder / key
+        if entry.is_dir():
+            return "stored"
+        weight_bytes = artifacts.weight_bytes()
+        if weight_bytes > self.max_bytes:
+            self.notes.append(
+                f"pass cache: the artifacts after pass {n} ({weight_bytes} bytes of weights) exceed cache.max_bytes="
+                f"{self.max_bytes}; not stored"
+            )
+            return "not_stored"
+        staged = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            staged = stage_artifacts(
+                [(a.name, a.model) for a in artifacts.artifacts],
+                self.folder,
+                external=True,
+                data_name=_WEIGHTS,
+                size_threshold_bytes=0,
+            )
+            meta = {
+                "key": key,
+                "artifacts": [a.name for a in artifacts.artifacts],
+                "weights": {
+                    "mode": artifacts.weights.mode,
+                    "size_threshold_bytes": artifacts.weights.size_threshold_bytes,
+                    "auto_external_above_bytes": artifacts.weights.auto_external_above_bytes,
+                },
+                "input_was_external": artifacts.input_was_external,
+                "notes": artifacts.notes,
+                "reports": [r.model_dump(mode="json") for r in reports],
+                "findings": [f.model_dump(mode="json") for f in findings],
+                "created": time.time(),
+            }
+            staged.add_text(_ENTRY_JSON, json.dumps(meta, indent=1))
+            try:
+                os.rename(staged.staging, entry)  # one step: a reader sees the whole entry or none
+            except OSError:
+                if not entry.is_dir():
+                    raise
+                staged.discard()  # another run stored the same key meanwhile
+        except (OnnxDeployError, OSError) as exc:
+            if staged is not None:
+                staged.discard()
+            self.notes.append(f"pass cache: cannot store in {self.folder} ({exc}); the run goes on without it")
+            return "not_stored"
+        self._stored.add(key)
+        self._evict()
+        return "stored"
+
+    def _evict(self) -> None:
+        """Remove least recently used entries (not this run's) until the folder holds at most ``max_bytes``."""
+        entries = []
+        for entry in self.folder.iterdir():
+            if entry.is_dir() and (entry / _ENTRY_JSON).is_file():
+                size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file())
+                entries.append((entry.stat().st_mtime, size, entry))
+        total = sum(size for _, size, _ in entries)
+        for _, size, entry in sorted(entries, key=lambda e: e[0]):
+            if total <= self.max_bytes:
+                break
+            if entry.name in self._stored:
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            total -= size
+
+
+def _share_tensors(models: list[ir.Model]) -> None:
+    """Make initializers that read the same bytes of the same data file one tensor object again.
+
+    The pipeline's writer and passes rely on identity to treat a weight shared by several graphs once.
+    """
+    first: dict[tuple[str, int, int], ir.TensorProtocol] = {}
+    for model in models:
+        for graph in model.graphs():
+            for value in graph.initializers.values():
+                tensor = value.const_value
+                if isinstance(tensor, ir.ExternalTensor):
+                    where = (str(tensor.path), int(tensor.offset or 0), int(tensor.length or 0))
+                    shared = first.setdefault(where, tensor)
+                    if shared is not tensor:
+                        value.const_value = shared

@@ -21,6 +21,12 @@ FIXTURE_NAMES = [e["name"] for e in REGISTRY if not SPECIAL_TAGS & set(e.get("ta
 PROMPT = [1, 17, 42, 99, 7, 3]
 
 
+@pytest.fixture(autouse=True)
+def _private_pass_cache(tmp_path_factory, monkeypatch) -> None:
+    """Each test gets its own empty pass cache (no test is served what another stored, nothing lands in ~/.cache)."""
+    monkeypatch.setenv("ONNXDEPLOY_CACHE_DIR", str(tmp_path_factory.mktemp("pass-cache")))
+
+
 def fixture_entry(name: str) -> dict:
     """Return the registry entry named ``name`` with absolute ``model_path`` and ``reference_path``."""
     entry = next(e for e in REGISTRY if e["name"] == name)

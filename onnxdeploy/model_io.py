@@ -359,8 +359,6 @@ def _refuse_duplicate_producers(graph: onnx.GraphProto, model: Path) -> None:
             defined[out] = label
 
 
-def load_model(path: str | os.PathLike[str]) -> LoadedModel:
-    """Load a model for the passes: graph in memory, external weights memory-mapped on first use.
 def _refuse_cycle(graph: onnx.GraphProto, model: Path) -> None:
     """Refuse a main graph whose nodes read each other in a cycle (no order can run it).
 
@@ -417,6 +415,8 @@ def _refuse_unknown_versions(proto: onnx.ModelProto, model: Path) -> None:
         )
 
 
+def load_model(path: str | os.PathLike[str]) -> LoadedModel:
+    """Load a model for the passes: graph in memory, external weights memory-mapped on first use.
 
     External tensors are re-pointed at the data files :func:`check_external_data` resolved (so onnx_ir's
     own containment and hard-link refusals, made for untrusted locations, do not apply twice: the
@@ -438,11 +438,11 @@ def _refuse_unknown_versions(proto: onnx.ModelProto, model: Path) -> None:
     proto = read_model_header(p)
     files = check_external_data(proto, p)
     resolved = {f.location: f.path for f in files}
-    _refuse_duplicate_producers(proto.graph, p)
-    try:
     _refuse_unknown_versions(proto, p)
-        model = ir.serde.deserialize_model(proto)
+    _refuse_duplicate_producers(proto.graph, p)
     _refuse_cycle(proto.graph, p)
+    try:
+        model = ir.serde.deserialize_model(proto)
     except Exception as exc:  # onnx_ir raises ValueError/TypeError for malformed graphs
         raise ModelLoadError(f"{p}: cannot read the graph: {type(exc).__name__}: {exc}") from exc
     del proto

@@ -1,0 +1,158 @@
+"""The per-pass cache and determinism: cold runs give the same bytes, a warm run is served from the cache and says
+so per pass, a changed config, model or tool version misses, the size bound and a broken entry are handled.
+
+Runs go through the CLI in-process (typer's CliRunner) on the LLaMA optimum fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+import onnxdeploy.pass_cache as pass_cache
+from onnxdeploy.cli import app
+from tests.conftest import PROMPT, fixture_entry
+
+runner = CliRunner()
+FIXTURE = fixture_entry("llama_gqa_optimum")["model_path"]
+GRAPH_SET = {"static_kv": {"max_cache_lens": [32, 64], "step_lens": [1, 4]}}
+TIMING_KEYS = {
+    "wall_time_s",
+    "latency_ms",
+    "reference_latency_ms",
+    "latency_ms_candidate",
+    "latency_ms_reference",
+    "prefill",
+    "reference_prefill",
+    "phases",
+    "rss_growth_bytes",
+}
+"""Report keys that hold timings or memory readings (they differ between identical runs)."""
+
+
+def _pipeline(folder: Path, model: Path = FIXTURE, *, passes=None, verify=None, **extra) -> Path:
+    cfg = {
+        "model": str(model),
+        "output_dir": str(folder / "out"),
+        "passes": passes if passes is not None else [GRAPH_SET, {"mask_rewrite": {}}],
+        "verify": verify,
+        **extra,
+    }
+    path = folder / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _run(pipeline: Path, out: Path, *args: str) -> dict:
+    result = runner.invoke(app, ["run", str(pipeline), "--output-dir", str(out), "--json", *args])
+    assert result.exit_code == 0, (result.stdout or "") + (result.stderr or "")
+    return json.loads(result.stdout)
+
+
+def _artifacts(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if not p.name.startswith("report.")}
+
+
+def _without_timings(obj, out: Path):
+    """The report with timing/memory keys dropped and the output folder's path replaced by a placeholder."""
+    if isinstance(obj, dict):
+        return {k: _without_timings(v, out) for k, v in obj.items() if k not in TIMING_KEYS}
+    if isinstance(obj, list):
+        return [_without_timings(v, out) for v in obj]
+    if isinstance(obj, str):
+        return obj.replace(str(out), "<out>")
+    return obj
+
+
+def test_two_cold_runs_give_identical_bytes_and_a_warm_run_is_served_from_the_cache(tmp_path):
+    pipeline = _pipeline(tmp_path, verify={"prompt": PROMPT, "steps": 4, "modes": ["teacher_forced"]})
+    cache = tmp_path / "cache"
+    cold = _run(pipeline, tmp_path / "a", "--cache-dir", str(cache))
+    other = _run(pipeline, tmp_path / "b", "--no-cache", "--cache-dir", str(tmp_path / "unused"))
+    assert not (tmp_path / "unused").exists(), "--no-cache neither reads nor writes a cache"
+    assert [p["cache"] for p in cold["passes"]] == ["stored", "stored"]
+    assert [p["cache"] for p in other["passes"]] == ["off", "off"]
+    files = _artifacts(tmp_path / "a")
+    assert sorted(files) == sorted(_artifacts(tmp_path / "b").keys()) and len(files) == 5  # 4 graphs + weights
+    assert files == _artifacts(tmp_path / "b")
+    a, b = (_without_timings(r, tmp_path / d) for r, d in ((cold, "a"), (other, "b")))
+    for report in (a, b):
+        for p in report["passes"]:
+            p.pop("cache")
+    assert a == b
+
+    warm = _run(pipeline, tmp_path / "w", "--cache-dir", str(cache))
+    assert [p["cache"] for p in warm["passes"]] == ["hit", "hit"]
+    assert _artifacts(tmp_path / "w") == files, "an artifact served from the cache is the same bytes"
+    assert warm["verify"]["passed"] and "verify" in [ph["name"] for ph in warm["phases"]], "verify is never cached"
+    stripped = _without_timings(warm, tmp_path / "w")
+    assert stripped["graphs"] == a["graphs"] and stripped["findings"] == a["findings"]
+    text = runner.invoke(app, ["run", str(pipeline), "--output-dir", str(tmp_path / "t"), "--cache-dir", str(cache)])
+    assert "(cached)" in text.stdout and "from the cache" in text.stderr, text.stdout + text.stderr
+
+
+def test_a_changed_config_model_or_version_misses_the_cache(tmp_path, monkeypatch):
+    model = tmp_path / "m" / "model.onnx"
+    model.parent.mkdir()
+    shutil.copy2(FIXTURE, model)
+    cache = tmp_path / "cache"
+    two = [{"static_kv": {"max_cache_len": 32}}, {"mask_rewrite": {}}]
+
+    def states(passes, path=model, **extra) -> list[str]:
+        report = _run(_pipeline(tmp_path, path, passes=passes, **extra), tmp_path / "out", "--cache-dir", str(cache))
+        return [p["cache"] for p in report["passes"]]
+
+    assert states(two) == ["stored", "stored"]
+    assert states(two) == ["hit", "hit"]
+    assert states([two[0], {"mask_rewrite": {"padding": True}}]) == ["hit", "stored"]  # the prefix still hits
+    assert states([{"static_kv": {"max_cache_len": 48}}, two[1]]) == ["stored", "stored"]
+
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # same bytes, touched: the default key misses
+    assert states(two) == ["stored", "stored"]
+    assert states(two) == ["hit", "hit"]
+
+    versions = pass_cache.cache_versions()
+    monkeypatch.setattr(pass_cache, "cache_versions", lambda: {**versions, "onnxruntime": "0.0.0"})
+    assert states(two) == ["stored", "stored"]
+    monkeypatch.undo()
+
+    full = {"cache": {"full_hash": True}}
+    assert states(two, **full) == ["stored", "stored"]  # full_hash is another key
+    copy = tmp_path / "copy" / "model.onnx"
+    copy.parent.mkdir()
+    shutil.copy(model, copy)  # another path and mtime, same bytes
+    assert states(two, copy, **full) == ["hit", "hit"]
+    assert states(two, copy) == ["stored", "stored"]  # size + mtime: a copy is another model
+
+
+def test_the_size_bound_and_a_broken_entry(tmp_path):
+    passes = [{"static_kv": {"max_cache_len": 32}}]
+    cache = tmp_path / "cache"
+    report = _run(
+        _pipeline(tmp_path, passes=passes, cache={"max_bytes": 0}), tmp_path / "out", "--cache-dir", str(cache)
+    )
+    assert report["passes"][0]["cache"] == "not_stored"
+    assert any("exceed cache.max_bytes=0" in n for n in report["notes"]), report["notes"]
+
+    pipeline = _pipeline(tmp_path, passes=passes)
+    assert _run(pipeline, tmp_path / "out", "--cache-dir", str(cache))["passes"][0]["cache"] == "stored"
+    (entry,) = [p for p in cache.iterdir() if p.is_dir()]
+    assert sorted(p.name for p in entry.iterdir()) == ["entry.json", "model.onnx", "weights.data"]
+    (entry / "weights.data").unlink()  # e.g. a clean-up that removed files, not folders
+    report = _run(pipeline, tmp_path / "out", "--cache-dir", str(cache))
+    assert report["passes"][0]["cache"] == "stored"
+    assert any("unreadable" in n for n in report["notes"]), report["notes"]
+    assert (entry / "weights.data").is_file(), "the broken entry was replaced"
+
+    passes2 = [{"static_kv": {"max_cache_len": 48}}]
+    size = sum(p.stat().st_size for p in entry.iterdir())
+    bound = {"cache": {"max_bytes": int(size * 1.5)}}  # room for one entry: the older one goes
+    report = _run(_pipeline(tmp_path, passes=passes2, **bound), tmp_path / "out", "--cache-dir", str(cache))
+    assert report["passes"][0]["cache"] == "stored"
+    assert [p.name for p in cache.iterdir() if p.is_dir()] != [entry.name] and not entry.exists()

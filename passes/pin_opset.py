@@ -1,10 +1,16 @@
-"""``pin_opset``: convert the ``ai.onnx`` domain to a target opset with onnx's version converter.
+"""``pin_opset``: convert ``ai.onnx`` to a target opset (11–23, raised or lowered) and the IR version with it.
 
-Uses ``onnx.version_converter.convert_version`` (onnx docs, "Version Converter"), which walks the
-graph with per-op adapters between opset versions. Other domains (``com.microsoft``, ``ai.onnx.ml``, …)
-are not converted: their opset imports are kept and listed in the report, so a target check can judge
-them. A conversion the converter cannot do fails with the op and opset named
-(e.g. optimum's GPT-2 uses ``Split``-18, which has no 18 → 17 adapter in onnx 1.17–1.23).
+Uses ``onnx.version_converter.convert_version`` (onnx docs, "Version Converter") on a weightless copy, with
+what onnx 1.23 lacks done on onnx_ir around it (:mod:`onnxdeploy.passes._opset_adapters`): ops that do not
+exist at the target but have an ONNX function definition (``LayerNormalization`` below 17;
+``RMSNormalization``, ``RotaryEmbedding``, ``Attention`` below 23; ``LessOrEqual`` below 16) are expanded
+into their function body first; nodes the converter has no adapter for (``Split``-18, ``Pow``-15,
+``Shape``-15, ``Identity``-16, the -14 arithmetic ops, ``CastLike``, ``Trilu``, Reduce* ``axes``, any
+version that only added types) or a wrong one for (``Softmax``-13 → 12 on a non-last axis) are held out of
+it and rewritten exactly afterwards; empty tensors the bodies leave are folded away. The IR version becomes
+the lowest the result needs (opset 17 → IR 8, 11 → IR 7). Other domains (``com.microsoft``, …) are kept
+and listed in the report; default-domain ops onnx has no schema for (ORT's ``SimplifiedLayerNormalization``)
+are kept as they are. Where no exact lowering exists the error names op, node and lowest reachable opset.
 """
 
 from __future__ import annotations
@@ -18,6 +24,14 @@ from pydantic import Field
 
 from onnxdeploy.errors import ConfigError, PassError
 from onnxdeploy.model_io import proto_round_trip, stand_in_proto
+from onnxdeploy.passes._cache_edits import fold_constants, infer_shapes
+from onnxdeploy.passes._opset_adapters import (
+    expand_function_ops,
+    fold_empty_tensors,
+    function_ops_to_expand,
+    hold_nodes,
+    restore_held,
+)
 from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, PipelineSettings, register_pass
 from onnxdeploy.report import PassReport
 
@@ -109,8 +123,18 @@ class PinOpsetPass(Pass):
             report.changes.append(f"ai.onnx already at opset {target}")
             return model, False
         pending = _ops_needing_adapter(model, current, target)
+        work = proto_round_trip(model, lambda proto: proto, threshold=-1)  # a structural copy, same weights
+        infer_shapes(work)
+        expand = function_ops_to_expand(work, current, target)
+        if expand:
+            report.changes += expand_function_ops(work, expand, current, fold_constants)
+            infer_shapes(work)
+        known = {v.name: (v.dtype, v.shape) for v in _values(work)}
+        held = hold_nodes(work, current, target)
+        if held:
+            report.changes.append("held from onnx's converter: " + ", ".join(f"{op} x{n}" for op, n in held.items()))
         try:
-            converted = proto_round_trip(model, lambda proto: version_converter.convert_version(proto, target))
+            converted = proto_round_trip(work, lambda proto: version_converter.convert_version(proto, target))
         except Exception as exc:  # the converter raises RuntimeError/ValueError/InferenceError
             text = str(exc)
             op = _op_from_message(text, [p[0] for p in pending])
@@ -124,18 +148,28 @@ class PinOpsetPass(Pass):
                 + (f"; nodes: {nodes[:5]}" if nodes else "")
                 + (f". Ops whose schema differs between the two opsets: {pending}" if pending else ""),
             ) from exc
+        for value in _values(converted):
+            dtype, shape = known.get(value.name, (None, None))
+            if value.dtype is None and dtype is not None:
+                value.dtype = dtype
+            if value.shape is None and shape is not None:
+                value.shape = shape
         report.changes.append(f"ai.onnx opset {current} -> {target}")
+        report.changes += restore_held(converted, current, target)
+        converted.opset_imports[""] = target
+        folded = fold_empty_tensors(converted)
+        if folded:
+            report.changes.append(f"removed {folded} empty tensor(s)/split(s)")
         repaired = _drop_stale_noop_with_empty_axes(converted, target)
         if repaired:
             report.changes.append(
                 f"removed noop_with_empty_axes (not in the target schema) from {len(repaired)} Reduce node(s) "
                 "the converter lowered: " + ", ".join(repaired[:5]) + (" …" if len(repaired) > 5 else "")
             )
-        imports = [onnx.helper.make_opsetid(d, v) for d, v in converted.opset_imports.items()]
-        needed_ir = onnx.helper.find_min_ir_version_for(imports, ignore_unknown=True)
-        if converted.ir_version < needed_ir:
-            report.changes.append(f"IR version {converted.ir_version} -> {needed_ir} (required by opset {target})")
-            converted.ir_version = needed_ir
+        ir_version = required_ir_version(converted)
+        if converted.ir_version != ir_version:
+            report.changes.append(f"IR version {converted.ir_version} -> {ir_version} (what opset {target} needs)")
+            converted.ir_version = ir_version
         if pending:
             report.changes.append("ops converted: " + ", ".join(f"{op}-{since}" for op, since in pending))
         return converted, True
@@ -145,12 +179,55 @@ class PinOpsetPass(Pass):
         for model in artifacts.models():
             if _default_opset(model) != self.config.opset:
                 raise PassError(self.name, f"ai.onnx opset is {_default_opset(model)}, expected {self.config.opset}")
+            proto = stand_in_proto(model, as_inputs=True)
+            foreign = {n.op_type for n in proto.graph.node if n.domain in ("", "ai.onnx") and _no_schema(n.op_type)}
+            for node in proto.graph.node:  # ORT's default-domain contrib ops: the checker does not know them
+                if node.op_type in foreign and node.domain in ("", "ai.onnx"):
+                    node.domain = "onnxdeploy.foreign"
+            if foreign:
+                proto.opset_import.append(onnx.helper.make_opsetid("onnxdeploy.foreign", 1))
             try:
-                onnx.checker.check_model(stand_in_proto(model, as_inputs=True))
+                onnx.checker.check_model(proto)
             except onnx.checker.ValidationError as exc:
                 raise PassError(
                     self.name, f"the converted model breaks the opset {self.config.opset} schemas: {exc}"
                 ) from exc
+
+
+def _no_schema(op: str) -> bool:
+    try:
+        onnx.defs.get_schema(op, onnx.defs.onnx_opset_version(), "")
+    except onnx.defs.SchemaError:
+        return True
+    return False
+
+
+def _values(model: ir.Model) -> list[ir.Value]:
+    graph = model.graph
+    return [*graph.inputs, *(v for node in graph for v in node.outputs)]
+
+
+_IR_FOR_DTYPE = {
+    **dict.fromkeys(("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ"), 9),
+    **dict.fromkeys(("UINT4", "INT4"), 10),
+    **dict.fromkeys(("FLOAT4E2M1",), 11),
+}
+"""Element types newer than IR 8 and the IR version that introduced them (onnx ``docs/IR.md``, "Versioning")."""
+
+
+def required_ir_version(model: ir.Model) -> int:
+    """The lowest IR version that can hold ``model``: what its opset imports and its tensor dtypes need.
+
+    onnx's ``helper.find_min_ir_version_for`` maps opset imports to IR versions (opset 17 -> IR 8,
+    21 -> IR 10, 23 -> IR 11); float8 needs IR 9, 4-bit integers IR 10 (onnx ``docs/IR.md``). Never below 7
+    (the lowest IR version a current ONNX Runtime loads).
+    """
+    imports = [onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items()]
+    needed = max(7, onnx.helper.find_min_ir_version_for(imports, ignore_unknown=True))
+    for value in _values(model) + list(model.graph.initializers.values()):
+        if value.dtype is not None:
+            needed = max(needed, _IR_FOR_DTYPE.get(value.dtype.name, 0))
+    return needed
 
 
 def _drop_stale_noop_with_empty_axes(model: ir.Model, target: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""pin_opset: LLaMA exports lower to 17 and decode identically; optimum GPT-2's Split-18 cannot."""
+"""pin_opset: LLaMA exports lower to 17 and decode identically; weights are shared, inputs untouched."""
 
 from __future__ import annotations
 
@@ -34,14 +34,6 @@ def test_pin_opset_17_on_llama_verifies_identical(tmp_path, name):
     report = verify(str(entry["model_path"]), str(path), prompt=PROMPT, steps=32)
     assert report.passed
     assert all(m.max_abs_logit_diff <= 1e-4 and m.top1_agreement == 1.0 for m in report.modes.values())
-
-
-def test_pin_opset_names_split_18_on_optimum_gpt2():
-    model = load_model(fixture_entry("gpt2_optimum")["model_path"]).model
-    with pytest.raises(PassError) as err:
-        PinOpsetPass(PinOpsetConfig(opset=17))(model)
-    text = str(err.value)
-    assert "Split" in text and "18" in text and "17" in text
 
 
 def test_pin_opset_same_opset_is_a_no_op():
@@ -86,7 +78,11 @@ def test_lowering_reduce_mean_18_drops_the_attribute_opset_17_lacks():
     result = PinOpsetPass(PinOpsetConfig(opset=17))(ir.serde.deserialize_model(model))
     lowered = ir.serde.serialize_model(result.artifacts.primary)
     onnx.checker.check_model(lowered, full_check=True)
-    assert any("noop_with_empty_axes" in c for c in result.report.changes)
+    (reduce,) = [n for n in lowered.graph.node if n.op_type == "ReduceMean"]
+    assert [a.name for a in reduce.attribute] == ["axes", "keepdims"] or {a.name for a in reduce.attribute} == {
+        "axes",
+        "keepdims",
+    }
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     after = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})

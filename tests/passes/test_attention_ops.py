@@ -1,10 +1,11 @@
 """Caches inside attention ops (genai GroupQueryAttention, opset-23 Attention) and float16/bfloat16 exports.
 
-The new fixtures go through static_kv + mask_rewrite (max_cache_len 128, 8-token prompt + 64 steps, both
-modes); the genai graph's static cache is exact against the original with NaN in unused slots; what the cache
-cannot do inside GroupQueryAttention is refused naming the node; float16 results on the CPU EP are labelled
-emulated, bfloat16 ones are verified on a float32 shadow; a fully masked float16 row stays finite under
-``onnx.reference`` (which computes float16 in float16).
+The genai, dynamo-23 and fp16 fixtures go through the shared per-fixture tests of static_kv, mask_rewrite
+(max_cache_len 128, 8-token prompt + 64 steps, both modes, fp16 labelled emulated) and verify, with the
+expectations tests/conftest.py derives from their registry tags. Here: the genai graph's static cache is exact
+against the original with NaN in unused slots; what the cache cannot do inside GroupQueryAttention is refused
+naming the node; bfloat16 results are verified on a float32 shadow and labelled emulated; a fully masked float16
+row stays finite under ``onnx.reference`` (which computes float16 in float16).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import onnxruntime as ort
 import pytest
 
 from onnxdeploy import model_io
-from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.passes._pass_infra import PassContext
 from onnxdeploy.passes.mask_rewrite import MaskRewriteConfig, MaskRewritePass, lowest_finite
@@ -30,49 +30,6 @@ from onnxdeploy.runner.numerics import compute_dtype, float32_shadow
 from tests.conftest import fixture_entry
 
 PROMPT8 = [1, 17, 42, 99, 7, 3, 5, 9]
-NEW_FIXTURES = {"llama_gqa_genai": 1e-4, "llama_gqa_dynamo23": 1e-4, "llama_gqa_fp16": 1e-2}
-_FOLDED_AWAY = {"Shape", "Range", "Trilu", "NonZero"}
-
-
-def _passes(path: Path, out: Path, **static) -> tuple[Path, list[str]]:
-    """static_kv (max_cache_len 128 unless given) + mask_rewrite on ``path``; the written graph and the changes."""
-    context = PassContext(model_path=path)
-    model = model_io.load_model(path).model
-    first = StaticKVCachePass(StaticKVConfig(**{"max_cache_len": 128, **static}))(model, context)
-    second = MaskRewritePass(MaskRewriteConfig())(first.artifacts, context)
-    out.mkdir(parents=True)
-    return model_io.write_for_ort(second.artifacts.primary, out), first.report.changes + second.report.changes
-
-
-@pytest.mark.parametrize("name", sorted(NEW_FIXTURES))
-def test_new_fixture_through_static_kv_and_mask_rewrite_verifies(tmp_path, name):
-    entry = fixture_entry(name)
-    threshold = NEW_FIXTURES[name]
-    path, changes = _passes(entry["model_path"], tmp_path / "out")
-    static = model_io.load_model(path).model
-    dims = {str(v.name): list(v.shape or []) for v in [*static.graph.inputs, *static.graph.outputs]}
-    assert all(all(isinstance(d, int) for d in shape) and shape for shape in dims.values()), dims
-    assert "attention_mask" not in dims
-    assert not _FOLDED_AWAY & {n.op_type for n in static.graph}
-    contract = read_contract(static)
-    assert contract is not None and contract.mask == "cache_position" and contract.inputs.attention_mask is None
-    if name == "llama_gqa_genai":
-        assert any("GroupQueryAttention" in c and "unchanged" in c for c in changes), changes
-    if name == "llama_gqa_dynamo23":
-        assert sum("Attention node" in c and "decomposed" in c for c in changes) == 2, changes
-        assert "Attention" not in {n.op_type for n in static.graph}
-
-    res = verify(entry["model_path"], path, prompt=PROMPT8, steps=64, max_abs_logit_diff=threshold)
-    assert res.passed, [m.failures for m in res.modes.values()]
-    for mode in ("teacher_forced", "free_running"):
-        m = res.modes[mode]
-        assert (m.positions, m.top1_agreement) == (72, 1.0)
-        assert m.max_abs_logit_diff <= threshold
-    fp16 = name == "llama_gqa_fp16"
-    assert res.numerics is not None
-    assert (res.numerics.compute_dtype, res.numerics.execution) == (
-        ("float16", "emulated") if fp16 else ("float32", "native")
-    )
 
 
 def _gqa_static(tmp_path: Path, **cfg) -> tuple[ort.InferenceSession, ort.InferenceSession]:

@@ -155,6 +155,14 @@ def run(
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Run every pass; neither read nor write the pass cache.")
     ] = False,
+    bisect: Annotated[
+        bool,
+        typer.Option(
+            "--bisect",
+            help="Decode after every pass (verify_each_pass) and name the first diverging pass and its first "
+            "diverging node (pipeline key: bisect).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a pipeline: passes, checks, step-by-step verification; write model.onnx, report.json, report.md."""
@@ -168,6 +176,10 @@ def run(
     _interrupt_on_termination()
     try:
         config = load_pipeline(pipeline, output_dir=output_dir)
+        if bisect:
+            if config.verify is None:
+                raise ConfigError(f"{pipeline}: --bisect needs a verify section (its prompt and thresholds)")
+            config = config.model_copy(update={"bisect": True, "verify_each_pass": True})
         if no_cache:
             config = config.model_copy(update={"cache": None})
         elif cache_dir is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.pass_cache import CacheConfig
@@ -164,6 +164,16 @@ class PipelineConfig(BaseModel):
         "decode contract, else checker, topo_order (plus the target checks whenever target is set).",
     )
     check_after_each_pass: StrictBool = Field(False, description="Run the ONNX checker after every pass.")
+    verify_each_pass: StrictBool = Field(
+        False,
+        description="Decode a few teacher-forced positions (the verify prompt + up to 4 steps) after every pass and "
+        "name the first pass whose output diverges from the original (report: pass_verification).",
+    )
+    bisect: StrictBool = Field(
+        False,
+        description="With verify_each_pass (turned on by this key): also name the first node of the diverging pass's "
+        "input graph that its output graph does not reproduce (report: first_divergent_node). CLI: run --bisect.",
+    )
     verify: VerifyConfig | None = Field(
         default_factory=VerifyConfig, description="Runner settings; null skips verification."
     )
@@ -185,6 +195,14 @@ class PipelineConfig(BaseModel):
             source=str(self.source) if self.source else "pipeline",
             calibration_tokens=self.calibration.max_tokens if self.calibration is not None else None,
         )
+
+    @model_validator(mode="after")
+    def _each_pass_needs_verify(self) -> PipelineConfig:
+        if self.bisect:
+            self.verify_each_pass = True
+        if self.verify_each_pass and self.verify is None:
+            raise ValueError("verify_each_pass/bisect need a verify section (its prompt and thresholds)")
+        return self
 
     @field_validator("model", "output_dir", mode="before")
     @classmethod

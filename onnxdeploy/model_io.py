@@ -31,6 +31,7 @@ so sessions open these models through :func:`write_for_ort`). Any other symlinke
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import shutil
@@ -64,6 +65,7 @@ __all__ = [
     "proto_round_trip",
     "read_model_header",
     "release_weights",
+    "sha256_file",
     "stage_artifacts",
     "stand_in_proto",
     "tensor_nbytes",
@@ -927,3 +929,16 @@ def check_not_an_input(dest: str | os.PathLike[str], inputs: set[Path], what: st
     target = Path(dest).resolve()
     if target in inputs:
         raise OutputError(f"{what} {target} is an input file; inputs are never overwritten")
+
+
+def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 8 << 20) -> str:
+    """The sha256 hex digest of a file's bytes, read in ``chunk_bytes`` chunks (memory stays flat for any size).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -50,10 +50,20 @@ from onnxdeploy.model_io import (
     stage_artifacts,
     stand_in_proto,
 )
+from onnxdeploy.pass_bisect import first_divergent_node, verify_pass_output
 from onnxdeploy.pass_cache import PassCache
 from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
 from onnxdeploy.render import render_markdown
-from onnxdeploy.report import AccuracyReport, Finding, GraphReport, PassReport, PhaseReport, RunReport
+from onnxdeploy.report import (
+    AccuracyReport,
+    Finding,
+    GraphReport,
+    NodeDivergence,
+    PassReport,
+    PassVerifyRecord,
+    PhaseReport,
+    RunReport,
+)
 from onnxdeploy.resources import peak_rss_bytes, rss_bytes
 from onnxdeploy.runner import check_header, open_session, verify
 from onnxdeploy.runner.accuracy import evaluate_accuracy
@@ -189,6 +199,67 @@ class _PhaseClock:
             )
         )
         self._start = now
+
+
+class _EachPass:
+    """``verify_each_pass`` / ``bisect``: a short decode after each pass, the first diverging pass and node."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.records: list[PassVerifyRecord] = []
+        self.first_pass: str | None = None
+        self.node: NodeDivergence | None = None
+        self.note: str | None = None
+
+    def wants_input(self) -> bool:
+        """Whether the next pass's input must be kept (bisect, nothing diverged yet)."""
+        return self.config.bisect and self.first_pass is None
+
+    def after(self, name: str, before: onnx_ir.Model | None, after: onnx_ir.Model, say: Progress) -> None:
+        """Decode the pass's output; on the first divergence (with bisect) compare it node by node with its input."""
+        v = self.config.verify
+        if not self.config.verify_each_pass or v is None:
+            return
+        say(f"verify after pass {name}")
+        record = verify_pass_output(
+            self.config.model,
+            after,
+            name,
+            prompt=list(v.prompt),
+            steps=min(v.steps, EACH_PASS_STEPS),
+            max_abs_logit_diff=v.max_abs_logit_diff,
+            min_top1_agreement=v.min_top1_agreement,
+        )
+        self.records.append(record)
+        if not record.diverged or self.first_pass is not None:
+            return
+        self.first_pass = name
+        if self.config.bisect and before is not None:
+            if _io_names(before) != _io_names(after):
+                self.note = f"bisect: pass {name} changes the graph's inputs/outputs; its nodes were not compared"
+                return
+            say(f"bisect: comparing the input and output of pass {name} node by node")
+            found = first_divergent_node(before, after, list(v.prompt))
+            self.node = found.model_copy(update={"pass_name": name}) if found is not None else None
+
+    def failures(self) -> list[str]:
+        """Lines for ``report.failures``."""
+        if self.first_pass is None:
+            return []
+        line = f"verify_each_pass: pass {self.first_pass} is the first whose output diverges from the original"
+        if self.node is not None:
+            line += f"; first diverging node: {self.node.op_type} '{self.node.node}' (output {self.node.output})"
+        elif self.note:
+            line += f"; {self.note}"
+        return [line]
+
+
+EACH_PASS_STEPS = 4
+"""Generated positions decoded after each pass by ``verify_each_pass`` (after the verify prompt)."""
+
+
+def _io_names(model: onnx_ir.Model) -> tuple[list[str], list[str]]:
+    return [v.name for v in model.graph.inputs], [v.name for v in model.graph.outputs]
 
 
 def _check_before_passes(config: PipelineConfig, artifacts: ArtifactSet) -> None:
@@ -331,11 +402,14 @@ def run_pipeline(
                 findings += hit.findings
                 context.passes_run.extend(r.name for r in hit.reports)
                 say(f"passes {', '.join(context.passes_run)}: from the cache {cache.folder / cache.keys[first - 1]}")
+        each_pass = _EachPass(config)
         for i, spec in enumerate(config.passes[first:], start=first):
             say(f"pass {spec.name}")
+            before = artifacts.copy_graph(artifacts.primary) if each_pass.wants_input() else None
             result = spec.build()(artifacts, context)
             artifacts = result.artifacts
             pass_reports.append(result.report)
+            each_pass.after(spec.name, before, artifacts.primary, say)
             if config.check_after_each_pass:
                 for artifact in artifacts.artifacts:
                     header = stand_in_proto(artifact.model, as_inputs=True)
@@ -415,6 +489,7 @@ def run_pipeline(
             clock.done("verify")
 
         failures = [f"{f.code} {f.message}" for f in findings if f.level == "error"]
+        failures += each_pass.failures()
         if accuracy_report is not None:
             failures += accuracy_report.failures
         if verify_report is not None and not verify_report.passed:
@@ -445,6 +520,9 @@ def run_pipeline(
             accuracy=accuracy_report,
             runtimes=runtime_reports,
             failures=failures,
+            pass_verification=each_pass.records,
+            first_divergent_pass=each_pass.first_pass,
+            first_divergent_node=each_pass.node,
             wall_time_s=round(time.perf_counter() - start, 3),
             phases=clock.phases,
             onnxdeploy_version=__version__,

@@ -27,6 +27,8 @@ __all__ = [
     "ModeResult",
     "NumericsReport",
     "VerifyReport",
+    "PassVerifyRecord",
+    "NodeDivergence",
     "PhaseReport",
     "AccuracyFigures",
     "AccuracyReport",
@@ -243,6 +245,36 @@ class NumericsReport(BaseModel):
     detail: str = Field(description="What ran in place of compute_dtype, in words.")
 
 
+class PassVerifyRecord(BaseModel):
+    """``verify_each_pass``: a short teacher-forced decode of one pass's output against the original."""
+
+    name: str = Field(description="The pass (registry name).")
+    positions: int = Field(description="Positions decoded (prompt + steps).")
+    max_abs_logit_diff: float
+    top1_agreement: float
+    first_divergent_step: int | None = None
+    diverged: bool = Field(description="A verify threshold is broken after this pass.")
+
+
+class NodeDivergence(BaseModel):
+    """``bisect``: the first node of the diverging pass's input graph that its output graph does not reproduce."""
+
+    pass_name: str | None = Field(None, description="The pass whose input and output were compared.")
+    node: str = Field(description="Node name in the pass's input graph.")
+    op_type: str
+    output: str = Field(description="The node output that differs.")
+    mapped_by: Literal["name", "value", "none"] = Field(
+        description="How the output was found in the pass's output graph: same name, same numbers (data flow), "
+        "or not at all (the pass changed what it computes)."
+    )
+    counterpart_node: str | None = Field(None, description="The node producing the same-named value after the pass.")
+    max_abs_diff: float | None = Field(None, description="Largest |difference| where a counterpart was mapped.")
+    call: int = Field(0, description="Session run (0 = the first call of the decode) where it first differs.")
+    nodes_in_output_reading_same_inputs: list[str] = Field(
+        default_factory=list, description="Nodes of the pass's output graph that read the node's mapped inputs."
+    )
+
+
 class VerifyReport(BaseModel):
     """Step-by-step verification of a candidate against the original on ONNX Runtime."""
 
@@ -353,6 +385,13 @@ class RunReport(BaseModel):
     accuracy: AccuracyReport | None = Field(None, description="verify.accuracy figures, when configured.")
     runtimes: list[RuntimeComparison] = Field(
         default_factory=list, description="verify.runtimes other than onnxruntime: each against the original on ORT."
+    )
+    pass_verification: list[PassVerifyRecord] = Field(
+        default_factory=list, description="verify_each_pass: one short decode per pass, in order (empty when off)."
+    )
+    first_divergent_pass: str | None = Field(None, description="verify_each_pass: the first pass that diverged.")
+    first_divergent_node: NodeDivergence | None = Field(
+        None, description="bisect: the first node of that pass's input graph its output does not reproduce."
     )
     failures: list[str] = Field(default_factory=list, description="Why status is 'failed'.")
     wall_time_s: float = 0.0

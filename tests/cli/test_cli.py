@@ -55,7 +55,7 @@ def test_run_example_pipeline_exits_0(tmp_path, name):
     result, out = _invoke("run", str(example), "--output-dir", str(tmp_path / "out"), "--json")
     assert result.exit_code == 0, out
     report = json.loads(result.stdout)
-    assert report["schema_version"] == 2 and report["status"] == "passed"
+    assert report["schema_version"] == 3 and report["status"] == "passed"
     assert [p["name"] for p in report["passes"]][0] == "static_kv"
     assert not [f for f in report["findings"] if f["level"] == "error"]
     for mode in ("teacher_forced", "free_running"):
@@ -339,7 +339,7 @@ def test_outputs_are_readable_by_others(tmp_path):
     finally:
         os.umask(old)
     assert result.exit_code == 0, out
-    for name in ("model.onnx", "report.json", "report.md"):
+    for name in ("model.onnx", "report.json", "report.md", "report.html"):
         assert stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) == 0o644, name
 
 

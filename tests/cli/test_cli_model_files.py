@@ -313,6 +313,7 @@ def test_external_data_input_gives_external_output_and_is_not_modified(tmp_path,
     assert sorted(p.name for p in written.parent.iterdir()) == [
         "model.onnx",
         "model.onnx.data",
+        "report.html",
         "report.json",
         "report.md",
     ]
@@ -405,7 +406,7 @@ def test_an_interrupted_run_leaves_nothing_in_the_output_folder(tmp_path, trigge
     left = sorted(p.name for p in out_dir.iterdir()) if out_dir.exists() else []
     before = ["keep.txt"] if existing else []
     if code == 0:  # the signal came after the last rename: then the outputs are complete
-        assert left == sorted([*before, "model.onnx", "report.json", "report.md"]), err
+        assert left == sorted([*before, "model.onnx", "report.html", "report.json", "report.md"]), err
         return
     assert code == 130, err
     assert "interrupted" in err, err
@@ -427,4 +428,4 @@ def test_an_inline_run_removes_an_earlier_runs_data_file(tmp_path):
     result, text = _invoke("run", _pipeline(tmp_path, REPO / "fixtures/llama_gqa/optimum/model.onnx"))
     assert result.exit_code == 0, text
     assert not (out / "model.onnx.data").exists()
-    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "report.json", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "report.html", "report.json", "report.md"]

@@ -1,0 +1,123 @@
+"""verify_each_pass / bisect: a deliberately wrong pass is named, and so is its first diverging node.
+
+Two test-only passes, registered here: one scales one MatMul weight (names map the nodes), one also splits
+that MatMul into two halves joined by a Concat and renames every node and value (only data flow and values
+map them). The CLI's --bisect takes the same route.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from typer.testing import CliRunner
+
+from onnxdeploy.cli import app
+from onnxdeploy.config import load_pipeline
+from onnxdeploy.passes import Pass, PassConfig, register_pass
+from onnxdeploy.pipeline import run_pipeline
+from tests.conftest import fixture_entry
+
+
+def _target_matmul(model: ir.Model) -> ir.Node:
+    """The first MatMul whose second input is a weight of more than 1 KiB (layer 0's q_proj in these exports)."""
+    return next(
+        n
+        for n in model.graph
+        if n.op_type == "MatMul" and n.inputs[1].const_value is not None and n.inputs[1].const_value.nbytes > 1024
+    )
+
+
+@register_pass
+class _ScaleOneWeightPass(Pass):
+    name = "test_scale_one_weight"
+    summary = "test only: scales one MatMul weight by 1.5"
+    config_model = PassConfig
+
+    def call(self, artifacts, context, report):
+        weight = _target_matmul(artifacts.primary).inputs[1]
+        weight.const_value = ir.tensor(weight.const_value.numpy() * np.float32(1.5), name=weight.name)
+        return artifacts, True
+
+
+@register_pass
+class _SplitMatMulPass(Pass):
+    name = "test_split_matmul"
+    summary = "test only: splits one MatMul in two (one half scaled) and renames every node and value"
+    config_model = PassConfig
+
+    def call(self, artifacts, context, report):
+        model = artifacts.primary
+        graph = model.graph
+        node = _target_matmul(model)
+        w = node.inputs[1].const_value.numpy()
+        half = w.shape[1] // 2
+        parts = []
+        for i, block in enumerate((w[:, :half], w[:, half:] * np.float32(1.5))):
+            value = ir.Value(name=f"split_w{i}", const_value=ir.tensor(np.ascontiguousarray(block), name=f"split_w{i}"))
+            value.shape, value.dtype = ir.Shape(block.shape), ir.DataType.FLOAT
+            graph.initializers.add(value)
+            parts.append(ir.node("MatMul", [node.inputs[0], value]))
+        concat = ir.node("Concat", [p.outputs[0] for p in parts], attributes={"axis": -1})
+        graph.insert_before(node, [*parts, concat])
+        ir.convenience.replace_all_uses_with(node.outputs[0], concat.outputs[0])
+        graph.remove(node, safe=True)
+        io = {v.name for v in (*graph.inputs, *graph.outputs)}
+        for i, n in enumerate(graph):
+            n.name = f"renamed_{i}"
+            for j, v in enumerate(n.outputs):
+                if v.name not in io:
+                    v.name = f"renamed_{i}_{j}"
+        return artifacts, True
+
+
+def _pipeline(tmp_path, wrong_pass: str):
+    entry = fixture_entry("llama_gqa_optimum")
+    (tmp_path / "p.yaml").write_text(
+        f"model: {entry['model_path']}\noutput_dir: {tmp_path / 'out'}\n"
+        "passes:\n  - static_kv: {max_cache_len: 32}\n"
+        f"  - {wrong_pass}: {{}}\n  - pin_opset: {{opset: 17}}\n"
+        "verify_each_pass: true\nbisect: true\ncache: null\n"
+        "verify: {prompt: [1, 17, 42, 99], steps: 2, modes: [teacher_forced]}\n"
+    )
+    return tmp_path / "p.yaml"
+
+
+def _expected_node(entry_name: str) -> str:
+    from onnxdeploy.model_io import load_model
+
+    return _target_matmul(load_model(fixture_entry(entry_name)["model_path"]).model).name
+
+
+@pytest.mark.parametrize(
+    ("wrong_pass", "mapped_by"), [("test_scale_one_weight", "name"), ("test_split_matmul", "none")]
+)
+def test_verify_each_pass_names_the_pass_and_its_first_diverging_node(tmp_path, wrong_pass, mapped_by):
+    outcome = run_pipeline(load_pipeline(_pipeline(tmp_path, wrong_pass)))
+    report = outcome.report
+    assert outcome.exit_code == 1
+    assert [r.name for r in report.pass_verification] == ["static_kv", wrong_pass, "pin_opset"]
+    assert [r.diverged for r in report.pass_verification] == [False, True, True]
+    assert report.pass_verification[0].max_abs_logit_diff <= 1e-4
+    assert report.first_divergent_pass == wrong_pass
+    node = report.first_divergent_node
+    assert node is not None and node.pass_name == wrong_pass
+    assert node.op_type == "MatMul" and node.node == _expected_node("llama_gqa_optimum")
+    assert node.mapped_by == mapped_by
+    if mapped_by == "none":  # the nodes that replaced it read the same (value-mapped) input
+        assert node.nodes_in_output_reading_same_inputs
+    else:
+        assert node.max_abs_diff > 1e-3
+    assert any(wrong_pass in line and node.node in line for line in report.failures)
+
+
+def test_cli_bisect_flag(tmp_path):
+    path = _pipeline(tmp_path, "test_scale_one_weight")
+    path.write_text(path.read_text().replace("verify_each_pass: true\nbisect: true\n", ""))
+    result = CliRunner().invoke(app, ["run", str(path), "--bisect", "--json", "--quiet"])
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["first_divergent_pass"] == "test_scale_one_weight"
+    assert report["first_divergent_node"]["op_type"] == "MatMul"

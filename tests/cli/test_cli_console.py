@@ -1,0 +1,72 @@
+"""Console behaviour: plain flags, --quiet, verify --json status, verify --report folder, no wrapping off a terminal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from onnxdeploy.cli import app
+from tests.conftest import fixture_entry
+
+runner = CliRunner()
+MODEL = str(fixture_entry("llama_gqa_optimum")["model_path"])
+
+
+def _pipeline(tmp_path: Path, out: Path) -> Path:
+    cfg = {
+        "model": MODEL,
+        "output_dir": str(out),
+        "passes": [{"static_kv": {"max_cache_len": 32}}],
+        "verify": {"prompt": [1, 17, 42], "steps": 3},
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_boolean_options_are_plain_flags_in_help():
+    for command in (["run", "--help"], ["verify", "--help"], ["check", "--help"]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 0, result.output
+        assert "--json" in result.output and "<bool>" not in result.output and "BOOLEAN" not in result.output
+    assert "--quiet" in runner.invoke(app, ["run", "--help"]).output
+
+
+def test_quiet_run_prints_nothing_and_a_long_output_path_stays_on_one_line(tmp_path):
+    out = tmp_path / ("a-long-folder-name-that-would-be-wrapped-at-eighty-columns-" * 2) / "out"
+    pipeline = _pipeline(tmp_path, out)
+    quiet = runner.invoke(app, ["run", str(pipeline), "--quiet"])
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stdout == "" and quiet.stderr == ""
+    assert (out / "report.html").is_file()
+    loud = runner.invoke(app, ["run", str(pipeline), "--no-cache"])
+    assert loud.exit_code == 0, loud.output
+    assert f"report {out / 'report.html'}" in loud.stdout.splitlines()[-1]  # the whole path, unbroken
+    assert "• pass static_kv {max_cache_len: 32}" in loud.stderr  # configs in YAML, not Python dicts
+
+
+def test_verify_json_carries_status_and_report_refuses_a_missing_folder(tmp_path):
+    missing = tmp_path / "no" / "such" / "r.json"
+    refused = runner.invoke(app, ["verify", MODEL, MODEL, "--steps", "2", "--report", str(missing)])
+    assert refused.exit_code == 2 and "does not exist" in refused.output
+    assert not (tmp_path / "no").exists()
+    result = runner.invoke(
+        app,
+        ["verify", MODEL, MODEL, "--steps", "4", "--json", "--max-rows", "3", "--report", str(tmp_path / "r.json")],
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["status"] == "passed" and payload["schema_version"] == 3
+    assert json.loads((tmp_path / "r.json").read_text()) == payload
+    mode = payload["modes"]["teacher_forced"]
+    assert len(mode["steps"]) == 3 and sum(b["positions"] for b in mode["steps_omitted"]) == mode["positions"] - 3
+
+
+def test_passes_listing_prints_defaults_as_yaml():
+    result = runner.invoke(app, ["passes"], terminal_width=200)
+    assert result.exit_code == 0
+    defaults = [row.split("│")[3].strip() for row in result.stdout.splitlines() if row.count("│") == 5]
+    assert "null" in defaults and "[]" in defaults and "None" not in defaults

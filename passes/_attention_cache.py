@@ -33,7 +33,7 @@ import onnx_ir as ir
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.kv_cache import GQA_OP, KVCache
 
-__all__ = ["decompose_attention", "rewrite_gqa_cache"]
+__all__ = ["rewrite_gqa_cache"]
 
 _PREFIX = "onnxdeploy/static_kv/gqa"
 _SEQLENS_K, _TOTAL_SEQUENCE_LENGTH, _COS_CACHE = 5, 6, 7
@@ -164,77 +164,3 @@ def _remove_dead(graph: ir.Graph) -> None:
             if all(not o.uses() and not o.is_graph_output() for o in node.outputs):
                 graph.remove(node, safe=True)
                 changed = True
-
-
-def decompose_attention(graph: ir.Graph, *, who: str = "mask_rewrite") -> list[str]:
-    """Replace every ONNX ``Attention`` (opset 23) node by MatMul → scale → mask → Softmax → MatMul.
-
-    The dynamo opset-23 exporter puts SDPA in one ``Attention`` node whose scores are out of reach: a mask can
-    only be added inside it, where a NaN in an unused K slot still reaches the Softmax. Decomposed, the scores
-    are a tensor :mod:`~onnxdeploy.passes.mask_rewrite` masks by select (and grouped_attention can read the
-    cache without a copy). For 4-D ``Q (B, H, S, D)``, ``K``/``V`` ``(B, H, L, D)`` (the head repeat done
-    outside, as exported), ``scale`` (default ``1/sqrt(D)``) and an optional ``attn_mask``:
-    ``scores = MatMul(Q, Transpose(K)) · scale``; a bool mask gives ``Where(mask, scores, lowest)``, a float
-    mask ``scores + mask``; ``Softmax(axis=-1)``; ``MatMul(probs, V)``. Exact up to float rounding (same dot
-    products; ORT's kernel scales Q first).
-
-    Args:
-        graph: a static graph (shapes inferred), edited in place.
-        who: the pass named in errors.
-
-    Returns:
-        One line per decomposed node.
-
-    Raises:
-        PreconditionError: an Attention node with a past_key/past_value input, 3-D inputs, fewer K/V heads than
-            Q heads inside the op, ``is_causal``, ``softcap``, or a second output in use (names the node).
-    """
-    changes = []
-    for node in [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
-        q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
-        mask = node.inputs[3] if len(node.inputs) > 3 else None
-        label = f"ai.onnx::Attention node '{node.name or '?'}'"
-        why = None
-        if any(i is not None for i in node.inputs[4:]):
-            why = "takes past_key/past_value (it concatenates the cache inside)"
-        elif any(x is None or x.shape is None or len(x.shape) != 4 for x in (q, k, v)):
-            why = "has inputs that are not 4-D (B, H, S, D)"
-        elif q.shape[1] != k.shape[1] or k.shape[1] != v.shape[1]:  # type: ignore[union-attr,index]
-            why = "repeats K/V heads inside the op (q and kv head counts differ)"
-        elif node.attributes.get_int("is_causal", 0) or node.attributes.get_float("softcap", 0.0):
-            why = "uses is_causal or softcap"
-        elif any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
-            why = "has present/qk outputs in use"
-        if why is not None:
-            raise PreconditionError(who, f"{label} {why}; only the exporters' plain SDPA form is decomposed")
-        assert q is not None and k is not None and v is not None and q.shape is not None
-        head_dim = q.shape[3]
-        default = 1.0 / float(np.sqrt(head_dim)) if isinstance(head_dim, int) else 1.0
-        scale = node.attributes.get_float("scale", default)
-        dtype = q.dtype or ir.DataType.FLOAT
-        np_dtype = dtype.numpy()
-        base = f"onnxdeploy/attention/{node.name or len(changes)}"
-        scale_c = _const(graph, f"{base}/scale", np.array(scale, dtype=np_dtype))
-        kt = ir.node("Transpose", [k], {"perm": [0, 1, 3, 2]}, name=f"{base}/Transpose")
-        qk = ir.node("MatMul", [q, kt.outputs[0]], name=f"{base}/MatMul_qk")
-        scaled = ir.node("Mul", [qk.outputs[0], scale_c], name=f"{base}/scale_mul")
-        made = [kt, qk, scaled]
-        scores = scaled.outputs[0]
-        if mask is not None and mask.dtype == ir.DataType.BOOL:
-            lowest = _const(graph, f"{base}/lowest", np.array(np.finfo(np_dtype).min, dtype=np_dtype))
-            made.append(ir.node("Where", [mask, scores, lowest], name=f"{base}/mask_select"))
-            scores = made[-1].outputs[0]
-        elif mask is not None:
-            made.append(ir.node("Add", [scores, mask], name=f"{base}/mask_add"))
-            scores = made[-1].outputs[0]
-        softmax = ir.node("Softmax", [scores], {"axis": -1}, name=f"{base}/Softmax")
-        pv = ir.node("MatMul", [softmax.outputs[0], v], name=f"{base}/MatMul_pv")
-        made += [softmax, pv]
-        for n in made:
-            n.outputs[0].name = n.name
-            n.outputs[0].dtype = dtype
-        graph.insert_before(node, made)
-        node.outputs[0].replace_all_uses_with(pv.outputs[0], replace_graph_outputs=True)
-        graph.remove(node, safe=True)
-        changes.append(f"{label} decomposed into MatMul/Mul(scale {scale:g})/{made[3].op_type}/Softmax/MatMul")
-    return changes

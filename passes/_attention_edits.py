@@ -35,8 +35,19 @@ import onnx_ir as ir
 import onnx_ir.passes.common as ir_common
 
 from onnxdeploy.contract import read_contract
+from onnxdeploy.errors import PreconditionError
 
-__all__ = ["AttentionRead", "cache_buffers", "find_cache_reads", "group_query_heads", "head_repeats"]
+__all__ = [
+    "AttentionRead",
+    "attention_nodes",
+    "cache_buffers",
+    "decompose_attention",
+    "decompose_refusal",
+    "find_cache_reads",
+    "group_query_heads",
+    "head_repeats",
+    "repeating_attention_nodes",
+]
 
 _PREFIX = "onnxdeploy/grouped_attention"
 LAYOUT_OPS = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Tile", "Transpose", "Flatten"})
@@ -385,3 +396,128 @@ def group_query_heads(model: ir.Model) -> tuple[list[str], list[str]]:
     if changes:
         ir_common.RemoveUnusedNodesPass()(model)  # the chains' shape constants
     return changes, warnings
+
+
+# ------------------------------------------------------------------------ opset-23 Attention, decomposed
+
+
+def attention_nodes(graph: ir.Graph) -> list[ir.Node]:
+    """The ONNX ``Attention`` (opset 23+) nodes of ``graph``, in graph order."""
+    return [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]
+
+
+def decompose_refusal(node: ir.Node) -> str | None:
+    """Why :func:`decompose_attention` cannot split ``node`` (None when it can).
+
+    Only the exporters' plain SDPA form is split: 4-D ``Q``/``K``/``V`` with as many K/V heads as Q heads (the
+    head repeat done outside the op), no ``past_key``/``past_value``, no ``is_causal`` or ``softcap``, and no
+    present/qk output in use.
+    """
+    q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+    if any(i is not None for i in node.inputs[4:]):
+        return "takes past_key/past_value (it concatenates the cache inside)"
+    if any(x is None or x.shape is None or len(x.shape) != 4 for x in (q, k, v)):
+        return "has inputs that are not 4-D (B, H, S, D)"
+    if q.shape[1] != k.shape[1] or k.shape[1] != v.shape[1]:  # type: ignore[union-attr,index]
+        return "repeats K/V heads inside the op (q and kv head counts differ)"
+    if node.attributes.get_int("is_causal", 0) or node.attributes.get_float("softcap", 0.0):
+        return "uses is_causal or softcap"
+    if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+        return "has present/qk outputs in use"
+    return None
+
+
+def repeating_attention_nodes(model: ir.Model) -> list[ir.Node]:
+    """``Attention`` nodes whose K or V input is a copying chain (head repeat) of a cache buffer.
+
+    These hide the chain's consumer from :func:`find_cache_reads` (which starts at MatMuls): decomposed, their
+    K/V reads become MatMul operands :func:`group_query_heads` can rewrite.
+
+    Args:
+        model: a static graph carrying a decode contract.
+
+    Returns:
+        The nodes, in graph order.
+    """
+    buffers = cache_buffers(model)
+    found = []
+    for node in attention_nodes(model.graph):
+        for operand in node.inputs[1:3]:
+            traced = _trace(operand, buffers) if operand is not None else None
+            if traced is not None and any(n.op_type in REPEAT_OPS for n in traced[1]):
+                found.append(node)
+                break
+    return found
+
+
+def _const_of(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType(ir.tensor(array).dtype)))
+    value.const_value = ir.tensor(array, name=name)
+    graph.register_initializer(value)
+    return value
+
+
+def decompose_attention(graph: ir.Graph, *, who: str = "mask_rewrite", nodes: list[ir.Node] | None = None) -> list[str]:
+    """Replace ONNX ``Attention`` (opset 23) nodes by MatMul → scale → mask → Softmax → MatMul.
+
+    The dynamo opset-23 exporter puts SDPA in one ``Attention`` node whose scores are out of reach: a mask can
+    only be added inside it, where a NaN in an unused K slot still reaches the Softmax, and its K/V inputs are
+    the exporter's head repeat of the cache, ``(B, H_q, L, D)``, which only a MatMul can read grouped. Both
+    :mod:`~onnxdeploy.passes.mask_rewrite` (to mask the scores by select) and
+    :mod:`~onnxdeploy.passes.grouped_attention` (to read the cache without the copy) split the op with this.
+    For 4-D ``Q (B, H, S, D)``, ``K``/``V`` ``(B, H, L, D)`` (the head repeat done outside, as exported),
+    ``scale`` (default ``1/sqrt(D)``) and an optional ``attn_mask``: ``scores = MatMul(Q, Transpose(K)) ·
+    scale``; a bool mask gives ``Where(mask, scores, lowest)``, a float mask ``scores + mask``;
+    ``Softmax(axis=-1)``; ``MatMul(probs, V)``. Exact up to float rounding (same dot products; ORT's kernel
+    scales Q first). Source of the op's meaning: the ONNX operator spec, ``Attention``-23.
+
+    Args:
+        graph: a static graph (shapes inferred), edited in place.
+        who: the pass named in errors.
+        nodes: the Attention nodes to split (default: every one in the graph).
+
+    Returns:
+        One line per decomposed node.
+
+    Raises:
+        PreconditionError: a node :func:`decompose_refusal` gives a reason for (names the node and the reason).
+    """
+    changes = []
+    for node in attention_nodes(graph) if nodes is None else nodes:
+        q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+        mask = node.inputs[3] if len(node.inputs) > 3 else None
+        label = f"ai.onnx::Attention node '{node.name or '?'}'"
+        why = decompose_refusal(node)
+        if why is not None:
+            raise PreconditionError(who, f"{label} {why}; only the exporters' plain SDPA form is decomposed")
+        assert q is not None and k is not None and v is not None and q.shape is not None
+        head_dim = q.shape[3]
+        default = 1.0 / float(np.sqrt(head_dim)) if isinstance(head_dim, int) else 1.0
+        scale = node.attributes.get_float("scale", default)
+        dtype = q.dtype or ir.DataType.FLOAT
+        np_dtype = dtype.numpy()
+        base = f"onnxdeploy/attention/{node.name or len(changes)}"
+        scale_c = _const_of(graph, f"{base}/scale", np.array(scale, dtype=np_dtype))
+        kt = ir.node("Transpose", [k], {"perm": [0, 1, 3, 2]}, name=f"{base}/Transpose")
+        qk = ir.node("MatMul", [q, kt.outputs[0]], name=f"{base}/MatMul_qk")
+        scaled = ir.node("Mul", [qk.outputs[0], scale_c], name=f"{base}/scale_mul")
+        made = [kt, qk, scaled]
+        scores = scaled.outputs[0]
+        if mask is not None and mask.dtype == ir.DataType.BOOL:
+            lowest = _const_of(graph, f"{base}/lowest", np.array(np.finfo(np_dtype).min, dtype=np_dtype))
+            made.append(ir.node("Where", [mask, scores, lowest], name=f"{base}/mask_select"))
+            scores = made[-1].outputs[0]
+        elif mask is not None:
+            made.append(ir.node("Add", [scores, mask], name=f"{base}/mask_add"))
+            scores = made[-1].outputs[0]
+        softmax = ir.node("Softmax", [scores], {"axis": -1}, name=f"{base}/Softmax")
+        pv = ir.node("MatMul", [softmax.outputs[0], v], name=f"{base}/MatMul_pv")
+        made += [softmax, pv]
+        for n in made:
+            n.outputs[0].name = n.name
+            n.outputs[0].dtype = dtype
+        graph.insert_before(node, made)
+        node.outputs[0].replace_all_uses_with(pv.outputs[0], replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        changes.append(f"{label} decomposed into MatMul/Mul(scale {scale:g})/{made[3].op_type}/Softmax/MatMul")
+    return changes

@@ -1,8 +1,11 @@
 """``grouped_attention``: attention reads the static cache buffer itself, with no head repeat or scale copy.
 
 Run it after ``static_kv`` (it needs the fixed shapes and the contract's cache names); it applies to every
-graph of the set (decode graph and prefill buckets). What it rewrites and why it is exact:
-:mod:`onnxdeploy.passes._attention_edits`. On the 125M LLaMA export of ``benchmarks/decode.py`` the head repeat
+graph of the set (decode graph and prefill buckets), before or after ``mask_rewrite``. What it rewrites and why
+it is exact: :mod:`onnxdeploy.passes._attention_edits`. An opset-23 ``Attention`` node whose K/V are the
+exporter's head repeat of the cache (dynamo-23 exports) is first split into primitive ops by the same helper
+``mask_rewrite`` uses (:func:`~onnxdeploy.passes._attention_edits.decompose_attention`), so its reads of the
+cache become MatMul operands this pass can rewrite. On the 125M LLaMA export of ``benchmarks/decode.py`` the head repeat
 alone is two copies of ``3 × max_cache_len × 64`` floats per head group and layer per step.
 """
 
@@ -12,7 +15,14 @@ import onnx_ir as ir
 
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import PostconditionError, PreconditionError
-from onnxdeploy.passes._attention_edits import group_query_heads, head_repeats
+from onnxdeploy.passes._attention_edits import (
+    decompose_attention,
+    decompose_refusal,
+    group_query_heads,
+    head_repeats,
+    repeating_attention_nodes,
+)
+from onnxdeploy.passes._cache_edits import infer_shapes
 from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
 from onnxdeploy.report import PassReport
 
@@ -32,7 +42,10 @@ class GroupedAttentionPass(Pass):
     Mul/Div, Q ``(B, H_q, S, D)`` (or the probabilities ``(B, H_q, S, max_cache_len)``) is reshaped to
     ``(B, H_kv, G·S, ·)``, the scalars move onto it, and the MatMul reads the buffer (K through one
     Transpose); the product is reshaped back to ``(B, H_q, S, ·)``. Graph inputs, outputs and the contract
-    are unchanged. The pass is functional: it rewrites structural copies (no weight copied).
+    are unchanged. An opset-23 ``Attention`` node that reads a head repeat of the cache is decomposed first
+    (MatMul/scale/mask/Softmax/MatMul, shapes re-inferred); one the decomposition does not take (past inputs,
+    ``is_causal``, ...) is left as it is, with a warning. The pass is functional: it rewrites structural copies
+    (no weight copied).
 
     Raises:
         PreconditionError: a graph without a decode contract (run ``static_kv`` first) or with a cache layout
@@ -70,7 +83,18 @@ class GroupedAttentionPass(Pass):
         modified = False
         for artifact in artifacts.artifacts:
             model = artifacts.copy_graph(artifact.model)
-            changes, warnings = group_query_heads(model)
+            split, warnings = [], []
+            for node in repeating_attention_nodes(model):
+                why = decompose_refusal(node)
+                if why is None:
+                    split.append(node)
+                else:
+                    warnings.append(f"Attention node '{node.name}' reads a head repeat of the cache but {why}: kept")
+            decomposed = decompose_attention(model.graph, who=self.name, nodes=split) if split else []
+            if decomposed:
+                infer_shapes(model)  # the new MatMuls' static shapes decide the grouped rewrite
+            changes, unrewritten = group_query_heads(model)
+            changes, warnings = decomposed + changes, warnings + unrewritten
             modified |= bool(changes)
             prefix = f"{artifact.name}: " if len(artifacts.artifacts) > 1 else ""
             report.changes += [prefix + line for line in changes]

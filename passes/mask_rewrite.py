@@ -55,7 +55,7 @@ from onnxdeploy import model_io
 from onnxdeploy.contract import DecodeContract, read_contract, write_contract
 from onnxdeploy.errors import PostconditionError, PreconditionError
 from onnxdeploy.kv_cache import GQA_OP
-from onnxdeploy.passes._attention_cache import decompose_attention
+from onnxdeploy.passes._attention_edits import decompose_attention
 from onnxdeploy.passes._cache_edits import infer_shapes, refold_and_infer
 from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
 from onnxdeploy.report import PassReport

@@ -14,6 +14,7 @@ from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.passes._attention_edits import cache_buffers, find_cache_reads, head_repeats
 from onnxdeploy.passes.grouped_attention import GroupedAttentionPass
+from onnxdeploy.passes.mask_rewrite import MaskRewriteConfig, MaskRewritePass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
 from tests.conftest import FIXTURE_NAMES, fixture_entry
@@ -51,7 +52,8 @@ def _cache_sized_copies(model: ir.Model, heads: int) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", FIXTURE_NAMES)
+# dynamo23: the head repeat feeds opset-23 Attention; grouped_attention splits the op itself (no mask_rewrite first)
+@pytest.mark.parametrize("name", [*FIXTURE_NAMES, "llama_gqa_dynamo23"])
 def test_grouped_attention_removes_the_head_repeat_and_decodes_the_same(tmp_path, name):
     entry = fixture_entry(name)
     heads = entry["config"]["heads"]
@@ -61,8 +63,12 @@ def test_grouped_attention_removes_the_head_repeat_and_decodes_the_same(tmp_path
     result = GroupedAttentionPass()(static)
     grouped = result.artifacts.primary
     layers = entry["config"]["layers"]
-    assert result.modified
-    assert len(result.report.changes) == 2 * layers if entry["config"]["kv_heads"] < heads else layers
+    assert result.modified and result.report.warnings == []
+    split = [c for c in result.report.changes if "Attention node" in c and "decomposed" in c]
+    assert len(split) == entry["expect"].attention_ops
+    assert "Attention" not in {n.op_type for n in grouped.graph}
+    rewritten = len(result.report.changes) - len(split)
+    assert rewritten == (2 * layers if entry["config"]["kv_heads"] < heads else layers)
 
     assert _cache_sized_copies(grouped, heads) == []
     assert head_repeats(grouped) == []
@@ -112,3 +118,17 @@ def test_grouped_attention_requires_a_static_graph():
     model = model_io.load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
     with pytest.raises(PreconditionError, match="run static_kv before grouped_attention"):
         GroupedAttentionPass()(model)
+
+
+def test_grouped_attention_then_mask_rewrite_on_opset_23_attention_decodes_the_same(tmp_path):
+    """Either order works: after grouped_attention split Attention-23, mask_rewrite finds its Softmax and mask."""
+    entry = fixture_entry("llama_gqa_dynamo23")
+    grouped = GroupedAttentionPass()(_static("llama_gqa_dynamo23", max_cache_len=L)).artifacts
+    masked = MaskRewritePass(MaskRewriteConfig())(grouped)
+    assert not [c for c in masked.report.changes if "decomposed" in c]  # split once, by grouped_attention
+    model = masked.artifacts.primary
+    assert head_repeats(model) == [] and "attention_mask" not in {v.name for v in model.graph.inputs}
+    path = model_io.write_for_ort(model, tmp_path)
+    res = verify(str(entry["model_path"]), path, prompt=PROMPT8, steps=24, max_abs_logit_diff=1e-4)
+    assert res.passed, [m.failures for m in res.modes.values()]
+    assert all(m.top1_agreement == 1.0 and m.positions == len(PROMPT8) + 24 for m in res.modes.values())

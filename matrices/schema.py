@@ -21,6 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from onnxdeploy.contract import CacheWrite
+
 __all__ = [
     "SCHEMA_VERSION",
     "DtypeSupport",
@@ -29,6 +31,7 @@ __all__ = [
     "Matrix",
     "OpEntry",
     "Source",
+    "TargetDefaults",
     "VersionRange",
 ]
 
@@ -156,6 +159,15 @@ class Generated(_Strict):
     versions: dict[str, str] = Field(description="Package versions it was generated from.")
 
 
+class TargetDefaults(_Strict):
+    """Pass settings a target implies when the pipeline does not choose (the pipeline's own keys win)."""
+
+    cache_write: CacheWrite | None = Field(
+        None, description="static_kv/kv_layout cache_write for this target (null: scatter_elements)."
+    )
+    note: str = Field("", description="Why: the measurement or document behind the choice.")
+
+
 class Matrix(_Strict):
     """One target's compatibility matrix (the whole data file)."""
 
@@ -182,6 +194,9 @@ class Matrix(_Strict):
     generated: Generated | None = Field(None, description="Set for generated files.")
     gaps: list[str] = Field(default_factory=list, description="What could not be sourced and is left out.")
     notes: list[str] = Field(default_factory=list, description="Anything else a user should know.")
+    defaults: TargetDefaults = Field(
+        default_factory=TargetDefaults, description="Pass settings the target implies (e.g. cache_write)."
+    )
 
     @model_validator(mode="after")
     def _sources_exist(self) -> Matrix:

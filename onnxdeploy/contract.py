@@ -20,11 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from onnxdeploy.errors import ContractError
 
 __all__ = [
+    "CACHE_WRITES",
     "CONTRACT_KEY",
     "CONTRACT_VERSION",
     "KV_DTYPES",
     "LAYOUT_VERSIONS",
     "CacheBinding",
+    "CacheWrite",
     "ContractInputs",
     "GraphSetEntry",
     "DecodeContract",
@@ -43,6 +45,13 @@ Contracts that need a later version say so themselves (:data:`LAYOUT_VERSIONS`).
 LAYOUT_VERSIONS: dict[str, int] = {"BHSD": 1, "BSH2D": 1, "BHDS_K": 3}
 """The lowest ``contract_version`` that knows each ``kv_layout`` (3 added ``BHDS_K``): a contract with that layout
 carries at least that version, so a host that knows fewer layouts refuses it instead of guessing."""
+
+CacheWrite = Literal["scatter_elements", "scatter_nd", "where", "host"]
+"""How a static graph writes the call's K/V into its cache buffer at ``cache_position``: ScatterElements, ScatterND,
+a select (Equal on a slot-index range, then Where: ops NPU compilers lower where they lack a Scatter), or ``host``:
+the graph outputs only the call's K/V (``cache_update: new_token_only``) and the host writes them."""
+
+CACHE_WRITES: tuple[str, ...] = ("scatter_elements", "scatter_nd", "where", "host")
 
 KVDtype = Literal["float32", "float16", "bfloat16"]
 """Element types a contract's cache may have."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from onnxdeploy.passes import (  # noqa: F401  (modules register their passes)
     external_data,
     grouped_attention,
+    kv_layout,
     mask_rewrite,
     pin_opset,
     quantize_weights,

@@ -93,7 +93,8 @@ def cache_buffers(model: ir.Model) -> set[ir.Value]:
     """The values that are a whole cache buffer: the past inputs named by the contract and what writes them.
 
     A buffer is a past input (BHSD ``(B, H_kv, L, D)``) or the output of a ScatterElements / ScatterND /
-    TensorScatter / Identity whose data input is a buffer (the updated buffer static_kv writes).
+    TensorScatter / Identity whose data input is a buffer, or of a Where selecting into a buffer (the updated
+    buffer static_kv writes).
 
     Args:
         model: a static graph carrying a decode contract.
@@ -113,7 +114,8 @@ def cache_buffers(model: ir.Model) -> set[ir.Value]:
             continue
         found.add(value)
         for use in value.uses():
-            if use.node.op_type in _CACHE_WRITES and use.idx == 0:
+            # the select write (cache_write where/host) takes the buffer as Where's third input
+            if (use.node.op_type in _CACHE_WRITES and use.idx == 0) or (use.node.op_type == "Where" and use.idx == 2):
                 todo.extend(use.node.outputs[:1])
     return found
 

@@ -5,8 +5,9 @@ The steps ``static_kv`` chains, usable on their own by later passes (prefill buc
 * :func:`add_cache_position` — the int64 ``[step_len]`` input naming the cache slots a call writes.
 * :func:`find_query_positions` / :func:`feed_query_positions` — find the exporter's query-position vector
   (``past_len + arange(S)``) by running the original at two past lengths, and feed ``cache_position`` there.
-* :func:`rewrite_cache_writes` — past inputs become fixed buffers written by ScatterElements at
-  ``cache_position``; every other reader of the past sees a Slice view of ``max_cache_len - S`` slots.
+* :func:`rewrite_cache_writes` — past inputs become fixed buffers written at ``cache_position`` (ScatterElements,
+  ScatterND or a select: :func:`build_cache_write`, any layout); every other reader of the past sees a Slice view of
+  ``max_cache_len - S`` slots.
 * :func:`fix_io_dims` — fixed batch, step length and cache length on the graph inputs.
 * :func:`replace_neg_inf` — ``-inf`` constants become the dtype's lowest finite value.
 * :func:`refold_and_infer` — constant-fold shape arithmetic (onnxsim on a weightless copy) and re-infer
@@ -35,7 +36,7 @@ import onnxruntime as ort
 import onnxsim
 
 from onnxdeploy import model_io
-from onnxdeploy.contract import KV_DTYPES, CacheBinding, ContractInputs, DecodeContract
+from onnxdeploy.contract import KV_DTYPES, CacheBinding, CacheWrite, ContractInputs, DecodeContract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.kv_cache import KVCache, find_logits_output, upstream_nodes
 from onnxdeploy.passes._pass_infra import PassContext
@@ -44,6 +45,7 @@ __all__ = [
     "CACHE_POSITION",
     "KNOWN_INPUTS",
     "add_cache_position",
+    "build_cache_write",
     "build_contract",
     "feed_query_positions",
     "find_query_positions",
@@ -315,13 +317,16 @@ def rewrite_cache_writes(
     cache_update: Literal["full_buffer", "new_token_only"] = "full_buffer",
     max_cache_len: int,
     step_len: int,
+    cache_write: CacheWrite = "scatter_elements",
+    batch: int | None = None,
 ) -> list[str]:
-    """Turn each cache Concat into a ScatterElements write at ``cache_position``; readers of the past see a view.
+    """Turn each cache Concat into a write at ``cache_position``; readers of the past see a view.
 
     For every cache tensor of ``kv`` (BHSD: past ``(B, H_kv, L, D)``, step's K/V ``(B, H_kv, S, D)``):
 
     * the Concat ``(past, new)`` becomes ``ScatterElements(past, idx, new, axis=seq_axis)``, ``idx`` being
-      ``cache_position`` broadcast to ``(B, H_kv, S, D)`` — attention reads the whole ``L``-slot buffer;
+      ``cache_position`` broadcast to ``(B, H_kv, S, D)`` — attention reads the whole ``L``-slot buffer (other
+      ``cache_write`` methods: :func:`build_cache_write`);
     * every other reader of the past (the exporters' shape arithmetic: mask width, GQA head-repeat shape)
       reads ``Slice(past, 0, L - S, axis=seq_axis)``, so their ``past_len + S`` is ``L``;
     * ``full_buffer``: the present output is the updated buffer ``(B, H_kv, L, D)``; ``new_token_only``: the
@@ -336,6 +341,9 @@ def rewrite_cache_writes(
         cache_update: ``full_buffer`` or ``new_token_only`` (see above).
         max_cache_len: L, slots of the fixed buffer.
         step_len: S, tokens per call.
+        cache_write: how the buffer is written (:func:`build_cache_write`); ``host`` writes by select inside
+            the graph (what attention reads) and is meant with ``cache_update`` ``new_token_only``.
+        batch: B, needed by ``scatter_nd`` (its index grid is a constant); default ``kv.batch`` or 1.
 
     Returns:
         Human-readable lines, one per rewritten Concat.
@@ -344,6 +352,7 @@ def rewrite_cache_writes(
         ValueError: an unsupported ``layout``, ``seq_axis`` other than the Concats', or ``max_cache_len <
             step_len``.
     """
+    batch = batch if batch is not None else (kv.batch or 1)
     if layout != "BHSD":
         raise ValueError(f"rewrite_cache_writes rewrites BHSD caches only, not {layout}")
     if seq_axis not in (2, -2):
@@ -388,17 +397,32 @@ def rewrite_cache_writes(
                 if use.node is not ct.concat and use.node is not view_node:
                     use.node.replace_input_with(use.idx, view)
 
-        scatter = ir.node(
-            "ScatterElements",
-            [ct.past_input, indices, ct.new_operand],
-            {"axis": seq_axis},
-            name=f"{_PREFIX}/{past}/ScatterElements",
-        )
+        if cache_write == "scatter_elements":
+            scatter = ir.node(
+                "ScatterElements",
+                [ct.past_input, indices, ct.new_operand],
+                {"axis": seq_axis},
+                name=f"{_PREFIX}/{past}/ScatterElements",
+            )
+            written = [scatter]
+        else:
+            written, _ = build_cache_write(
+                graph,
+                ct.past_input,
+                ct.new_operand,
+                cache_position,
+                method=cache_write,
+                seq_axis=seq_axis,
+                update_shape=(batch, kv.num_kv_heads, step_len, kv.head_dim),
+                max_cache_len=max_cache_len,
+                prefix=f"{_PREFIX}/{past}",
+            )
+            scatter = written[-1]
         updated = scatter.outputs[0]
         updated.name = f"{_PREFIX}/{past}/updated_buffer"
         updated.dtype = kv.dtype
-        updated.shape = ir.Shape(ct.past_input.shape or [None] * 4)  # ScatterElements keeps the data's shape
-        graph.insert_before(ct.concat, scatter)
+        updated.shape = ir.Shape(ct.past_input.shape or [None] * 4)  # a write keeps the data's shape
+        graph.insert_before(ct.concat, written)
         concat_out = ct.concat_output
         present = ct.present_output
         present_name = ct.present_name
@@ -421,7 +445,7 @@ def rewrite_cache_writes(
         graph.remove(ct.concat, safe=True)
         _remove_dead_chain(graph, present)
         changes.append(
-            f"Concat '{ct.concat.name or '?'}' -> ScatterElements(axis={seq_axis}) into '{past}' at "
+            f"Concat '{ct.concat.name or '?'}' -> {scatter.op_type}(axis={seq_axis}) into '{past}' at "
             f"{cache_position.name} ({ct.kind}, present '{present_name}', {cache_update})"
         )
     return changes
@@ -438,6 +462,141 @@ def _remove_dead_chain(graph: ir.Graph, value: ir.Value) -> None:
         if len(inputs) != 1:
             return
         value = inputs[0]
+
+
+def _write_node(op: str, inputs: list[ir.Value], name: str, dtype: ir.DataType, **attributes: object) -> ir.Node:
+    node = ir.node(op, inputs, attributes or None, name=f"{name}/{op}")
+    node.outputs[0].name = name
+    node.outputs[0].dtype = dtype
+    return node
+
+
+def build_cache_write(
+    graph: ir.Graph,
+    buffer: ir.Value,
+    update: ir.Value,
+    cache_position: ir.Value,
+    *,
+    method: CacheWrite,
+    seq_axis: int,
+    update_shape: tuple[int, ...],
+    max_cache_len: int,
+    prefix: str,
+) -> tuple[list[ir.Node], ir.Value]:
+    """Nodes that write ``update`` into ``buffer`` at the slots ``cache_position`` names, on ``seq_axis``.
+
+    ``buffer`` has ``max_cache_len`` slots on ``seq_axis`` (any layout: BHSD ``(B, H_kv, L, D)``, BSH2D
+    ``(B, L, H_kv, 2·D)``, K of BHDS_K ``(B, H_kv, D, L)``); ``update`` has ``update_shape``, the same with ``S``
+    on ``seq_axis``; ``cache_position`` is int64 ``[S]``, distinct slots. Every method gives the same buffer,
+    bit for bit (each only moves elements):
+
+    * ``scatter_elements``: ``ScatterElements(buffer, idx, update, axis=seq_axis)``, ``idx`` = ``cache_position``
+      expanded to ``update_shape`` (opset ≥ 11).
+    * ``scatter_nd``: ``ScatterND(buffer, idx, update)``, ``idx`` ``(*update_shape[:seq_axis + 1], seq_axis + 1)``:
+      a constant index grid of the leading axes and ``cache_position`` last (opset ≥ 11).
+    * ``where`` (and ``host``, the write attention reads inside a ``new_token_only`` graph): a select with ops NPU
+      compilers lower where they lack a Scatter (RK3588). ``S = 1``: ``Where(Equal(slots, cache_position),
+      update, buffer)``, ``slots`` the constant int64 slot index ``0..L-1`` along ``seq_axis``, ``update``
+      broadcast over the slots. ``S > 1``: ``src = ArgMax(Equal(slots, cache_position))`` (which of the S rows
+      lands in each slot), ``hit = Equal(Gather(cache_position, src), slots)``, ``Where(hit, Gather(update, src,
+      axis=seq_axis), buffer)``.
+
+    Args:
+        graph: the graph (constants are registered on it, by name, once).
+        buffer: the cache buffer, in the compute dtype.
+        update: the call's K/V in the buffer's layout, ``update_shape``.
+        cache_position: int64 ``[S]``.
+        method: a :data:`~onnxdeploy.contract.CacheWrite`.
+        seq_axis: the slot axis of ``buffer`` and ``update`` (non-negative).
+        update_shape: static shape of ``update``.
+        max_cache_len: L, slots of ``buffer``.
+        prefix: names of the new nodes and values start with it (unique per write).
+
+    Returns:
+        ``(nodes in topological order, the updated buffer)``; the caller inserts the nodes.
+
+    Raises:
+        ValueError: an unknown ``method``.
+    """
+    rank = len(update_shape)
+    S = update_shape[seq_axis]
+    dtype = update.dtype or buffer.dtype or ir.DataType.FLOAT
+    i64 = ir.DataType.INT64
+    nodes: list[ir.Node] = []
+
+    def const(name: str, values: np.ndarray) -> ir.Value:
+        key = f"{_PREFIX}/write/{name}"
+        if key in graph.initializers:
+            return graph.initializers[key]
+        tensor = ir.tensor(np.ascontiguousarray(values), name=key)
+        value = ir.Value(name=key, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype))
+        value.const_value = tensor
+        graph.register_initializer(value)
+        return value
+
+    def add(op: str, inputs: list[ir.Value], out: str, out_dtype: ir.DataType, **attributes: object) -> ir.Value:
+        node = _write_node(op, inputs, f"{prefix}/{out}", out_dtype, **attributes)
+        nodes.append(node)
+        return node.outputs[0]
+
+    shape_key = "x".join(map(str, update_shape))
+    if method == "scatter_elements":
+        pos_shape = [1] * rank
+        pos_shape[seq_axis] = S
+        pos = add(
+            "Reshape",
+            [cache_position, const(f"shape_{'x'.join(map(str, pos_shape))}", np.array(pos_shape))],
+            "positions",
+            i64,
+        )
+        idx = add("Expand", [pos, const(f"shape_{shape_key}", np.array(update_shape))], "indices", i64)
+        out = add("ScatterElements", [buffer, idx, update], "updated", dtype, axis=seq_axis)
+    elif method == "scatter_nd":
+        lead = list(update_shape[: seq_axis + 1])
+        pos_shape = [1] * seq_axis + [S, 1]
+        pos = add(
+            "Reshape",
+            [cache_position, const(f"shape_{'x'.join(map(str, pos_shape))}", np.array(pos_shape))],
+            "positions",
+            i64,
+        )
+        pos = add(
+            "Expand", [pos, const(f"shape_{'x'.join(map(str, lead))}x1", np.array([*lead, 1]))], "slot_index", i64
+        )
+        if seq_axis:
+            grid = np.stack(np.indices(lead, dtype=np.int64)[:seq_axis], axis=-1)
+            pos = add("Concat", [const(f"grid_{'x'.join(map(str, lead))}", grid), pos], "indices", i64, axis=-1)
+        out = add("ScatterND", [buffer, pos, update], "updated", dtype)
+    elif method in ("where", "host"):
+        slot_shape = [1] * rank
+        slot_shape[seq_axis] = max_cache_len
+        slot_key = "x".join(map(str, slot_shape))
+        if S == 1:
+            slots = const(f"slots_{slot_key}", np.arange(max_cache_len, dtype=np.int64).reshape(slot_shape))
+            pos = add(
+                "Reshape",
+                [cache_position, const(f"shape_{'x'.join(['1'] * rank)}", np.ones(rank, np.int64))],
+                "position",
+                i64,
+            )
+            hit = add("Equal", [slots, pos], "slot_hit", ir.DataType.BOOL)
+            out = add("Where", [hit, update, buffer], "updated", dtype)
+        else:
+            column = const(f"slots_{max_cache_len}x1", np.arange(max_cache_len, dtype=np.int64).reshape(-1, 1))
+            row = add("Reshape", [cache_position, const(f"shape_1x{S}", np.array([1, S]))], "positions", i64)
+            onehot = add("Equal", [column, row], "slot_of_row", ir.DataType.BOOL)
+            scores = add("Cast", [onehot], "slot_of_row_float", ir.DataType.FLOAT, to=ir.DataType.FLOAT)
+            src = add("ArgMax", [scores], "source_row", i64, axis=1, keepdims=0)
+            written = add("Gather", [cache_position, src], "source_position", i64, axis=0)
+            flat = const(f"slots_{max_cache_len}", np.arange(max_cache_len, dtype=np.int64))
+            hit = add("Equal", [written, flat], "slot_hit_flat", ir.DataType.BOOL)
+            hit = add("Reshape", [hit, const(f"shape_{slot_key}", np.array(slot_shape))], "slot_hit", ir.DataType.BOOL)
+            rows = add("Gather", [update, src], "rows", dtype, axis=seq_axis)
+            out = add("Where", [hit, rows, buffer], "updated", dtype)
+    else:
+        raise ValueError(f"unknown cache_write {method!r}; known: scatter_elements, scatter_nd, where, host")
+    out.shape = buffer.shape
+    return nodes, out
 
 
 # ----------------------------------------------------------------------------------------------- I/O dims

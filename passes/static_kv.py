@@ -37,7 +37,7 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import Field, model_validator
 
-from onnxdeploy.contract import CONTRACT_KEY, DecodeContract, GraphSetEntry, write_contract
+from onnxdeploy.contract import CONTRACT_KEY, CacheWrite, DecodeContract, GraphSetEntry, write_contract
 from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
 from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output, genai_head_size
 from onnxdeploy.passes._attention_cache import rewrite_gqa_cache
@@ -135,6 +135,13 @@ class StaticKVConfig(PassConfig):
         description="Cache element type apart from the compute dtype (e.g. float16 on an fp32 model): cache I/O in "
         "this dtype, cast at the cache boundary; default: the model's.",
     )
+    cache_write: CacheWrite | None = Field(
+        None,
+        description="How the graph writes the call's K/V at cache_position: scatter_elements, scatter_nd, where "
+        "(Equal on a slot-index range + Where, for NPUs without a Scatter lowering) or host (cache_update "
+        "new_token_only: the host writes; attention reads a where-written buffer); default: the target's "
+        "matrix defaults.cache_write, else scatter_elements.",
+    )
 
     @model_validator(mode="after")
     def _one_form_each(self) -> Self:
@@ -146,6 +153,10 @@ class StaticKVConfig(PassConfig):
             values = getattr(self, key)
             if values is not None and (min(values) < 1 or len(set(values)) != len(values)):
                 raise ValueError(f"{key} must hold distinct integers >= 1, got {values}")
+        if self.cache_write == "host":
+            if "cache_update" in self.model_fields_set and self.cache_update != "new_token_only":
+                raise ValueError("cache_write host means cache_update new_token_only (the host writes the cache)")
+            self.cache_update = "new_token_only"
         if max(self.steps()) > min(self.caches()):
             raise ValueError(
                 f"step length {max(self.steps())} does not fit cache length {min(self.caches())}: every step length "
@@ -478,6 +489,7 @@ class StaticKVCachePass(Pass):
         if "input_ids" not in {v.name for v in g.inputs}:
             raise PreconditionError(self.name, "the model has no 'input_ids' input")
 
+        self._resolve_cache_write(kv, context, report)
         if kv.attention_op is not None:
             query_positions = []  # the op derives positions and the causal mask from seqlens_k
             report.changes.append(
@@ -542,6 +554,38 @@ class StaticKVCachePass(Pass):
         )
         return out, True
 
+    def _resolve_cache_write(self, kv: KVCache, context: PassContext, report: PassReport) -> None:
+        """Set the cache write and update this run uses: the config's, else the target's default, else Scatter.
+
+        Raises:
+            PreconditionError: a ``cache_write`` other than ``scatter_elements`` where an attention op holds the
+                cache (the op writes it).
+        """
+        cfg = self.config
+        write, source = cfg.cache_write, "config"
+        if write is None and context.target is not None:
+            from onnxdeploy.matrices import get_target  # noqa: PLC0415  (matrices load lazily: package data)
+
+            write, source = get_target(context.target).defaults.cache_write, f"target {context.target} default"
+        update = cfg.cache_update
+        if kv.attention_op is not None:
+            if write not in (None, "scatter_elements") and source == "config":
+                raise PreconditionError(
+                    self.name,
+                    f"cache_write {write}: the cache is written inside {kv.attention_op}; leave cache_write unset",
+                )
+            if write not in (None, "scatter_elements"):
+                report.warnings.append(f"{source} cache_write {write} ignored: {kv.attention_op} writes the cache")
+            write = None
+        elif write == "host" and "cache_update" not in cfg.model_fields_set:
+            update = "new_token_only"
+        elif write == "host" and update != "new_token_only":
+            raise PreconditionError(self.name, f"{source} cache_write host needs cache_update new_token_only")
+        self._cache_write: CacheWrite = write or "scatter_elements"
+        self._cache_update: Literal["full_buffer", "new_token_only"] = update
+        if kv.attention_op is None:
+            report.changes.append(f"cache write: {self._cache_write} ({source if write else 'default'}), {update}")
+
     def _rewrite(
         self,
         model: ir.Model,
@@ -578,7 +622,7 @@ class StaticKVCachePass(Pass):
                 batch=B,
                 step_len=S,
                 max_cache_len=L,
-                cache_update=cfg.cache_update,
+                cache_update=self._cache_update,
                 who=self.name,
             )
         else:
@@ -587,9 +631,11 @@ class StaticKVCachePass(Pass):
                 kv,
                 cache_position=cache_position,
                 seq_axis=kv.seq_axis,
-                cache_update=cfg.cache_update,
+                cache_update=self._cache_update,
                 max_cache_len=L,
                 step_len=S,
+                cache_write=self._cache_write,
+                batch=B,
             )
             feed_query_positions(g, query_positions, cache_position)
         report.dims_fixed += fix_io_dims(g, kv, batch=B, step_len=S, max_cache_len=L)
@@ -604,7 +650,7 @@ class StaticKVCachePass(Pass):
             report.warnings.append(f"ops left after folding: {left}")
 
         contract = build_contract(
-            folded, kv, batch=B, step_len=S, max_cache_len=L, cache_update=cfg.cache_update, who=self.name
+            folded, kv, batch=B, step_len=S, max_cache_len=L, cache_update=self._cache_update, who=self.name
         )
         if kv.attention_op is not None:  # the op masks by seqlens_k, computed from cache_position
             contract = contract.model_copy(update={"mask": "cache_position"})
@@ -624,7 +670,7 @@ class StaticKVCachePass(Pass):
             contract = contract.model_copy(update={"kv_dtype": cfg.kv_dtype})
         report.changes.append(
             f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={B}, step_len={S}, "
-            f"max_cache_len={L}, {cfg.cache_update}"
+            f"max_cache_len={L}, {self._cache_update}"
         )
         return folded, contract
 

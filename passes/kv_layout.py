@@ -1,0 +1,469 @@
+"""``kv_layout``: the static cache in the layout an NPU wants, head dim padded, written in that layout.
+
+What the pass does (DESIGN.md, "Passes" → ``kv_layout``), on every graph of the artifact set (decode graph and
+prefill buckets; each carries its own contract). Input: static BHSD graphs (``static_kv`` ran first); shapes
+below use ``B`` batch, ``H`` = ``H_kv``, ``L`` = ``max_cache_len``, ``S`` = ``step_len``, ``D`` the model's head
+dim and ``Dp`` the padded one (``D`` rounded up to a multiple of ``pad_head_dim_to``):
+
+* ``BHSD``: past K and V ``(B, H, L, Dp)`` (only padding changes).
+* ``BSH2D``: one packed input per layer ``(B, L, H, 2·Dp)``, K in ``[..., :Dp]`` and V in ``[..., Dp:]`` (one
+  load fetches both), and one packed output.
+* ``BHDS_K``: K transposed ``(B, H, Dp, L)`` (what ``Q·Kᵀ`` multiplies: no transpose per step), V ``(B, H, L, Dp)``.
+
+The call's K/V ``(B, H, S, D)`` are padded with zeros to ``Dp`` (Pad), put into the target layout (a Concat and
+a Transpose of ``S`` rows, never of the buffer) and written into the buffer **in the target layout** at
+``cache_position`` (:func:`onnxdeploy.passes._cache_edits.build_cache_write`: ScatterElements, ScatterND or the
+select write). Attention then reads K and V by Slice (dropping the padding) and, where its layout differs, a
+Transpose back to ``(B, H, L, D)``; for ``BHDS_K`` a reader that transposes K itself (``Transpose(0, 1, 3, 2)``,
+as attention does after ``grouped_attention``) reads the stored K directly. Padding is zeros and only moved, so
+the logits are bit-identical to the BHSD graph's.
+
+The contract records ``kv_layout``, ``head_dim_padded``, the cache names (``kv_in``/``kv_out`` for BSH2D) and
+``contract_version`` (3 for ``BHDS_K``: :data:`~onnxdeploy.contract.LAYOUT_VERSIONS`). A cache that stays inside
+``com.microsoft::GroupQueryAttention`` (or opset-23 ``Attention``) is refused: the op takes its cache only as BNSH
+``(B, H, S, D)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common as ir_common
+from pydantic import Field
+
+from onnxdeploy.contract import (
+    LAYOUT_VERSIONS,
+    CacheBinding,
+    CacheWrite,
+    DecodeContract,
+    read_contract,
+    write_contract,
+)
+from onnxdeploy.errors import PostconditionError, PreconditionError
+from onnxdeploy.passes._cache_edits import build_cache_write, infer_shapes
+from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
+from onnxdeploy.report import PassReport
+
+__all__ = ["KVLayoutConfig", "KVLayoutPass", "padded_head_dim"]
+
+_PREFIX = "onnxdeploy/kv_layout"
+_CACHE_IN_OP = frozenset({"GroupQueryAttention", "Attention", "MultiHeadAttention"})
+_WRITE_METHODS = {"ScatterElements": "scatter_elements", "ScatterND": "scatter_nd", "Where": "where"}
+_SWAP_LAST = (0, 1, 3, 2)
+_BSH = (0, 2, 1, 3)  # (B, H, S, D) <-> (B, S, H, D)
+
+Layout = Literal["BHSD", "BSH2D", "BHDS_K"]
+
+
+class KVLayoutConfig(PassConfig):
+    """Config of ``kv_layout``."""
+
+    layout: Layout = Field(
+        description="Cache layout: BHSD (B, H_kv, L, D); BSH2D (B, L, H_kv, 2·D), K and V packed on the last axis "
+        "(one input and one output per layer); BHDS_K: K transposed (B, H_kv, D, L), V as BHSD."
+    )
+    pad_head_dim_to: int | None = Field(
+        None,
+        ge=1,
+        description="Pad the cache head dim with zeros up to a multiple of this (e.g. 32 or 64, the NPU's SIMD "
+        "width); exact. None: no padding.",
+    )
+    cache_write: CacheWrite | None = Field(
+        None,
+        description="How the graph writes the call's K/V in the new layout: scatter_elements, scatter_nd, where "
+        "(Equal + Where) or host (cache_update new_token_only); default: the method the graph already uses.",
+    )
+
+
+def padded_head_dim(head_dim: int, pad_to: int | None) -> int:
+    """``head_dim`` rounded up to a multiple of ``pad_to`` (``head_dim`` itself when ``pad_to`` is None)."""
+    return head_dim if not pad_to else math.ceil(head_dim / pad_to) * pad_to
+
+
+@dataclass
+class _CacheTensor:
+    """One BHSD cache tensor of a static graph: its input, the write static_kv made, and its output."""
+
+    past: ir.Value  # graph input (B, H, L, D), kv dtype
+    buffer: ir.Value  # past, or its Cast to the compute dtype
+    write: ir.Node  # ScatterElements / ScatterND / Where writing the call's K/V into buffer
+    new: ir.Value  # the call's K/V (B, H, S, D), compute dtype
+    updated: ir.Value  # write output (B, H, L, D): what attention reads
+    present_index: int  # position of the present output in graph.outputs
+    method: CacheWrite
+
+
+def _label(node: ir.Node) -> str:
+    return f"{node.op_type} '{node.name or '?'}'"
+
+
+def _find_tensor(
+    graph: ir.Graph, contract: DecodeContract, past_name: str, present_name: str, who: str
+) -> _CacheTensor:
+    """Find the write static_kv made into ``past_name`` by data flow (input → optional Cast → write)."""
+    inputs = {str(v.name): v for v in graph.inputs}
+    past = inputs[past_name]
+    buffer = past
+    uses = list(past.uses())
+    if len(uses) == 1 and uses[0].node.op_type == "Cast":  # kv_dtype apart from the compute dtype
+        buffer = uses[0].node.outputs[0]
+    inside = [u.node for u in buffer.uses() if u.node.op_type in _CACHE_IN_OP]
+    if inside:
+        raise PreconditionError(
+            who,
+            f"the cache '{past_name}' stays inside {_label(inside[0])}, which takes its cache only as BNSH "
+            "(B, H_kv, S, D); kv_layout cannot repack it unless the op is decomposed",
+        )
+    writes = [
+        u.node
+        for u in buffer.uses()
+        if (u.node.op_type in ("ScatterElements", "ScatterND") and u.idx == 0)
+        or (u.node.op_type == "Where" and u.idx == 2)
+    ]
+    if len(writes) != 1:
+        raise PreconditionError(
+            who,
+            f"expected one cache write (ScatterElements/ScatterND/Where, as static_kv makes) reading '{past_name}'; "
+            f"found {[_label(n) for n in writes] or 'none'}",
+        )
+    write = writes[0]
+    others = [_label(u.node) for u in buffer.uses() if u.node is not write]
+    if others:
+        raise PreconditionError(who, f"'{past_name}' is read before its write by {others[:3]}; expected only the write")
+    new = write.inputs[1] if write.op_type == "Where" else write.inputs[2]
+    producer = new.producer() if new is not None else None
+    if write.op_type == "Where" and producer is not None and producer.op_type == "Gather":  # the S > 1 select
+        new = producer.inputs[0]
+    want = (contract.batch, contract.num_kv_heads, contract.step_len, contract.head_dim)
+    if new is None or new.shape is None or tuple(new.shape) != want:
+        raise PreconditionError(
+            who, f"the K/V {_label(write)} writes into '{past_name}' is {new.shape if new else None}, not {want}"
+        )
+    index = next(i for i, v in enumerate(graph.outputs) if v.name == present_name)
+    method = _WRITE_METHODS[write.op_type]
+    if method == "where" and contract.cache_update == "new_token_only":
+        method = "host"
+    return _CacheTensor(past, buffer, write, new, write.outputs[0], index, method)  # type: ignore[arg-type]
+
+
+class _Builder:
+    """Appends nodes to a graph with typed, shaped outputs and named constants (sorted topologically later)."""
+
+    def __init__(self, graph: ir.Graph, prefix: str):
+        self.graph = graph
+        self.prefix = prefix
+
+    def const(self, name: str, values: list[int]) -> ir.Value:
+        key = f"{_PREFIX}/{name}"
+        if key not in self.graph.initializers:
+            tensor = ir.tensor(np.asarray(values, dtype=np.int64), name=key)
+            value = ir.Value(name=key, shape=ir.Shape(tensor.shape), type=ir.TensorType(ir.DataType.INT64))
+            value.const_value = tensor
+            self.graph.register_initializer(value)
+        return self.graph.initializers[key]
+
+    def node(self, op: str, inputs: list[ir.Value], out: str, shape: tuple[int, ...], dtype: ir.DataType, **attrs):
+        node = ir.node(op, inputs, attrs or None, name=f"{self.prefix}/{out}/{op}")
+        value = node.outputs[0]
+        value.name, value.shape, value.dtype = f"{self.prefix}/{out}", ir.Shape(list(shape)), dtype
+        self.graph.append(node)
+        return value
+
+    def slice_last_or_axis(self, value: ir.Value, start: int, stop: int, axis: int, out: str) -> ir.Value:
+        shape = list(value.shape)  # type: ignore[arg-type]
+        if start == 0 and stop == shape[axis]:
+            return value
+        shape[axis] = stop - start
+        consts = [
+            self.const(f"i64_{start}", [start]),
+            self.const(f"i64_{stop}", [stop]),
+            self.const(f"i64_{axis}", [axis]),
+        ]
+        return self.node("Slice", [value, *consts], out, tuple(shape), value.dtype)  # type: ignore[arg-type]
+
+    def transpose(self, value: ir.Value, perm: tuple[int, ...], out: str) -> ir.Value:
+        shape = tuple(value.shape[i] for i in perm)  # type: ignore[index]
+        return self.node("Transpose", [value], out, shape, value.dtype, perm=list(perm))  # type: ignore[arg-type]
+
+    def cast(self, value: ir.Value, dtype: ir.DataType, out: str) -> ir.Value:
+        if value.dtype == dtype:
+            return value
+        return self.node("Cast", [value], out, tuple(value.shape), dtype, to=dtype)  # type: ignore[arg-type]
+
+    def pad_last(self, value: ir.Value, padded: int, out: str) -> ir.Value:
+        shape = tuple(value.shape)  # type: ignore[arg-type]
+        if shape[-1] == padded:
+            return value
+        pads = [0] * (2 * len(shape))
+        pads[-1] = padded - shape[-1]
+        return self.node(
+            "Pad",
+            [value, self.const(f"pads_{'_'.join(map(str, pads))}", pads)],
+            out,
+            (*shape[:-1], padded),
+            value.dtype,
+        )  # type: ignore[arg-type]
+
+
+def _write(
+    b: _Builder,
+    buffer: ir.Value,
+    update: ir.Value,
+    axis: int,
+    tag: str,
+    method: CacheWrite,
+    cache_position: ir.Value,
+    max_cache_len: int,
+) -> ir.Value:
+    """Append the write of ``update`` into ``buffer`` on ``axis`` (:func:`build_cache_write`); return the result."""
+    nodes, updated = build_cache_write(
+        b.graph,
+        buffer,
+        update,
+        cache_position,
+        method=method,
+        seq_axis=axis,
+        update_shape=tuple(update.shape),  # type: ignore[arg-type]
+        max_cache_len=max_cache_len,
+        prefix=f"{b.prefix}/{tag}",
+    )
+    for node in nodes:
+        b.graph.append(node)
+    updated.shape = buffer.shape
+    return updated
+
+
+def _reroute(old: _CacheTensor, view: ir.Value) -> None:
+    """Every reader of the old updated buffer reads ``view`` (the same values, from the new layout) instead."""
+    for use in list(old.updated.uses()):
+        use.node.replace_input_with(use.idx, view)
+
+
+def _new_input(graph: ir.Graph, old: ir.Value, name: str, shape: tuple[int, ...], dtype: ir.DataType) -> ir.Value:
+    """A graph input ``name`` in place of ``old`` (same position); ``old`` is renamed out of the way."""
+    index = next(i for i, v in enumerate(graph.inputs) if v is old)
+    old.name = f"{old.name}/bhsd"
+    value = ir.Value(name=name, shape=ir.Shape(list(shape)), type=ir.TensorType(dtype))
+    graph.inputs[index] = value
+    return value
+
+
+def _relayout(
+    model: ir.Model, contract: DecodeContract, cfg: KVLayoutConfig, who: str
+) -> tuple[DecodeContract, list[str]]:
+    """Rewrite one static graph's cache into ``cfg.layout`` (module docstring); returns its contract and changes."""
+    graph = model.graph
+    c = contract
+    B, H, L, S, D = c.batch, c.num_kv_heads, c.max_cache_len, c.step_len, c.head_dim
+    Dp = padded_head_dim(D, cfg.pad_head_dim_to)
+    kv_type = c.kv_onnx_type
+    inputs = {str(v.name): v for v in graph.inputs}
+    cache_position = inputs[c.inputs.cache_position] if c.inputs.cache_position else None
+    if cache_position is None:
+        raise PreconditionError(who, "the contract names no cache_position input; run static_kv first")
+    found = [
+        [_find_tensor(graph, c, past, present, who) for past, present in c.layer_cache_pairs(entry)]
+        for entry in c.cache
+    ]
+    methods = {t.method for layer in found for t in layer}
+    method: CacheWrite = cfg.cache_write or (methods.pop() if len(methods) == 1 else "scatter_elements")
+    update_mode = "new_token_only" if method == "host" else c.cache_update
+    if update_mode == "new_token_only" and method != "host" and cfg.cache_write is None:
+        method = "host"
+    new_outputs: dict[int, ir.Value] = {}
+    drop_outputs: set[int] = set()
+    entries: list[CacheBinding] = []
+    kept_transposes = 0
+    back_transposes = 0
+    for entry, layer in zip(c.cache, found, strict=True):
+        key, value = layer
+        compute = key.new.dtype or kv_type
+        b = _Builder(graph, f"{_PREFIX}/layer{entry.layer}")
+        new_k = b.pad_last(key.new, Dp, "key_padded")
+        new_v = b.pad_last(value.new, Dp, "value_padded")
+
+        if cfg.layout == "BSH2D":
+            packed_new = b.transpose(
+                b.node("Concat", [new_k, new_v], "kv_new_bhsd", (B, H, S, 2 * Dp), compute, axis=3), _BSH, "kv_new"
+            )
+            base = _packed_name(entry.key_in or "", entry.value_in or "")
+            past = _new_input(graph, key.past, base, (B, L, H, 2 * Dp), kv_type)
+            graph.inputs.remove(value.past)
+            buffer = b.cast(past, compute, "kv_compute")
+            updated = _write(b, buffer, packed_new, 1, "kv_write", method, cache_position, L)
+            for t, start, tag in ((key, 0, "key"), (value, Dp, "value")):
+                part = b.slice_last_or_axis(updated, start, start + D, 3, f"{tag}_bshd")
+                _reroute(t, b.transpose(part, _BSH, f"{tag}_view"))
+                back_transposes += 1
+            out = b.cast(updated if update_mode == "full_buffer" else packed_new, kv_type, "kv_out_cache")
+            out_name = _packed_name(entry.key_out or "", entry.value_out or "")
+            _rename_output(graph, key.present_index, out_name)
+            out.name = out_name
+            new_outputs[key.present_index] = out
+            drop_outputs.add(value.present_index)
+            entries.append(CacheBinding(layer=entry.layer, kv_in=base, kv_out=out_name))
+            continue
+
+        names = {}
+        for t, tag, new in ((key, "key", new_k), (value, "value", new_v)):
+            transposed = cfg.layout == "BHDS_K" and tag == "key"
+            update = b.transpose(new, _SWAP_LAST, f"{tag}_new_t") if transposed else new
+            shape = (B, H, Dp, L) if transposed else (B, H, L, Dp)
+            past_name = str(t.past.name)
+            past = _new_input(graph, t.past, past_name, shape, kv_type)
+            buffer = b.cast(past, compute, f"{tag}_compute")
+            updated = _write(b, buffer, update, 3 if transposed else 2, f"{tag}_write", method, cache_position, L)
+            if transposed:
+                stored = b.slice_last_or_axis(updated, 0, D, 2, "key_t_view")  # (B, H, D, L)
+                back = None
+                for use in list(t.updated.uses()):
+                    node = use.node
+                    if node.op_type == "Transpose" and tuple(node.attributes.get_ints("perm", [])) == _SWAP_LAST:
+                        node.outputs[0].replace_all_uses_with(stored)  # attention's Kᵀ is the stored K
+                        kept_transposes += 1
+                        continue
+                    if back is None:
+                        back = b.transpose(stored, _SWAP_LAST, "key_view")
+                        back_transposes += 1
+                    node.replace_input_with(use.idx, back)
+            else:
+                _reroute(t, b.slice_last_or_axis(updated, 0, D, 3, f"{tag}_view"))
+            out = b.cast(updated if update_mode == "full_buffer" else update, kv_type, f"{tag}_out_cache")
+            present_name = str(graph.outputs[t.present_index].name)
+            _rename_output(graph, t.present_index, present_name)
+            out.name = present_name
+            new_outputs[t.present_index] = out
+            names[tag] = (past_name, present_name)
+        entries.append(
+            CacheBinding(
+                layer=entry.layer,
+                key_in=names["key"][0],
+                key_out=names["key"][1],
+                value_in=names["value"][0],
+                value_out=names["value"][1],
+            )
+        )
+    for index, out in new_outputs.items():
+        graph.outputs[index] = out
+    for index in sorted(drop_outputs, reverse=True):
+        graph.outputs.pop(index)
+    graph.sort()
+    ir_common.RemoveUnusedNodesPass()(model)
+    infer_shapes(model)
+    new_contract = c.model_copy(
+        update={
+            "kv_layout": cfg.layout,
+            "head_dim_padded": Dp,
+            "cache": entries,
+            "cache_update": update_mode,
+            "contract_version": max(c.contract_version, LAYOUT_VERSIONS[cfg.layout]),
+        }
+    )
+    DecodeContract.model_validate(new_contract.model_dump())  # the layout's names and version hold
+    changes = [
+        f"cache {cfg.layout}, head dim {D} -> {Dp}, written by {method} ({update_mode}) in the new layout; "
+        f"{len(c.cache)} layers"
+    ]
+    if cfg.layout == "BHDS_K":
+        changes.append(
+            f"{kept_transposes} K Transpose(s) now read the stored Kᵀ directly; {back_transposes} reader(s) of K "
+            "transpose it back (run grouped_attention before kv_layout so attention reads K through one Transpose)"
+        )
+    return new_contract, changes
+
+
+def _packed_name(key: str, value: str) -> str:
+    """``past_key_values.0.key`` + ``past_key_values.0.value`` -> ``past_key_values.0.key_value``."""
+    if key.endswith("key") and value == key[: -len("key")] + "value":
+        return key + "_value"
+    return f"{key}+{value}"
+
+
+def _rename_output(graph: ir.Graph, index: int, name: str) -> None:
+    old = graph.outputs[index]
+    if old.name == name:
+        old.name = f"{name}/bhsd"
+
+
+@register_pass
+class KVLayoutPass(Pass):
+    """Repack every graph's static cache into ``layout``, head dim padded (module docstring).
+
+    Raises:
+        PreconditionError: a graph without a decode contract (run ``static_kv`` first), a layout other than BHSD
+            or a padded head dim already (run ``kv_layout`` once), a cache inside GroupQueryAttention/Attention
+            (BNSH only), or no single cache write per cache input.
+        PostconditionError: a cache input or output whose shape differs from the new contract's.
+    """
+
+    name = "kv_layout"
+    summary = "Cache layout BHSD | BSH2D (K/V packed) | BHDS_K (K transposed), head dim padded; written in that layout."
+    config_model = KVLayoutConfig
+    config: KVLayoutConfig
+    in_place = False
+
+    def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
+        """Every graph carries a BHSD, unpadded decode contract.
+
+        Raises:
+            PreconditionError: naming the graph.
+        """
+        for artifact in artifacts.artifacts:
+            contract = read_contract(artifact.model, source=artifact.name)
+            if contract is None:
+                raise PreconditionError(
+                    self.name, f"graph '{artifact.name}' has no decode contract; run static_kv first"
+                )
+            if contract.kv_layout != "BHSD" or contract.head_dim_padded != contract.head_dim:
+                raise PreconditionError(
+                    self.name,
+                    f"graph '{artifact.name}' already has kv_layout {contract.kv_layout}, head_dim_padded "
+                    f"{contract.head_dim_padded}; run kv_layout once, on the BHSD graph static_kv made",
+                )
+
+    def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
+        """Rewrite a structural copy of every graph (no weight copied)."""
+        models = []
+        for artifact in artifacts.artifacts:
+            model = artifacts.copy_graph(artifact.model)
+            contract = read_contract(model, source=artifact.name)
+            assert contract is not None  # requires() checked
+            try:
+                new_contract, changes = _relayout(model, contract, self.config, self.name)
+            except PreconditionError as exc:
+                raise PreconditionError(self.name, f"graph '{artifact.name}': {exc.detail}") from exc
+            write_contract(model, new_contract)
+            prefix = f"{artifact.name}: " if len(artifacts.artifacts) > 1 else ""
+            report.changes += [prefix + line for line in changes]
+            models.append(model)
+        return artifacts.with_models(models), True
+
+    def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
+        """Every cache input and output has the shape and dtype its contract states.
+
+        Raises:
+            PostconditionError: naming the graph and the tensor.
+        """
+        for artifact in artifacts.artifacts:
+            contract = read_contract(artifact.model, source=artifact.name)
+            assert contract is not None
+            g = artifact.model.graph
+            values = {str(v.name): v for v in [*g.inputs, *g.outputs]}
+            pairs = contract.cache_pairs()
+            wanted = [
+                *zip([p for p, _ in pairs], contract.pair_input_shapes(), strict=True),
+                *zip([o for _, o in pairs], contract.pair_output_shapes(), strict=True),
+            ]
+            for name, shape in wanted:
+                value = values.get(name)
+                got = tuple(value.shape) if value is not None and value.shape is not None else None
+                if got != shape or value.dtype != contract.kv_onnx_type:  # type: ignore[union-attr]
+                    raise PostconditionError(
+                        self.name,
+                        f"graph '{artifact.name}': '{name}' is {got} {value.dtype if value else ''}; the contract "
+                        f"says {shape} {contract.kv_dtype}",
+                    )

@@ -95,15 +95,18 @@ def test_bad_pipeline_exits_2_naming_the_problem_and_writes_nothing(tmp_path, ov
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_gpt2_pin_opset_17_exits_2_naming_split(tmp_path):
-    path = _write_pipeline(
-        tmp_path,
-        model=str(fixture_entry("gpt2_optimum")["model_path"]),
-        passes=[{"static_kv": {"max_cache_len": 64}}, {"pin_opset": {"opset": 17}}],
+def test_pin_opset_without_exact_lowering_exits_2_naming_op_node_and_opset(tmp_path):
+    model = onnx.parser.parse_model(
+        """<ir_version: 8, opset_import: ["" : 18]>
+        g (float[2,3] x, int64[2,3] i, float[2,3] u) => (float[2,3] y) {
+            y = ScatterElements <axis = 1, reduction = "max"> (x, i, u) }"""
     )
+    model.graph.node[0].name = "scatter_max"
+    onnx.save(model, tmp_path / "m.onnx")
+    path = _write_pipeline(tmp_path, model=str(tmp_path / "m.onnx"), passes=[{"pin_opset": {"opset": 17}}], verify=None)
     result, out = _invoke("run", str(path))
     assert result.exit_code == 2, out
-    assert "Split" in out and "18" in out
+    assert "ScatterElements" in out and "scatter_max" in out and "lowest reachable opset: 18" in out
     assert not (tmp_path / "out").exists()
 
 

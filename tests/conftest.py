@@ -7,6 +7,8 @@ never need torch.
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +89,15 @@ def fixture_expectations(name: str) -> FixtureExpectations:
 
 
 @pytest.fixture(autouse=True)
-def _private_pass_cache(tmp_path_factory, monkeypatch) -> None:
-    """Each test gets its own empty pass cache (no test is served what another stored, nothing lands in ~/.cache)."""
-    monkeypatch.setenv("ONNXDEPLOY_CACHE_DIR", str(tmp_path_factory.mktemp("pass-cache")))
+def _private_pass_cache(tmp_path_factory, monkeypatch) -> Iterator[None]:
+    """Each test gets its own empty pass cache (no test is served what another stored, nothing lands in ~/.cache).
+
+    Removed after the test: a large model's entries would otherwise stay in pytest's kept temporary folders.
+    """
+    folder = tmp_path_factory.mktemp("pass-cache")
+    monkeypatch.setenv("ONNXDEPLOY_CACHE_DIR", str(folder))
+    yield
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def fixture_entry(name: str) -> dict:

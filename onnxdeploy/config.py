@@ -23,6 +23,7 @@ __all__ = [
     "VerifyConfig",
     "PassSpec",
     "PipelineConfig",
+    "RuntimeSpec",
     "default_checks",
     "load_pipeline",
     "format_validation_error",
@@ -39,6 +40,29 @@ make static. A target adds its own checks either way (``target_opset``, ``target
 def default_checks(has_contract: bool) -> list[str]:
     """The checks a run makes when the pipeline has no ``checks`` key: with or without a decode contract."""
     return list(DEFAULT_CHECKS if has_contract else DEFAULT_CHECKS_NO_CONTRACT)
+
+
+RuntimeName = Literal["onnxruntime", "openvino", "rknn-sim"]
+
+
+class RuntimeSpec(BaseModel):
+    """One ``verify.runtimes`` entry in its mapping form, with the tolerance that runtime is held to.
+
+    An fp16 runtime cannot meet an fp32 tolerance: RKNN-Toolkit2's simulator builds an unquantized model in
+    fp16 and matched ORT within 3.8e-4 on a static fixture (issue 8), so ``{name: rknn-sim,
+    max_abs_logit_diff: 1.0e-2}``. The plain string form (``rknn-sim``) uses ``verify.max_abs_logit_diff``.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: RuntimeName = Field(description="The runtime (onnxruntime, openvino, rknn-sim).")
+    max_abs_logit_diff: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Largest allowed max-abs logit difference on this runtime against the original on ORT; "
+        "null: verify.max_abs_logit_diff.",
+    )
 
 
 class VerifyConfig(BaseModel):
@@ -58,12 +82,13 @@ class VerifyConfig(BaseModel):
     providers: list[str] = Field(
         default=["CPUExecutionProvider"], min_length=1, description="ONNX Runtime execution providers, in order."
     )
-    runtimes: list[Literal["onnxruntime", "openvino", "rknn-sim"]] = Field(
-        default=["onnxruntime"],
+    runtimes: list[RuntimeSpec] = Field(
+        default_factory=lambda: [RuntimeSpec(name="onnxruntime")],
         min_length=1,
         description="Runtimes the candidate is also decoded on; each is compared with the original on ONNX Runtime "
         "(openvino: CPU, INFERENCE_PRECISION_HINT f32; needs the openvino extra. rknn-sim: RKNN-Toolkit2 2.5.0's "
-        "simulator, fp16 build for rk3588; needs `onnxdeploy sdk install rknn`).",
+        "simulator, fp16 build for rk3588; needs `onnxdeploy sdk install rknn`). An entry is a name or "
+        "{name, max_abs_logit_diff} with that runtime's own tolerance (e.g. 1.0e-2 for the fp16 rknn-sim).",
     )
     strict_providers: StrictBool = Field(
         False, description="Fail (exit 1) when a requested provider is not active (ONNX Runtime fell back to CPU)."
@@ -96,12 +121,39 @@ class VerifyConfig(BaseModel):
             )
         return v
 
-    @field_validator("modes", "providers", "runtimes")
+    @field_validator("modes", "providers")
     @classmethod
     def _no_repeats(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
             raise ValueError(f"each entry may appear once, got {v}")
         return v
+
+    @field_validator("runtimes", mode="before")
+    @classmethod
+    def _runtime_names(cls, v: Any) -> Any:
+        """A plain name is the mapping form without a tolerance of its own (``openvino`` = ``{name: openvino}``)."""
+        return [{"name": r} if isinstance(r, str) else r for r in v] if isinstance(v, list) else v
+
+    @field_validator("runtimes")
+    @classmethod
+    def _runtime_once(cls, v: list[RuntimeSpec]) -> list[RuntimeSpec]:
+        names = [r.name for r in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each runtime may appear once, got {names}")
+        return v
+
+    def runtime_specs(self) -> list[RuntimeSpec]:
+        """Every ``runtimes`` entry as a :class:`RuntimeSpec` with its tolerance resolved.
+
+        Returns:
+            One spec per entry, in order; ``max_abs_logit_diff`` is the entry's own, else the section's.
+        """
+        return [
+            s
+            if s.max_abs_logit_diff is not None
+            else s.model_copy(update={"max_abs_logit_diff": self.max_abs_logit_diff})
+            for s in self.runtimes
+        ]
 
 
 class CalibrationConfig(BaseModel):
@@ -377,7 +429,7 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
         from onnxdeploy.runner.runtimes import check_runtimes  # noqa: PLC0415
 
         try:
-            check_runtimes(cfg.verify.runtimes)
+            check_runtimes([spec.name for spec in cfg.verify.runtime_specs()])
         except ConfigError as exc:
             raise ConfigError(f"{p}: key 'verify.runtimes': {exc}") from None
     cfg = _resolve_token_files(cfg, base, p)

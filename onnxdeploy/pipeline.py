@@ -472,17 +472,17 @@ def run_pipeline(
                 }
             )
 
-            for name in v.runtimes:
-                if name != "onnxruntime":
-                    say(f"verify on {name}: the candidate against the original on ONNX Runtime")
+            for spec in v.runtime_specs():
+                if spec.name != "onnxruntime":
+                    say(f"verify on {spec.name}: the candidate against the original on ONNX Runtime")
                     runtime_reports.append(
                         compare_on_runtime(
                             str(model_in),
                             str(tmp_model),
-                            name,
+                            spec.name,
                             prompt=list(v.prompt),
                             steps=v.steps,
-                            max_abs_logit_diff=v.max_abs_logit_diff,
+                            max_abs_logit_diff=spec.max_abs_logit_diff,
                         )
                     )
             accuracy_report = _accuracy(config, model_in, tmp_model, final_model, say)
@@ -500,7 +500,11 @@ def run_pipeline(
             if not r.passed:
                 failures.append(
                     f"verify on {r.runtime}: "
-                    + (r.refused or f"max |diff| {r.max_abs_logit_diff:.3g}, top-1 {r.top1_agreement:.3f}")
+                    + (
+                        r.refused
+                        or f"max |diff| {r.max_abs_logit_diff:.3g} (allowed {r.max_abs_logit_diff_allowed:.3g}), "
+                        f"top-1 {r.top1_agreement:.3f}"
+                    )
                 )
         contract = read_contract(primary.model, source=str(final_model))
         report = RunReport(

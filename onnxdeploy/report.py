@@ -100,6 +100,9 @@ class RuntimeComparison(BaseModel):
     positions: int = 0
     top1_agreement: float = 0.0
     max_abs_logit_diff: float | None = None
+    max_abs_logit_diff_allowed: float | None = Field(
+        None, description="The tolerance this runtime was held to (its verify.runtimes entry's, else verify's)."
+    )
     first_divergent_step: int | None = None
     refused: str | None = Field(None, description="Why the runtime could not run the candidate (names the op).")
 

@@ -227,7 +227,13 @@ def compare_on_runtime(
         )(candidate)
     except ModelLoadError as exc:
         device = "rk3588 simulator" if runtime == "rknn-sim" else "CPU"
-        return RuntimeComparison(runtime=runtime, device=device, passed=False, refused=str(exc))
+        return RuntimeComparison(
+            runtime=runtime,
+            device=device,
+            passed=False,
+            refused=str(exc),
+            max_abs_logit_diff_allowed=max_abs_logit_diff,
+        )
     precision = getattr(session.session, "precision", "") if session is not None else ""
     decoder = make_decoder(session) if session is not None else open_decoder(candidate)
     try:
@@ -252,6 +258,7 @@ def compare_on_runtime(
         positions=len(tokens),
         top1_agreement=float(agree.mean()),
         max_abs_logit_diff=float(diffs.max()),
+        max_abs_logit_diff_allowed=max_abs_logit_diff,
         first_divergent_step=int(bad[0]) if bad.size else None,
     )
 

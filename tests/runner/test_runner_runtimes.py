@@ -72,3 +72,45 @@ def test_node_providers_names_the_provider_of_every_node_and_leaves_no_profile(t
     assert placement["nodes"] and set(placement["nodes"].values()) == {"CPUExecutionProvider"}
     assert placement["per_provider"]["CPUExecutionProvider"] == len(placement["nodes"])
     assert sorted(os.listdir(".")) == before
+
+
+def test_each_runtime_entry_may_carry_its_own_tolerance(tmp_path):
+    verify = load_pipeline_text(
+        tmp_path,
+        "verify: {max_abs_logit_diff: 1.0e-4, runtimes: [onnxruntime, {name: openvino, max_abs_logit_diff: 1.0e-2}]}",
+    ).verify
+    assert [(s.name, s.max_abs_logit_diff) for s in verify.runtime_specs()] == [
+        ("onnxruntime", 1e-4),
+        ("openvino", 1e-2),
+    ]
+    for bad, message in [
+        ("[openvino, {name: openvino}]", "each runtime may appear once"),
+        ("[{name: openvino, tolerance: 1.0e-2}]", r"verify.runtimes.0.tolerance"),
+        ("[{name: openvino, max_abs_logit_diff: -1.0}]", r"verify.runtimes.0.max_abs_logit_diff"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_pipeline_text(tmp_path, f"verify: {{runtimes: {bad}}}")
+
+
+def test_a_runtime_is_held_to_its_own_tolerance(tmp_path):
+    """OpenVINO differs from ORT by a few ulp: 0.0 of its own fails the run while verify's 1e-4 passes ORT."""
+    pytest.importorskip("openvino", reason="optional extra: pip install -e '.[openvino]'")
+    config = load_pipeline_text(
+        tmp_path,
+        f"output_dir: {tmp_path / 'out'}\npasses:\n  - static_kv: {{max_cache_len: 32}}\n"
+        "verify: {steps: 4, runtimes: [onnxruntime, {name: openvino, max_abs_logit_diff: 0.0}]}",
+    )
+    outcome = run_pipeline(config)
+    (ov,) = outcome.report.runtimes
+    assert (ov.max_abs_logit_diff_allowed, outcome.report.verify.passed) == (0.0, True)
+    assert not ov.passed and ov.max_abs_logit_diff > 0 and outcome.exit_code == 1
+    assert any("verify on openvino" in f and "(allowed 0)" in f for f in outcome.report.failures), (
+        outcome.report.failures
+    )
+
+
+def load_pipeline_text(tmp_path, text: str):
+    """A pipeline on the optimum LLaMA export with ``text`` appended, loaded (and validated)."""
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\n{text}\n")
+    return load_pipeline(pipeline)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+import types
 import typing
 import weakref
 from collections.abc import Callable, Iterator
@@ -308,8 +309,13 @@ class Pass:
         rows = []
         for fname, fld in cls.config_model.model_fields.items():
             ann = fld.annotation
-            if typing.get_origin(ann) is typing.Literal:
-                type_name = " | ".join(str(a) for a in typing.get_args(ann))
+            members = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
+            if any(typing.get_origin(m) is typing.Literal for m in members):  # Literal[...] or Literal[...] | None
+                type_name = " | ".join(
+                    str(a) if typing.get_origin(m) is typing.Literal else "None" if a is type(None) else a.__name__
+                    for m in members
+                    for a in (typing.get_args(m) if typing.get_origin(m) is typing.Literal else (m,))
+                )
             else:
                 type_name = getattr(ann, "__name__", str(ann)).replace("typing.", "")
             rows.append(

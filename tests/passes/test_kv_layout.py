@@ -153,6 +153,25 @@ def test_the_trained_fixture_packs_and_pads_to_64_bit_exactly(tmp_path) -> None:
     assert report.modes["teacher_forced"].max_abs_logit_diff == 0.0
 
 
+def test_kv_layout_chooses_its_own_write(tmp_path) -> None:
+    # a ScatterElements static graph repacked with the host write: new_token_only, no Scatter left
+    name = "llama_gqa_dynamo"
+    result = KVLayoutPass(KVLayoutConfig(layout="BSH2D", cache_write="host"))(_static(name, "scatter_elements", False))
+    contract = read_contract(result.artifacts.primary)
+    assert contract is not None and contract.cache_update == "new_token_only"
+    assert contract.pair_output_shapes() == [(1, 1, 2, 32)] * contract.num_layers
+    _assert_written_in_layout(result.artifacts.primary, contract, "host")
+    report = verify(
+        fixture_entry(name)["model_path"],
+        _write(result.artifacts, tmp_path / "out"),
+        prompt=PROMPT,
+        steps=STEPS,
+        modes=["teacher_forced"],
+        max_abs_logit_diff=TOLERANCE,
+    )
+    assert report.passed, report.modes["teacher_forced"].failures
+
+
 def test_the_rk3588_target_defaults_to_the_select_write() -> None:
     model = load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
     result = StaticKVCachePass(StaticKVConfig(max_cache_len=16))(model, PassContext(target="rknn-rk3588"))

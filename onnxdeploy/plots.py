@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import matplotlib
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from onnxdeploy.report import CallTiming, StepRecord
 
@@ -116,6 +116,7 @@ def error_plot(
         if first_divergent is not None and first_divergent in x:
             ax.axvline(first_divergent, color=_BAD, linestyle=":", linewidth=0.8)
         ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels crowd a short axis
         ax.legend(loc="best", fontsize=7, frameon=False)
         return _svg(fig, plot_id)
 
@@ -220,5 +221,6 @@ def kl_plot(series: dict[str, Sequence[float]], *, title: str, plot_id: str) -> 
                 label=label,
             )
         ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels crowd a short axis
         ax.legend(loc="best", fontsize=7, frameon=False)
         return _svg(fig, plot_id)

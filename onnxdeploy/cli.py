@@ -32,18 +32,33 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: flags show no '<bool>' value, nothing is boxed or wrapped mid-path
 )
 
 _json_error_written = False
 """Set once a JSON error object went to stdout, so :func:`main` does not write a second one."""
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.")]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress and no summary: only errors and failure reasons (stderr).")
+]
+
+NON_TERMINAL_WIDTH = 160
+"""Columns for tables when output is not a terminal (CI logs, pipes); lines there are never wrapped."""
+
+
+def _console(*, stderr: bool) -> Console:
+    """A console for stdout or stderr; off a terminal it never wraps a line (paths stay whole for CI logs)."""
+    console = Console(stderr=stderr, highlight=False)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=max(console.width, NON_TERMINAL_WIDTH))
 
 
 def _consoles(as_json: bool) -> tuple[Console, Console]:
     """(out, err): with --json, human output goes to stderr so stdout stays pure JSON."""
-    err = Console(stderr=True, highlight=False)
-    out = err if as_json else Console(highlight=False)
+    err = _console(stderr=True)
+    out = err if as_json else _console(stderr=False)
     return out, err
 
 
@@ -119,7 +134,8 @@ def _ops_text(ops: dict[str, int], sign: str, most: int = 4) -> str:
     return (text + f", … ({len(items) - most} more)" if len(items) > most else text) or "—"
 
 
-def _progress(console: Console) -> Progress:
+def _progress(console: Console, *, quiet: bool = False) -> Progress:
+    """Progress bars on ``console`` (stderr), removed when done; none with ``--quiet``."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -127,19 +143,24 @@ def _progress(console: Console) -> Progress:
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        disable=quiet,
     )
 
 
+_STAGES = {"passes": "passes", "checks": "checks", "reference": "decode original"}
+"""Bar labels of the pipeline's stages and the runner's reference decode; other names are verify modes."""
+
+
 def _progress_callback(bar: Progress) -> Callable[[str, int, int], None]:
-    """Return a runner progress callback that keeps one bar per decode mode."""
+    """Return a ``(stage, done, total)`` callback that keeps one bar per stage (passes, checks, each decode mode)."""
     tasks: dict[str, Any] = {}
 
-    def on_verify(mode: str, done: int, total: int) -> None:
-        if mode not in tasks:
-            tasks[mode] = bar.add_task(f"verify {mode}", total=total)
-        bar.update(tasks[mode], completed=done, total=total)
+    def on_step(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(_STAGES.get(stage, f"verify {stage}"), total=total)
+        bar.update(tasks[stage], completed=done, total=total)
 
-    return on_verify
+    return on_step
 
 
 @app.command()
@@ -164,8 +185,9 @@ def run(
         ),
     ] = False,
     as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
-    """Run a pipeline: passes, checks, step-by-step verification; write model.onnx, report.json, report.md."""
+    """Run a pipeline: passes, checks, step-by-step verification; write the model, report.json|md|html."""
     from onnxdeploy.config import load_pipeline
     from onnxdeploy.pass_cache import CacheConfig
     from onnxdeploy.pipeline import run_pipeline
@@ -185,10 +207,13 @@ def run(
         elif cache_dir is not None:
             section = config.cache or CacheConfig()
             config = config.model_copy(update={"cache": section.model_copy(update={"dir": cache_dir.resolve()})})
-        with _progress(err) as bar:
-            on_verify = _progress_callback(bar)
+        with _progress(err, quiet=quiet) as bar:
+            on_step = _progress_callback(bar)
             outcome = run_pipeline(
-                config, progress=lambda msg: err.print(f"[dim]•[/] {msg}", highlight=False), verify_progress=on_verify
+                config,
+                progress=None if quiet else lambda msg: err.print(f"[dim]•[/] {escape(msg)}", highlight=False),
+                verify_progress=on_step,
+                step_progress=on_step,
             )
     except OnnxDeployError as exc:
         raise _fail(err, exc, as_json=as_json) from None
@@ -200,7 +225,10 @@ def run(
     report = outcome.report
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
-    else:
+    if quiet:
+        for reason in report.failures:
+            err.print(f"FAILED: {reason}", markup=False)
+    elif not as_json:
         table = Table(title="passes")
         for col in ("pass", "nodes", "ops added", "ops removed", "dims fixed", "time (s)"):
             table.add_column(col)
@@ -238,7 +266,7 @@ def run(
         if len(report.failures) > shown:
             out.print(f"[red]FAILED:[/] … and {len(report.failures) - shown} more (see {outcome.report_md})")
         colour = "green" if report.status == "passed" else "red"
-        out.print(f"[bold {colour}]{report.status.upper()}[/]: {outcome.model_path}; report {outcome.report_json}")
+        out.print(f"[bold {colour}]{report.status.upper()}[/]: {outcome.model_path}; report {outcome.report_html}")
     raise typer.Exit(outcome.exit_code)
 
 
@@ -293,8 +321,9 @@ def inspect(
 
 @app.command("passes")
 def list_passes(*, as_json: JsonOpt = False) -> None:
-    """List every pass with its config fields, types, defaults and descriptions."""
+    """List every pass with its config fields, types, defaults (YAML) and descriptions."""
     from onnxdeploy.passes import PASSES
+    from onnxdeploy.render import yaml_inline
 
     rows = [
         {"name": name, "summary": cls.summary, "config": cls.describe_config()} for name, cls in sorted(PASSES.items())
@@ -308,7 +337,8 @@ def list_passes(*, as_json: JsonOpt = False) -> None:
         for col in ("field", "type", "default", "description"):
             table.add_column(col, overflow="fold")
         for f in row["config"]:
-            table.add_row(f["name"], f["type"], "(required)" if f["required"] else repr(f["default"]), f["description"])
+            default = "(required)" if f["required"] else yaml_inline(json.loads(json.dumps(f["default"], default=str)))
+            table.add_row(f["name"], f["type"], escape(default), f["description"])
         out.print(table)
     raise typer.Exit(EXIT_OK)
 
@@ -331,8 +361,14 @@ def verify_cmd(
     remainder: Annotated[
         str, typer.Option("--remainder", help="Graph sets: feed the prompt's remainder 'padded' or through 'buckets'.")
     ] = "padded",
-    report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here.")] = None,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Also write the JSON report here (its folder must exist).")
+    ] = None,
+    max_rows: Annotated[
+        int, typer.Option("--max-rows", min=1, help="Per-position rows listed per mode in the JSON at most.")
+    ] = 200,
     as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Run the step-by-step runner alone: decode both models greedily and compare logits per position.
 
@@ -340,6 +376,7 @@ def verify_cmd(
     """
     from onnxdeploy.model_io import check_not_an_input, input_files
     from onnxdeploy.pipeline import write_text_atomic
+    from onnxdeploy.report import SCHEMA_VERSION, summarise_verify
     from onnxdeploy.runner import verify
 
     out, err = _consoles(as_json)
@@ -355,8 +392,11 @@ def verify_cmd(
         raise _fail(err, ConfigError("--providers is empty"), as_json=as_json)
     if remainder not in ("padded", "buckets"):
         raise _fail(err, ConfigError(f"--remainder must be 'padded' or 'buckets', got {remainder!r}"), as_json=as_json)
+    if report is not None and not report.parent.is_dir():
+        error = OutputError(f"--report {report}: folder {report.parent} does not exist; create it or choose another")
+        raise _fail(err, error, as_json=as_json)
     try:
-        with _progress(err) as bar:
+        with _progress(err, quiet=quiet) as bar:
             on_verify = _progress_callback(bar)
             result = verify(
                 str(original),
@@ -374,28 +414,36 @@ def verify_cmd(
         raise _fail(err, exc, as_json=as_json) from None
     except KeyboardInterrupt:
         raise _interrupted(err, as_json=as_json) from None
+    result = summarise_verify(result, max_rows)
+    status = "passed" if result.passed else "failed"
+    payload = json.dumps(
+        {"schema_version": SCHEMA_VERSION, "status": status, **result.model_dump(mode="json")}, indent=2
+    )
     if report is not None:
         try:
             inputs = input_files(original) | input_files(candidate)
             check_not_an_input(report, inputs, "--report")
-            report.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(report, result.model_dump_json(indent=2))
+            write_text_atomic(report, payload)
         except OnnxDeployError as exc:
             raise _fail(err, exc, as_json=as_json) from None
         except OSError as exc:
             error = OutputError(f"cannot write --report {report}: {exc.strerror or exc}")
             raise _fail(err, error, as_json=as_json) from None
-    for line in result.provider_fallbacks:
-        err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+    if not quiet:
+        for line in result.provider_fallbacks:
+            err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
     if as_json:
-        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
-    else:
+        sys.stdout.write(payload + "\n")
+    if quiet:
+        for msg in [*result.failures, *(line for m in result.modes.values() for line in m.failures)]:
+            err.print(f"FAILED: {msg}", markup=False)
+    elif not as_json:
         out.print(_verify_table(result))
         for m in result.modes.values():
             first = "none" if m.first_divergent_step is None else f"position {m.first_divergent_step}"
             out.print(f"{m.mode}: first divergent step: {first}")
-            for msg in m.failures:
-                out.print(f"[red]FAILED {m.mode}:[/] {msg}", soft_wrap=True)
+            for msg in m.failures:  # each line starts with its mode
+                out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
         for msg in result.failures:
             out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
         out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")

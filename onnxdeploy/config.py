@@ -21,6 +21,7 @@ __all__ = [
     "AccuracyConfig",
     "CalibrationConfig",
     "VerifyConfig",
+    "ReportConfig",
     "PassSpec",
     "PipelineConfig",
     "RuntimeSpec",
@@ -187,6 +188,20 @@ class AccuracyConfig(BaseModel):
     max_ppl_ratio: float | None = Field(None, ge=1, description="Largest allowed perplexity candidate / original.")
 
 
+class ReportConfig(BaseModel):
+    """How the run's reports are written (``report.json``, ``report.md``, ``report.html``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_rows: int = Field(
+        200,
+        ge=1,
+        description="Per-position rows listed per verify mode at most (JSON and Markdown); beyond it the rows that "
+        "diverge or spike, then the first and last, with the rest summarised in runs. report.html plots every "
+        "position.",
+    )
+
+
 class PassSpec(BaseModel):
     """One entry of ``passes``: the registry name and its validated config."""
 
@@ -236,6 +251,7 @@ class PipelineConfig(BaseModel):
         default_factory=CacheConfig,
         description="The per-pass cache (dir, full_hash, max_bytes); null turns it off. CLI: --cache-dir, --no-cache.",
     )
+    report: ReportConfig = Field(default_factory=ReportConfig, description="Report settings (max_rows).")
     source: Path | None = Field(None, description="Set by the loader: the pipeline file this was read from.")
 
     def settings(self) -> PipelineSettings:

@@ -47,15 +47,17 @@ from onnxdeploy.model_io import (
     load_model,
     read_model_header,
     release_weights,
+    sha256_file,
     stage_artifacts,
     stand_in_proto,
 )
 from onnxdeploy.pass_bisect import first_divergent_node, verify_pass_output
 from onnxdeploy.pass_cache import PassCache
 from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
-from onnxdeploy.render import render_markdown
+from onnxdeploy.render import render_html, render_markdown, yaml_inline
 from onnxdeploy.report import (
     AccuracyReport,
+    FileRecord,
     Finding,
     GraphReport,
     NodeDivergence,
@@ -63,6 +65,8 @@ from onnxdeploy.report import (
     PassVerifyRecord,
     PhaseReport,
     RunReport,
+    TensorInfo,
+    summarise_verify,
 )
 from onnxdeploy.resources import peak_rss_bytes, rss_bytes
 from onnxdeploy.runner import check_header, open_session, verify
@@ -73,6 +77,11 @@ from onnxdeploy.token_ids import load_token_ids
 __all__ = ["RunOutcome", "run_pipeline", "write_text_atomic"]
 
 Progress = Callable[[str], None]
+StepProgress = Callable[[str, int, int], None]
+"""``step_progress(stage, done, total)``: ``stage`` is ``"passes"`` or ``"checks"``."""
+
+REPORT_FILES = ("report.json", "report.md", "report.html")
+"""The run's report files, written beside the graphs."""
 
 
 @dataclass
@@ -84,6 +93,7 @@ class RunOutcome:
     model_path: Path
     report_json: Path
     report_md: Path
+    report_html: Path
 
 
 def _write_temp(path: Path, text: str) -> Path:
@@ -155,8 +165,7 @@ def _check_output_location(config: PipelineConfig) -> None:
     outputs = (
         (config.output_name, "output model"),
         (f"{config.output_name}.data", "output weights"),
-        ("report.json", "report"),
-        ("report.md", "report"),
+        *((name, "report") for name in REPORT_FILES),
     )
     for name, what in outputs:
         check_not_an_input(out_dir / name, inputs, what)
@@ -292,21 +301,26 @@ def _check_prompt_vocab(config: PipelineConfig, where: str) -> None:
         raise ConfigError(f"{where}: key 'verify': the original cannot be decoded for verification: {exc}") from None
 
 
-def _checked(config: PipelineConfig, staged: StagedArtifacts, artifacts: ArtifactSet, say: Progress) -> list[Finding]:
+def _checked(
+    config: PipelineConfig, staged: StagedArtifacts, artifacts: ArtifactSet, say: Progress, step: StepProgress
+) -> list[Finding]:
     """Run the pipeline's checks on every staged graph as written (its header; weights are not read)."""
     checks = _check_names(config, artifacts)
     findings: list[Finding] = []
     several = len(artifacts.artifacts) > 1
-    for artifact in artifacts.artifacts:
+    total = len(checks) * len(artifacts.artifacts)
+    step("checks", 0, total)
+    for i, artifact in enumerate(artifacts.artifacts):
         path = staged.path(artifact.name)
         header = onnx.load(str(path), format="protobuf", load_external_data=False)
         ctx = CheckContext(model_path=path, target=config.target)
+        say(f"checks {', '.join(checks)}" + (f" on {artifact.name}" if several else ""))
         for name in checks:
-            say(f"check {name}" + (f" on {artifact.name}" if several else ""))
             for f in get_check(name)().run(header, ctx):
                 message = f"{artifact.name}: {f.message}" if several else f.message
                 message = message.replace(str(staged.staging), str(config.output_dir))
                 findings.append(f.model_copy(update={"message": message}))
+        step("checks", (i + 1) * len(checks), total)
     return findings
 
 
@@ -315,8 +329,9 @@ def run_pipeline(
     *,
     progress: Progress | None = None,
     verify_progress: Callable[[str, int, int], None] | None = None,
+    step_progress: StepProgress | None = None,
 ) -> RunOutcome:
-    """Run a validated pipeline and write ``<output_dir>/{model.onnx[, model.onnx.data], report.json, report.md}``.
+    """Run a validated pipeline; write ``<output_dir>/{model.onnx[, model.onnx.data], report.json|md|html}``.
 
     Memory stays near the model's size whatever it is: the input's weights are memory-mapped, passes edit
     the graph only, checks read the written graph without its weights, and verification opens one ONNX
@@ -326,6 +341,7 @@ def run_pipeline(
         config: from :func:`onnxdeploy.config.load_pipeline`.
         progress: called with a one-line message at each stage (the CLI prints it).
         verify_progress: forwarded to the runner (mode, positions done, positions total).
+        step_progress: called with ``("passes" | "checks", done, total)`` as passes and checks complete.
 
     Returns:
         The outcome; ``exit_code`` is 0 (passed) or 1 (a check or the verification failed).
@@ -337,6 +353,7 @@ def run_pipeline(
         OutputError: the outputs cannot be written (names the path), or they would overwrite the input.
     """
     say = progress or (lambda _msg: None)
+    step = step_progress or (lambda _stage, _done, _total: None)
     start = time.perf_counter()
     model_in = config.model
     _check_output_location(config)
@@ -379,6 +396,7 @@ def run_pipeline(
                 model_path=model_in,
                 report_json=out_dir / "report.json",
                 report_md=out_dir / "report.md",
+                report_html=out_dir / "report.html",
             )
         artifacts = ArtifactSet(
             [Artifact(config.output_name, loaded.model)],
@@ -388,6 +406,7 @@ def run_pipeline(
         for note in artifacts.notes:
             say(note)
         _check_before_passes(config, artifacts)
+        input_io = _graph_io(loaded.model)  # before the passes edit it
         clock.done("load")
 
         pass_reports: list[PassReport] = []
@@ -403,12 +422,14 @@ def run_pipeline(
                 context.passes_run.extend(r.name for r in hit.reports)
                 say(f"passes {', '.join(context.passes_run)}: from the cache {cache.folder / cache.keys[first - 1]}")
         each_pass = _EachPass(config)
+        step("passes", first, len(config.passes))
         for i, spec in enumerate(config.passes[first:], start=first):
-            say(f"pass {spec.name}")
+            say(f"pass {spec.name} {yaml_inline(spec.config.model_dump(mode='json', exclude_defaults=True))}")
             before = artifacts.copy_graph(artifacts.primary) if each_pass.wants_input() else None
             result = spec.build()(artifacts, context)
             artifacts = result.artifacts
             pass_reports.append(result.report)
+            step("passes", i + 1, len(config.passes))
             each_pass.after(spec.name, before, artifacts.primary, say)
             if config.check_after_each_pass:
                 for artifact in artifacts.artifacts:
@@ -438,7 +459,7 @@ def run_pipeline(
         for model in artifacts.models():
             release_weights(model)  # the input's pages leave memory before ONNX Runtime maps the outputs
         clock.done("write")
-        findings += _checked(config, staged, artifacts, say)
+        findings += _checked(config, staged, artifacts, say, step)
         clock.done("checks")
         primary = artifacts.artifacts[0]
         final_model = out_dir / primary.name
@@ -512,7 +533,8 @@ def run_pipeline(
             pipeline=str(config.source.resolve()) if config.source else None,
             input_model=str(model_in),
             output_model=str(final_model),
-            output_files=[str(out_dir / name) for name in (*staged.files, "report.json", "report.md")],
+            output_files=[str(out_dir / name) for name in (*staged.files, *REPORT_FILES)],
+            files=_file_records(config, staged, artifacts, input_io),
             notes=artifacts.notes,
             target=config.target,
             contract=contract.model_dump() if contract else None,
@@ -532,10 +554,7 @@ def run_pipeline(
             onnxdeploy_version=__version__,
             versions=_versions(),
         )
-        report_json = out_dir / "report.json"
-        report_md = out_dir / "report.md"
-        staged.add_text("report.json", report.model_dump_json(indent=2))
-        staged.add_text("report.md", render_markdown(report))
+        report = _stage_reports(staged, report, config)
         # Everything is on disk under the staging folder: only renames remain, done with signals held.
         with _signals_held():
             staged.commit()
@@ -562,8 +581,9 @@ def run_pipeline(
         report=report,
         exit_code=EXIT_FAILED if failures else EXIT_OK,
         model_path=final_model,
-        report_json=report_json,
-        report_md=report_md,
+        report_json=out_dir / "report.json",
+        report_md=out_dir / "report.md",
+        report_html=out_dir / "report.html",
     )
 
 
@@ -590,7 +610,7 @@ def _unloadable_report(
         pipeline=str(config.source.resolve()) if config.source else None,
         input_model=str(config.model),
         output_model=None,
-        output_files=[str(config.output_dir / n) for n in ("report.json", "report.md")],
+        output_files=[str(config.output_dir / n) for n in REPORT_FILES],
         notes=[f"{exc}; the model was checked as it is and not written"],
         target=config.target,
         checks_run=names,
@@ -600,9 +620,80 @@ def _unloadable_report(
         onnxdeploy_version=__version__,
         versions=_versions(),
     )
+    return _stage_reports(staged, report, config)
+
+
+def _stage_reports(staged: StagedArtifacts, report: RunReport, config: PipelineConfig) -> RunReport:
+    """Stage report.html (plots of every position) and report.json/report.md (rows up to ``report.max_rows``).
+
+    Returns:
+        The report as written to report.json (per-position rows summarised beyond ``report.max_rows``).
+    """
+    max_rows = config.report.max_rows
+    staged.add_text("report.html", render_html(report, max_rows=max_rows))
+    if report.verify is not None:
+        report = report.model_copy(update={"verify": summarise_verify(report.verify, max_rows)})
     staged.add_text("report.json", report.model_dump_json(indent=2))
     staged.add_text("report.md", render_markdown(report))
     return report
+
+
+def _graph_io(model: onnx_ir.Model) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """A graph's inputs and outputs: name, element type, dims (int, symbolic name or '?')."""
+
+    def info(value: onnx_ir.Value) -> TensorInfo:
+        shape = None
+        if value.shape is not None:
+            shape = [d if isinstance(d, int) else (d.value or "?") for d in value.shape]
+        return TensorInfo(name=value.name or "", dtype=value.dtype.name if value.dtype else "?", shape=shape)
+
+    return [info(v) for v in model.graph.inputs], [info(v) for v in model.graph.outputs]
+
+
+def _file_records(
+    config: PipelineConfig,
+    staged: StagedArtifacts,
+    artifacts: ArtifactSet,
+    input_io: tuple[list[TensorInfo], list[TensorInfo]],
+) -> list[FileRecord]:
+    """Every input file (model, its data, pipeline, token files) and staged output, with size and sha256.
+
+    Hashing reads each file once, in chunks (memory stays flat); the outputs are hashed in the staging folder
+    and listed under their final paths.
+    """
+    model = Path(config.model)
+    extra = [config.source] + [
+        s.token_ids_file for s in (config.calibration, config.verify and config.verify.accuracy) if s
+    ]
+    inputs = [model, *sorted(p for p in input_files(model) if p != model.resolve()), *(Path(p) for p in extra if p)]
+    records = []
+    for path in dict.fromkeys(inputs):  # the model, then the rest, each once
+        io = input_io if path == model else ([], [])
+        records.append(
+            FileRecord(
+                path=str(path),
+                role="input",
+                bytes=path.stat().st_size,
+                sha256=sha256_file(path),
+                inputs=io[0],
+                outputs=io[1],
+            )
+        )
+    graphs = {a.name: a.model for a in artifacts.artifacts}
+    for name in staged.files:
+        io = _graph_io(graphs[name]) if name in graphs else ([], [])
+        path = staged.path(name)
+        records.append(
+            FileRecord(
+                path=str(config.output_dir / name),
+                role="output",
+                bytes=path.stat().st_size,
+                sha256=sha256_file(path),
+                inputs=io[0],
+                outputs=io[1],
+            )
+        )
+    return records
 
 
 def _pass_cache(config: PipelineConfig, loaded: LoadedModel, calibration: list[list[int]]) -> PassCache | None:

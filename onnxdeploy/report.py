@@ -33,10 +33,18 @@ __all__ = [
     "AccuracyFigures",
     "AccuracyReport",
     "RunReport",
+    "TensorInfo",
+    "FileRecord",
+    "StepBlock",
+    "spike_threshold_ms",
+    "summarise_steps",
+    "summarise_verify",
 ]
 
-SCHEMA_VERSION = 2
-"""2: step latencies are per single-token call (prompt positions computed by a multi-token call have none; the
+SCHEMA_VERSION = 3
+"""3: ``steps`` of a mode lists every position only up to ``report.max_rows``; beyond it a selection, the positions
+left out summarised in ``steps_omitted``; ``files`` lists every input and output file with its sha256.
+2: step latencies are per single-token call (prompt positions computed by a multi-token call have none; the
 prefill is reported apart), positions a ``prefill_logits: last`` graph does not compute are not compared."""
 
 Level = Literal["error", "warning", "info"]
@@ -206,6 +214,25 @@ class PrefillSummary(BaseModel):
     per_call: list[CallTiming] = Field(default_factory=list)
 
 
+class StepBlock(BaseModel):
+    """Consecutive positions whose :class:`StepRecord` rows were left out of a mode's ``steps`` (``report.max_rows``).
+
+    Figures are over the block's positions; latencies (ms) over those that have a single-token call.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    first_position: int
+    last_position: int
+    positions: int
+    top1_agreement: float
+    max_abs_logit_diff: float
+    min_cosine_similarity: float
+    latency_ms_candidate_p50: float | None = None
+    latency_ms_candidate_max: float | None = None
+    graphs: list[str] = Field(default_factory=list, description="Candidate graph files that computed these positions.")
+
+
 class ModeResult(BaseModel):
     """Summary and per-step records of one decode mode (``teacher_forced`` or ``free_running``)."""
 
@@ -228,7 +255,13 @@ class ModeResult(BaseModel):
         default_factory=dict, description="Compared positions per candidate graph file (a graph set lists each)."
     )
     failures: list[str] = Field(default_factory=list)
-    steps: list[StepRecord] = Field(default_factory=list)
+    steps: list[StepRecord] = Field(
+        default_factory=list,
+        description="Per-position records: all of them up to report.max_rows, else a selection (summarise_steps).",
+    )
+    steps_omitted: list[StepBlock] = Field(
+        default_factory=list, description="Runs of consecutive positions left out of steps, summarised; [] if none."
+    )
 
 
 class NumericsReport(BaseModel):
@@ -315,6 +348,29 @@ class GraphReport(BaseModel):
     role: Literal["decode", "prefill"]
 
 
+class TensorInfo(BaseModel):
+    """A graph input or output: name, element type and shape (ints, or names of symbolic dims)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    dtype: str = Field(description="ONNX element type name, e.g. 'FLOAT', 'INT64'.")
+    shape: list[int | str] | None = Field(description="Dims: an int, a symbolic name, or '?'; null: rank unknown.")
+
+
+class FileRecord(BaseModel):
+    """One file the run read or wrote (``report.json`` → ``files``), with its size and sha256."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    role: Literal["input", "output"]
+    bytes: int
+    sha256: str = Field(description="Hex digest of the file's bytes.")
+    inputs: list[TensorInfo] = Field(default_factory=list, description="Graph inputs (ONNX graphs only).")
+    outputs: list[TensorInfo] = Field(default_factory=list, description="Graph outputs (ONNX graphs only).")
+
+
 class PhaseReport(BaseModel):
     """Time and memory of one phase of a run (load, passes, write, checks, verify)."""
 
@@ -375,6 +431,11 @@ class RunReport(BaseModel):
     output_files: list[str] = Field(
         default_factory=list, description="Every file the run wrote: external data, graphs, reports."
     )
+    files: list[FileRecord] = Field(
+        default_factory=list,
+        description="Every input file (model, its data, the pipeline, token files) and every output graph and data "
+        "file, with size and sha256 (the reports, which hold this list, are not in it).",
+    )
     notes: list[str] = Field(default_factory=list, description="What the loader did (e.g. sorted the graph).")
     target: str | None = None
     contract: dict[str, Any] | None = None
@@ -403,3 +464,81 @@ class RunReport(BaseModel):
     )
     onnxdeploy_version: str = ""
     versions: dict[str, str] = Field(default_factory=dict)
+
+
+def spike_threshold_ms(mode: ModeResult) -> float:
+    """Latency above which a single-token call is a spike: 3x the mode's candidate median (ms)."""
+    return 3.0 * mode.latency_ms.p50
+
+
+def _block(steps: list[StepRecord]) -> StepBlock:
+    latencies = sorted(s.latency_ms_candidate for s in steps if s.latency_ms_candidate is not None)
+    return StepBlock(
+        first_position=steps[0].position,
+        last_position=steps[-1].position,
+        positions=len(steps),
+        top1_agreement=sum(s.top1_match for s in steps) / len(steps),
+        max_abs_logit_diff=max(s.max_abs_logit_diff for s in steps),
+        min_cosine_similarity=min(s.cosine_similarity for s in steps),
+        latency_ms_candidate_p50=latencies[(len(latencies) - 1) // 2] if latencies else None,
+        latency_ms_candidate_max=latencies[-1] if latencies else None,
+        graphs=sorted({s.graph for s in steps if s.graph}),
+    )
+
+
+def summarise_steps(mode: ModeResult, max_rows: int) -> ModeResult:
+    """Keep at most ``max_rows`` of ``mode.steps``; summarise the positions left out as :class:`StepBlock` runs.
+
+    Kept first: positions that diverge (top-1 differs or beyond tolerance) and latency spikes
+    (:func:`spike_threshold_ms`), up to half of ``max_rows``; the rest is filled from the start and the end.
+
+    Args:
+        mode: one mode's result with all its per-position records.
+        max_rows: rows kept at most (>= 1).
+
+    Returns:
+        ``mode`` itself when it has at most ``max_rows`` steps, else a copy with the selection in ``steps`` (in
+        position order) and the omitted runs in ``steps_omitted``.
+    """
+    steps = mode.steps
+    n = len(steps)
+    if n <= max_rows:
+        return mode
+    spike = spike_threshold_ms(mode)
+    notable = [
+        i
+        for i, s in enumerate(steps)
+        if not (s.top1_match and s.within_tolerance) or (s.latency_ms_candidate or 0.0) > spike
+    ]
+    keep = set(notable[: max_rows // 2])
+    head, tail = 0, n - 1
+    while len(keep) < max_rows:  # alternate from both ends, skipping rows already kept
+        for side in ("head", "tail"):
+            if len(keep) >= max_rows:
+                break
+            if side == "head":
+                while head in keep:
+                    head += 1
+                keep.add(head)
+            else:
+                while tail in keep:
+                    tail -= 1
+                keep.add(tail)
+    blocks: list[StepBlock] = []
+    run: list[StepRecord] = []
+    for i, s in enumerate(steps):
+        if i in keep:
+            if run:
+                blocks.append(_block(run))
+                run = []
+        else:
+            run.append(s)
+    if run:
+        blocks.append(_block(run))
+    return mode.model_copy(update={"steps": [steps[i] for i in sorted(keep)], "steps_omitted": blocks})
+
+
+def summarise_verify(verify: VerifyReport, max_rows: int) -> VerifyReport:
+    """:func:`summarise_steps` applied to every mode of ``verify``."""
+    modes = {name: summarise_steps(m, max_rows) for name, m in verify.modes.items()}
+    return verify.model_copy(update={"modes": modes})

@@ -429,8 +429,8 @@ def run_pipeline(
             result = spec.build()(artifacts, context)
             artifacts = result.artifacts
             pass_reports.append(result.report)
-            step("passes", i + 1, len(config.passes))
             each_pass.after(spec.name, before, artifacts.primary, say)
+            step("passes", i + 1, len(config.passes))
             if config.check_after_each_pass:
                 for artifact in artifacts.artifacts:
                     header = stand_in_proto(artifact.model, as_inputs=True)

@@ -31,6 +31,7 @@ __all__ = [
     "Matrix",
     "OpEntry",
     "Source",
+    "SourceClaim",
     "TargetDefaults",
     "VersionRange",
 ]
@@ -99,6 +100,13 @@ class Limit(_Strict):
     note: str = Field("", description="Context of the limit (e.g. the issue that found it).")
 
 
+class SourceClaim(_Strict):
+    """What another source says about an entry when it disagrees with the entry's own source (kept, not deleted)."""
+
+    source: str = Field(description="Source id.")
+    claim: str = Field(description="What that source states, e.g. 'Not Supported' in an older op table.")
+
+
 class OpEntry(_Strict):
     """One operator the target supports, for a range of the op's schema versions, with its constraints.
 
@@ -135,6 +143,11 @@ class OpEntry(_Strict):
     )
     constraints: list[str] = Field(default_factory=list, description="Rules stated in words (not machine-checked).")
     source: str = Field(description="Source id.")
+    other_sources: list[SourceClaim] = Field(
+        default_factory=list,
+        description="Sources that say otherwise about this op (e.g. an older op table that lists it as not "
+        "supported, where the SDK's own build converts it); the entry follows ``source``.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> OpEntry:
@@ -207,6 +220,9 @@ class Matrix(_Strict):
         refs += [(f"dtypes.{d}", s.source) for d, s in self.dtypes.items()]
         refs += [(f"limits[{i}]", lim.source) for i, lim in enumerate(self.limits)]
         refs += [(f"ops[{i}] ({e.op})", e.source) for i, e in enumerate(self.ops)]
+        refs += [
+            (f"ops[{i}] ({e.op}) other_sources", c.source) for i, e in enumerate(self.ops) for c in e.other_sources
+        ]
         if self.static_shapes is not None:
             if self.static_shapes_source is None:
                 raise ValueError("static_shapes is set without static_shapes_source")

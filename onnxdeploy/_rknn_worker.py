@@ -9,6 +9,9 @@ stdout, one JSON object per line:
 
 - ``build``: load the ONNX model, build it for ``PLATFORM`` (fp16, no quantization), print
   ``{"ok": bool, "seconds": float, "error": str}`` and exit. The per-node verdicts are in the build log.
+- ``builds``: ``python _rknn_worker.py builds PLATFORM MODEL [MODEL ...]``: ``build`` for each model in one
+  process (the SDK's import costs ~3 s), one JSON line per model; before each build the line
+  ``onnxdeploy-rknn-worker: model I`` goes to stderr, so the caller can cut the log per model.
 - ``serve``: build, start the simulator (``init_runtime()`` with no target), print ``{"ok": ...}``, then for
   each request line ``{"inputs": npz, "outputs": npz}`` run one inference on the input file's arrays ``in0``, ``in1``,
   ... (graph-input order) and write the outputs (graph-output order) as ``out0``, ``out1``, ...;
@@ -29,22 +32,50 @@ def _protocol_stream():
     return proto
 
 
+MARKER = "onnxdeploy-rknn-worker: model"
+
+
+def _flush_all():
+    """Flush Python's and the C library's buffered output streams.
+
+    The SDK's native code prints "No lowering found" through C stdio, which buffers a pipe until exit: unflushed,
+    it would land after the next model's marker.
+    """
+    import ctypes
+
+    sys.stderr.flush()
+    ctypes.CDLL(None).fflush(None)
+
+
 def _build(model: str, platform: str):
     from rknn.api import RKNN
 
     rknn = RKNN(verbose=True)
     rknn.config(target_platform=platform)
     start = time.perf_counter()
-    if rknn.load_onnx(model=model) != 0:
-        return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "load_onnx failed"}
-    if rknn.build(do_quantization=False) != 0:
-        return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "build failed"}
+    try:  # the SDK raises on some graphs (e.g. an ORT session it opens on a contrib-op model) instead of returning
+        if rknn.load_onnx(model=model) != 0:
+            return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "load_onnx failed"}
+        if rknn.build(do_quantization=False) != 0:
+            return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "build failed"}
+    except Exception as exc:  # noqa: BLE001 - reported to the caller
+        error = f"{type(exc).__name__}: {exc}".strip().splitlines()[-1][:500]
+        return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": error}
     return rknn, {"ok": True, "seconds": time.perf_counter() - start, "error": ""}
 
 
 def main() -> int:
     """Run the worker (see the module docstring); exit 0 when the build (and the simulator) started."""
     proto = _protocol_stream()
+    if sys.argv[1] == "builds":
+        platform, models = sys.argv[2], sys.argv[3:]
+        for i, model in enumerate(models):
+            print(f"{MARKER} {i}", file=sys.stderr, flush=True)
+            rknn, result = _build(model, platform)
+            rknn.release()
+            _flush_all()
+            proto.write(json.dumps(result) + "\n")
+        return 0
     mode, model, platform = sys.argv[1:4]
     rknn, result = _build(model, platform)
     if mode == "build" or not result["ok"]:

@@ -305,6 +305,7 @@ def write_pipeline(model: Path, run_dir: Path) -> Path:
     lines = [f"model: {json.dumps(str(model))}", f"output_dir: {json.dumps(str(run_dir / 'out'))}", "passes:"]
     lines += [f"  - {json.dumps(p)[1:-1]}" for p in PIPELINE_PASSES]
     lines.append(f"verify: {json.dumps(VERIFY)}")
+    lines.append("cache: null  # the pipeline's own cost: no pass cache read or stored")
     path = run_dir / "pipeline.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path

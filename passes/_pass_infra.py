@@ -28,7 +28,8 @@ from typing import Any, ClassVar
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict
 
-from onnxdeploy.errors import ConfigError, OnnxDeployError, PassError, PostconditionError
+from onnxdeploy.contract import DecodeContract, read_contract
+from onnxdeploy.errors import ConfigError, OnnxDeployError, PassError, PostconditionError, PreconditionError
 from onnxdeploy.graph import op_histogram
 from onnxdeploy.model_io import WeightsPolicy, proto_round_trip
 from onnxdeploy.report import PassReport
@@ -127,6 +128,23 @@ class ArtifactSet:
             input_was_external=self.input_was_external,
             notes=list(self.notes),
         )
+
+    def contracts(self, pass_name: str) -> Iterator[tuple[Artifact, DecodeContract]]:
+        """Every graph with its decode contract, for passes that rewrite static graphs.
+
+        Args:
+            pass_name: the pass asking, named in the error.
+
+        Raises:
+            PreconditionError: a graph carries no contract (the message says to run ``static_kv`` first).
+        """
+        for artifact in self.artifacts:
+            contract = read_contract(artifact.model, source=artifact.name)
+            if contract is None:
+                raise PreconditionError(
+                    pass_name, f"graph '{artifact.name}' has no decode contract; run static_kv before {pass_name}"
+                )
+            yield artifact, contract
 
     def copy_graph(self, model: ir.Model) -> ir.Model:
         """A structural copy of ``model`` whose initializers hold the same tensor objects (no weight copied).

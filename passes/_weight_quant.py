@@ -27,8 +27,10 @@ permutes ``K`` in the graph, so the groups are contiguous in the stored weight a
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -120,6 +122,14 @@ CHUNK_ELEMENTS = 1 << 20
 and in cache whatever the weight's size."""
 
 
+def _sum_over_chunks(chunk: Callable[[int], Any], starts: range) -> Any:
+    """``sum(chunk(start) for start in starts)``, the chunks on every core (numpy releases the GIL in its loops)."""
+    if len(starts) > 1:
+        with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
+            return sum(pool.map(chunk, starts))
+    return sum(map(chunk, starts))
+
+
 def quantize_rtn(
     wt: np.ndarray, *, bits: int, block_size: int, symmetric: bool, error_weights: np.ndarray | None = None
 ) -> QuantizedWeight:
@@ -170,12 +180,7 @@ def quantize_rtn(
         deq *= scale.reshape(m, n_blocks, 1)
         return _squared_error(w, deq.reshape(m, -1)[:, :k], error_weights)
 
-    starts = range(0, n, rows)
-    if len(starts) > 1:  # numpy releases the GIL in its loops: chunks run on every core
-        with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
-            sq = sum(pool.map(chunk, starts))
-    else:
-        sq = sum(map(chunk, starts))
+    sq = _sum_over_chunks(chunk, range(0, n, rows))
     qw = QuantizedWeight(q, scales, zeros, bits, block_size)
     if error_weights is not None:
         qw.error = _normalise_error(sq, n, k, error_weights)
@@ -231,12 +236,7 @@ def quantize_rtn_kn(
         h = error_weights if error_weights.size == 0 else error_weights[k0:k1]
         return _squared_error(blocks.reshape(n, -1)[:, : k1 - k0], deq.reshape(n, -1)[:, : k1 - k0], h)
 
-    starts = range(0, n_blocks, per)
-    if len(starts) > 1:
-        with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
-            sq = sum(pool.map(chunk, starts))
-    else:
-        sq = sum(map(chunk, starts))
+    sq = _sum_over_chunks(chunk, range(0, n_blocks, per))
     qw = QuantizedWeight(q, scales, zeros, bits, block_size)
     if error_weights is not None:
         qw.error = _normalise_error(sq, n, k, error_weights)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import PostconditionError, PreconditionError
 from onnxdeploy.passes._attention_edits import (
     decompose_attention,
@@ -64,12 +63,7 @@ class GroupedAttentionPass(Pass):
         Raises:
             PreconditionError: naming the graph.
         """
-        for artifact in artifacts.artifacts:
-            contract = read_contract(artifact.model, source=artifact.name)
-            if contract is None:
-                raise PreconditionError(
-                    self.name, f"graph '{artifact.name}' has no decode contract; run static_kv before grouped_attention"
-                )
+        for artifact, contract in artifacts.contracts(self.name):
             if contract.kv_layout != "BHSD":
                 raise PreconditionError(
                     self.name,

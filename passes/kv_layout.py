@@ -412,12 +412,7 @@ class KVLayoutPass(Pass):
         Raises:
             PreconditionError: naming the graph.
         """
-        for artifact in artifacts.artifacts:
-            contract = read_contract(artifact.model, source=artifact.name)
-            if contract is None:
-                raise PreconditionError(
-                    self.name, f"graph '{artifact.name}' has no decode contract; run static_kv first"
-                )
+        for artifact, contract in artifacts.contracts(self.name):
             if contract.kv_layout != "BHSD" or contract.head_dim_padded != contract.head_dim:
                 raise PreconditionError(
                     self.name,

@@ -531,10 +531,7 @@ class MaskRewritePass(Pass):
         Raises:
             PreconditionError: naming the graph and what is missing.
         """
-        for artifact in artifacts.artifacts:
-            contract = read_contract(artifact.model, source=artifact.name)
-            if contract is None:
-                raise PreconditionError(self.name, f"{artifact.name} has no decode contract: run static_kv first")
+        for artifact, contract in artifacts.contracts(self.name):
             if contract.inputs.cache_position is None:
                 raise PreconditionError(self.name, f"{artifact.name}: the contract names no cache_position input")
             op = masking_attention_op(artifact.model, contract)

@@ -308,5 +308,5 @@ def test_a_mask_no_causal_or_window_mask_reproduces_is_refused():
 def test_a_graph_without_contract_is_refused():
     model = _inline("float")
     del model.metadata_props["onnxdeploy.contract"]
-    with pytest.raises(PreconditionError, match="run static_kv first"):
+    with pytest.raises(PreconditionError, match="run static_kv before mask_rewrite"):
         MaskRewritePass()(model)

@@ -48,6 +48,7 @@ from onnxdeploy.model_io import (
     LoadedModel,
     WeightsPolicy,
     load_model,
+    sha256_file,
     stage_artifacts,
     stand_in_proto,
 )
@@ -61,7 +62,6 @@ CACHE_FORMAT = 1
 
 _ENTRY_JSON = "entry.json"
 _WEIGHTS = "weights.data"
-_HASH_CHUNK = 1 << 22
 
 
 def default_cache_dir() -> Path:
@@ -112,14 +112,6 @@ def cache_versions() -> dict[str, str]:
     }
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -136,7 +128,7 @@ def input_key(loaded: LoadedModel, *, full_hash: bool) -> dict[str, Any]:
     """
     files = [loaded.path.resolve(), *(f.path for f in loaded.external_files)]
     if full_hash:
-        described = [{"sha256": _sha256_file(p)} for p in files]
+        described = [{"sha256": sha256_file(p)} for p in files]
     else:
         described = []
         for p in files:

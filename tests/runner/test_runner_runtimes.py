@@ -75,6 +75,7 @@ def test_node_providers_names_the_provider_of_every_node_and_leaves_no_profile(t
 
 
 def test_each_runtime_entry_may_carry_its_own_tolerance(tmp_path):
+    pytest.importorskip("openvino", reason="optional extra: pip install -e '.[openvino]'")  # the config checks it
     verify = load_pipeline_text(
         tmp_path,
         "verify: {max_abs_logit_diff: 1.0e-4, runtimes: [onnxruntime, {name: openvino, max_abs_logit_diff: 1.0e-2}]}",

@@ -18,6 +18,7 @@ OD001    error          (any)           The check crashed (a bug in onnxdeploy);
 OD101    error          checker         ``onnx.checker`` rejected the model (IR / operator schema / data).
 OD102    error          checker         Strict shape/type inference in the full check failed at a node.
 OD103    warning        checker         External-data files not looked for (no model path or base dir).
+OD104    info           checker         Default-domain ops ONNX does not define (ORT contrib ops) were not checked.
 OD201    error          static_shapes   A tensor has no type or no shape (unknown rank).
 OD202    error          static_shapes   A tensor has a symbolic dim (``dim_param``); names axis and symbol.
 OD203    error          static_shapes   A tensor has an unknown dim (no ``dim_value``/``dim_param``).

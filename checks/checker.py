@@ -7,6 +7,7 @@ shape inference.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
@@ -108,6 +109,44 @@ def _safe_relative(location: str) -> bool:
     return not (normal == ".." or normal.startswith("../") or normal.startswith(".." + os.sep))
 
 
+_SET_ASIDE_DOMAIN = "onnxdeploy.not_onnx"
+
+
+@functools.cache
+def _ort_default_domain_ops() -> frozenset[str]:
+    """Ops the installed ONNX Runtime registers in the default domain (its schemas, contrib ones included)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c  # noqa: PLC0415
+
+    return frozenset(s.name for s in ort_c.get_all_operator_schema() if s.domain in ("", "ai.onnx"))
+
+
+def _ort_defines(op_type: str) -> bool:
+    return op_type in _ort_default_domain_ops()
+
+
+def _set_aside_unknown_default_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """A copy with default-domain nodes ORT defines but ONNX does not moved to a private domain, and their counts.
+
+    onnxruntime-genai's builder emits ORT contrib ops (``SimplifiedLayerNormalization``, …) in the default
+    domain; onnx's checker stops at the first one. Moved to a declared private domain, they are skipped and the
+    rest of the graph is still checked; an op neither defines stays and is rejected. The model is not changed.
+    """
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    unknown: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type, "") and _ort_defines(node.op_type):
+            unknown[node.op_type] = unknown.get(node.op_type, 0) + 1
+    if not unknown or not version:
+        return model, {}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type in unknown:
+            node.domain = _SET_ASIDE_DOMAIN
+    copy.opset_import.add(domain=_SET_ASIDE_DOMAIN, version=1)
+    return copy, unknown
+
+
 @register_check
 class CheckerCheck(Check):
     """Run ``onnx.checker.check_model(model, full_check=True)`` and report each failure.
@@ -131,10 +170,22 @@ class CheckerCheck(Check):
         "OD101": "error: the ONNX checker rejected the model (IR or operator-schema violation).",
         "OD102": "error: strict shape/type inference in the full check failed at a node.",
         "OD103": "warning: external-data files could not be located (no model path/base dir); not verified.",
+        "OD104": "info: default-domain ops the ONNX standard does not define (ORT contrib ops) were not checked.",
     }
 
     def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
         """Yield ``OD101``/``OD102`` for each checker failure and ``OD103`` when external data is unverified."""
+        model, contrib = _set_aside_unknown_default_ops(model)
+        if contrib:
+            yield self.finding(
+                "OD104",
+                "info",
+                f"{sum(contrib.values())} node(s) of ops the ONNX standard does not define sit in the default domain "
+                f"({', '.join(f'{op}×{n}' for op, n in sorted(contrib.items()))}; ONNX Runtime contrib ops, e.g. the "
+                "onnxruntime-genai builder's): the ONNX checker skipped them; an ONNX Runtime session is their check",
+                nodes=sorted(contrib),
+                hint="verify (an ORT session) checks these ops; target checks say which targets run them",
+            )
         external = [(t.name, external_location(t)) for t in iter_tensors(model.graph)]
         external = [(name, loc) for name, loc in external if loc is not None]
         if not external and serialized_size(model) is not None:

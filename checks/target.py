@@ -54,8 +54,9 @@ _PASS_FIXES: dict[str, str] = {
 
 # Ops an onnxdeploy pass itself writes, and what the user can do about them.
 _PASS_MADE: dict[str, str] = {
-    "ScatterElements": "static_kv writes the KV cache with ScatterElements; no static_kv option avoids it yet (the "
-    "host can write the cache itself with cache_update: new_token_only once a pass drops the in-graph write).",
+    "ScatterElements": "static_kv writes the KV cache with ScatterElements by default: set static_kv (or kv_layout) "
+    "cache_write: where (Equal/Where, which NPUs lower) or cache_write: host (the host writes the new K/V), or "
+    "scatter_nd.",
 }
 
 

@@ -521,9 +521,21 @@ def _stripped(model: ir.Model, threshold: int, as_inputs: bool) -> Iterator[dict
                 shape=tensor.shape,
                 name=value.name,
             )
+    # Small initializers stay in the proto; ones kept in a data file are read (at most `threshold` bytes each)
+    # so the proto holds no external reference (with an absolute location) a tool would have to resolve.
+    small = [
+        v
+        for v in graph.initializers.values()
+        if isinstance(v.const_value, ir.ExternalTensor) and v.name not in stripped
+    ]
+    mapped = [v.const_value for v in small]
+    for value, tensor in zip(small, mapped, strict=True):
+        value.const_value = ir.Tensor(tensor.numpy(), name=value.name)  # type: ignore[union-attr]
     try:
         yield stripped
     finally:
+        for value, tensor in zip(small, mapped, strict=True):
+            value.const_value = tensor
         for value in values:
             value.const_value = stripped[value.name]  # type: ignore[index]
         if as_inputs:  # re-add in the original order, so serialising the model gives the same bytes as before
@@ -583,17 +595,7 @@ def proto_round_trip(
         Whatever ``transform`` raises.
     """
     with _stripped(model, threshold, as_inputs=True) as stripped:
-        # Small initializers stay for the tool to fold; ones kept in a data file are read (at most `threshold`
-        # bytes each) so the proto holds no external reference the tool would have to resolve.
-        small = [v for v in model.graph.initializers.values() if isinstance(v.const_value, ir.ExternalTensor)]
-        mapped = [v.const_value for v in small]
-        try:
-            for value, tensor in zip(small, mapped, strict=True):
-                value.const_value = ir.Tensor(tensor.numpy(), name=value.name)  # type: ignore[union-attr]
-            proto = ir.serde.serialize_model(model)
-        finally:
-            for value, tensor in zip(small, mapped, strict=True):
-                value.const_value = tensor
+        proto = ir.serde.serialize_model(model)
         weights = dict(stripped)
     result = transform(proto)
     del proto

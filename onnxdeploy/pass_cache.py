@@ -218,6 +218,7 @@ class PassCache:
                 continue
             with contextlib.suppress(OSError):
                 os.utime(entry)  # recently used: evicted last
+            self._stored.add(entry.name)  # its weights are read lazily later in this run: never evict it now
             return hit
         return None
 
@@ -295,7 +296,7 @@ class PassCache:
         return "stored"
 
     def _evict(self) -> None:
-        """Remove least recently used entries (not this run's) until the folder holds at most ``max_bytes``."""
+        """Remove least recently used entries (not the ones this run stored or reads) until at most ``max_bytes``."""
         entries = []
         for entry in self.folder.iterdir():
             if entry.is_dir() and (entry / _ENTRY_JSON).is_file():

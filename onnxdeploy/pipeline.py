@@ -697,8 +697,12 @@ def _file_records(
 
 
 def _pass_cache(config: PipelineConfig, loaded: LoadedModel, calibration: list[list[int]]) -> PassCache | None:
-    """The run's pass cache, or None when the pipeline has no passes or ``cache: null`` (``--no-cache``)."""
-    if config.cache is None or not config.passes:
+    """The run's pass cache, or None when the pipeline has no passes or ``cache: null`` (``--no-cache``).
+
+    ``verify_each_pass`` and ``bisect`` decode every pass's output, so they run every pass: no cache then (a
+    pass served from the cache would not be verified, and a later pass would be blamed).
+    """
+    if config.cache is None or not config.passes or config.verify_each_pass or config.bisect:
         return None
     return PassCache.for_run(
         config.cache,

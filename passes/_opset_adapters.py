@@ -22,6 +22,7 @@ Sources: ONNX ``docs/Changelog.md`` (what each op version changed) and ``docs/Op
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -399,6 +400,49 @@ def _softmax(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     return [before, inner, after]
 
 
+def _pad(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Pad-18 added the optional ``axes`` input and Pad-19 the ``wrap`` mode; without them Pad-13/11 mean the same.
+
+    Source: ONNX Operators.md, Pad-11/13/18/19.
+    """
+    mode = node.attributes.get("mode")
+    if mode is not None and mode.as_string() == "wrap" and target < 19:
+        raise _refuse(node, "mode='wrap' first exists at opset 19", 19)
+    if len(node.inputs) > 3 and node.inputs[3] is not None and target < 18:
+        raise _refuse(node, "the axes input first exists at opset 18", 18)
+    if target < 11:
+        raise _refuse(node, "pads became an input at opset 11", 11)
+    if len(node.inputs) > 3:
+        node.resize_inputs(3)
+    _check_types(node, target)
+    return [node]
+
+
+def _dequantize_linear(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """DequantizeLinear: per-axis scales need opset 13, ``block_size`` (blocked INT4) opset 21.
+
+    Source: ONNX Operators.md, DequantizeLinear-10/13/19/21 (below 13 ``x_scale`` must be a scalar).
+    """
+    block = node.attributes.get("block_size")
+    if block is not None and block.as_int() != 0 and target < 21:
+        raise _refuse(node, "blocked quantization (block_size) first exists at opset 21", 21)
+    scale = node.inputs[1] if len(node.inputs) > 1 else None
+    shape = (
+        scale.const_value.shape
+        if scale is not None and scale.const_value is not None
+        else (scale.shape if scale else None)
+    )
+    per_axis = shape is None or math.prod(int(d) if isinstance(d, int) else 2 for d in shape) > 1
+    if per_axis and target < 13:
+        raise _refuse(node, "a per-axis (non-scalar) x_scale first exists at opset 13", 13)
+    schema = _schema(node.op_type, target)
+    assert schema is not None
+    for name in [a for a in node.attributes if a not in schema.attributes]:
+        node.attributes.pop(name)
+    _check_types(node, target)
+    return [node]
+
+
 LOWERINGS: dict[str, Lowering] = {
     **dict.fromkeys(
         ["Pow", "Identity", "Add", "Sub", "Mul", "Div", "Relu", "GatherElements", "Gather", "Range"], _same_semantics
@@ -412,6 +456,8 @@ LOWERINGS: dict[str, Lowering] = {
     "ScatterElements": _scatter,
     "ScatterND": _scatter,
     "Split": _split,
+    "Pad": _pad,
+    "DequantizeLinear": _dequantize_linear,
     **dict.fromkeys(
         [
             "ReduceMean",

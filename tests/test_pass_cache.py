@@ -43,6 +43,7 @@ def _pipeline(folder: Path, model: Path = FIXTURE, *, passes=None, verify=None, 
         "verify": verify,
         **extra,
     }
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -156,3 +157,37 @@ def test_the_size_bound_and_a_broken_entry(tmp_path):
     report = _run(_pipeline(tmp_path, passes=passes2, **bound), tmp_path / "out", "--cache-dir", str(cache))
     assert report["passes"][0]["cache"] == "stored"
     assert [p.name for p in cache.iterdir() if p.is_dir()] != [entry.name] and not entry.exists()
+
+
+def test_a_later_pass_runs_on_a_cached_matmulnbits_prefix(tmp_path):
+    """Small initializers of a cached entry live in its data file: passes after the hit must still read them."""
+    cache = {"dir": str(tmp_path / "cache")}
+    quantized = [{"static_kv": {"max_cache_len": 64}}, {"quantize_weights": {"bits": 4, "format": "matmulnbits"}}]
+    _run(_pipeline(tmp_path / "a", passes=quantized, cache=cache), tmp_path / "a" / "out")
+    report = _run(
+        _pipeline(tmp_path / "b", passes=[*quantized, {"pin_opset": {"opset": 17}}], cache=cache),
+        tmp_path / "b" / "out",
+    )
+    assert [p["cache"] for p in report["passes"]] == ["hit", "hit", "stored"]
+
+
+def test_the_entry_a_run_was_served_from_is_not_evicted_under_it(tmp_path):
+    one = [{"static_kv": {"max_cache_len": 64}}]
+    _run(_pipeline(tmp_path / "a", passes=one, cache={"dir": str(tmp_path / "cache")}), tmp_path / "a" / "out")
+    # about 0.6 MB an entry: storing the second one goes over the bound, and the least recently used entry is
+    # the one this run reads its weights from
+    small = {"dir": str(tmp_path / "cache"), "max_bytes": 1_000_000}
+    report = _run(_pipeline(tmp_path / "b", passes=[*one, {"mask_rewrite": {}}], cache=small), tmp_path / "b" / "out")
+    assert [p["cache"] for p in report["passes"]] == ["hit", "stored"]
+
+
+def test_verify_each_pass_runs_every_pass_instead_of_the_cache(tmp_path):
+    cache = {"dir": str(tmp_path / "cache")}
+    one = [{"static_kv": {"max_cache_len": 64}}]
+    verify = {"prompt": PROMPT, "steps": 4}
+    _run(_pipeline(tmp_path / "a", passes=one, cache=cache, verify=verify), tmp_path / "a" / "out")
+    report = _run(
+        _pipeline(tmp_path / "b", passes=one, cache=cache, verify=verify, verify_each_pass=True), tmp_path / "b" / "out"
+    )
+    assert [p["cache"] for p in report["passes"]] == ["off"]
+    assert [p["name"] for p in report["pass_verification"]] == ["static_kv"]

@@ -150,3 +150,19 @@ def test_unsafe_external_location_is_reported(tmp_path, location):
             entry.value = location
     findings = by_code(CheckerCheck().run(model, CheckContext(model_path=path)), "OD101")
     assert len(findings) == 1 and "w" in findings[0].nodes
+
+
+def test_ort_contrib_ops_in_the_default_domain_are_set_aside_not_rejected():
+    # onnxruntime-genai's builder writes SimplifiedLayerNormalization into the default domain
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 4] x, float[4] w) => (float[2, 4] y) {
+            n = SimplifiedLayerNormalization <axis = -1, epsilon = 0.00001> (x, w)
+            y = Relu (n)
+        }
+        """
+    )
+    findings = CheckerCheck().run(model, CheckContext())
+    assert [(f.code, f.level) for f in findings] == [("OD104", "info")]
+    assert findings[0].nodes == ["SimplifiedLayerNormalization"]

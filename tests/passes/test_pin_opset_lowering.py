@@ -157,3 +157,30 @@ def test_llama_reaches_opset_11_and_ir_7(tmp_path, name):
     assert pinned.opset_imports[""] == 11 and pinned.ir_version == 7
     diff, top1 = _diffs(entry, pinned, tmp_path)
     assert top1 == 1.0 and diff <= 1e-6
+
+
+def test_pad_18_without_axes_lowers_to_13_and_11():
+    _assert_same_at(
+        """<ir_version: 8, opset_import: ["" : 18]>
+        g (float[2,3,4,6] x) => (float[2,3,4,8] y) {
+            pads = Constant <value = int64[8] {0, 0, 0, 0, 0, 0, 0, 2}> ()
+            zero = Constant <value = float {0.0}> ()
+            y = Pad (x, pads, zero) }""",
+        (17, 13, 11),
+        {"x": X},
+    )
+
+
+def test_per_axis_dequantize_linear_is_refused_below_13_naming_the_node():
+    text = """<ir_version: 8, opset_import: ["" : 13]>
+        g (float[2,3] x) => (float[2,3] y) {
+            w = Constant <value = int8[3,3] {1, 2, 3, 4, 5, 6, 7, 8, 9}> ()
+            s = Constant <value = float[3] {0.5, 0.25, 0.125}> ()
+            dq = DequantizeLinear <axis = 1> (w, s)
+            y = MatMul (x, dq) }"""
+    feeds = {"x": RNG.standard_normal((2, 3)).astype(np.float32)}
+    model = onnx.parser.parse_model(text)
+    np.testing.assert_array_equal(_run(_pin(model, 17), feeds)[0], _run(model, feeds)[0])
+    with pytest.raises(PassError) as err:
+        PinOpsetPass(PinOpsetConfig(opset=11))(ir.serde.deserialize_model(model))
+    assert "DequantizeLinear" in str(err.value) and "lowest reachable opset: 13" in str(err.value)

@@ -41,7 +41,7 @@ __all__ = ["PinOpsetConfig", "PinOpsetPass"]
 class PinOpsetConfig(PassConfig):
     """Config of ``pin_opset``."""
 
-    opset: int = Field(..., ge=11, description="Target ai.onnx opset version, 11 or above (e.g. 17); raised or lowered.")
+    opset: int = Field(..., ge=11, description="Target ai.onnx opset, 11 or above (e.g. 17); raised or lowered.")
 
 
 def _default_opset(model: ir.Model) -> int:

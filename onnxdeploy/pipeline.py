@@ -357,6 +357,9 @@ def run_pipeline(
     start = time.perf_counter()
     model_in = config.model
     _check_output_location(config)
+    # Token files are inputs too: a bad one is refused before the output folder exists, so nothing is written.
+    calibration = _token_ids(config, "calibration")
+    held_out = (_token_ids(config, "verify.accuracy") or [None])[0]
     out_dir = config.output_dir
     made_dir = not out_dir.exists()
     try:
@@ -370,11 +373,6 @@ def run_pipeline(
         _remove_if_made(out_dir, made_dir)
         raise
     staged: StagedArtifacts | None = None
-    calibration = (
-        load_token_ids(config.calibration.token_ids_file, config.calibration.max_tokens)
-        if config.calibration is not None
-        else []
-    )
     context = PassContext(
         model_path=model_in, target=config.target, session_factory=open_session, calibration=calibration
     )
@@ -506,7 +504,7 @@ def run_pipeline(
                             max_abs_logit_diff=spec.max_abs_logit_diff,
                         )
                     )
-            accuracy_report = _accuracy(config, model_in, tmp_model, final_model, say)
+            accuracy_report = _accuracy(config, held_out, model_in, tmp_model, final_model, say)
             clock.done("verify")
 
         failures = [f"{f.code} {f.message}" for f in findings if f.level == "error"]
@@ -713,15 +711,31 @@ def _pass_cache(config: PipelineConfig, loaded: LoadedModel, calibration: list[l
     )
 
 
+def _token_ids(config: PipelineConfig, key: str) -> list[list[int]]:
+    """The token ids of ``calibration`` or ``verify.accuracy`` (``[]`` without that section).
+
+    Raises:
+        ConfigError: the section's token_ids_file is unreadable, empty or not token ids (names the pipeline,
+            the key and the file).
+    """
+    section = config.calibration if key == "calibration" else config.verify and config.verify.accuracy
+    if section is None:
+        return []
+    try:
+        return load_token_ids(section.token_ids_file, section.max_tokens)
+    except ConfigError as exc:
+        where = str(config.source) if config.source else str(config.model)
+        raise ConfigError(f"{where}: key '{key}.token_ids_file': {exc}") from None
+
+
 def _accuracy(
-    config: PipelineConfig, model_in: Path, tmp_model: Path, final_model: Path, say: Progress
+    config: PipelineConfig, tokens: list[int] | None, model_in: Path, tmp_model: Path, final_model: Path, say: Progress
 ) -> AccuracyReport | None:
-    """``verify.accuracy``: teacher-forced KL, top-1 and perplexity of the candidate on held-out tokens."""
+    """``verify.accuracy``: teacher-forced KL, top-1 and perplexity of the candidate on ``tokens`` (held out)."""
     assert config.verify is not None
     acc = config.verify.accuracy
-    if acc is None:
+    if acc is None or tokens is None:
         return None
-    (tokens,) = load_token_ids(acc.token_ids_file, acc.max_tokens)[:1]
     say(f"accuracy: {len(tokens)} held-out tokens, teacher-forced")
     report = evaluate_accuracy(
         str(model_in),

@@ -118,6 +118,13 @@ def _unknown_key(tmp: Path) -> Path:
     return model
 
 
+def _token_file(tmp: Path, text: str) -> Path:
+    (tmp / "in").mkdir(exist_ok=True)
+    path = tmp / "in" / "tokens.txt"
+    path.write_text(text)
+    return path
+
+
 def _not_a_model(case: str) -> Callable[[Path], Path]:
     def build(tmp: Path) -> Path:
         (tmp / "in").mkdir(exist_ok=True)
@@ -261,6 +268,17 @@ CASES: dict[str, Case] = {
     "max_cache_len_below_step_len": Case(
         run_config(passes=static_kv(max_cache_len=4, step_len=8), verify=None),
         ("passes[0].static_kv", "step length 8", "cache length 4"),
+    ),
+    "calibration_not_token_ids": Case(
+        lambda tmp: ["run", str(_pipeline(tmp, calibration={"token_ids_file": str(_token_file(tmp, "one two"))}))],
+        ("key 'calibration.token_ids_file'", "tokens.txt", "not a token ids file"),
+    ),
+    "accuracy_tokens_empty": Case(
+        lambda tmp: [
+            "run",
+            str(_pipeline(tmp, verify={"prompt": PROMPT, "accuracy": {"token_ids_file": str(_token_file(tmp, ""))}})),
+        ],
+        ("key 'verify.accuracy.token_ids_file'", "tokens.txt", "holds no token ids"),
     ),
     "prompt_outside_vocabulary": Case(run_config(verify={"prompt": [1, 512]}), ("verify.prompt", "vocabulary")),
     "verify_prompt_not_integers": Case(

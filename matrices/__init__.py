@@ -13,6 +13,7 @@ target checks, which ops of a model a target lacks.
 
 from __future__ import annotations
 
+import difflib
 import functools
 from dataclasses import dataclass, field
 from importlib import resources
@@ -136,7 +137,41 @@ def lookup(
         One :class:`LookupAnswer` per target, in target order.
 
     Raises:
-        ConfigError: ``target`` is unknown, or a matrix file does not validate.
+        ConfigError: ``target`` is unknown, a matrix file does not validate, or neither ONNX nor any target's
+            matrix knows ``domain::op`` (a typo: the message names the op and its closest known names).
     """
     targets = [target] if target else list_targets()
-    return [_answer(get_target(t), op, domain, opset) for t in targets]
+    answers = [_answer(get_target(t), op, domain, opset) for t in targets]
+    _check_known(op, domain)
+    return answers
+
+
+def _known_ops(domain: str) -> set[str]:
+    """Op types of ``domain`` that ONNX defines (any opset) or any target's matrix lists."""
+    onnx_domain = "" if domain == "ai.onnx" else domain
+    known = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == onnx_domain}
+    for name in list_targets():
+        known |= {e.op for e in get_target(name).ops if e.domain == domain}
+    return known
+
+
+def _check_known(op: str, domain: str) -> None:
+    """Refuse an op neither ONNX nor any matrix knows, naming the closest known names (case-insensitive).
+
+    Raises:
+        ConfigError: ``domain::op`` is unknown.
+    """
+    known = _known_ops(domain)
+    if op in known:
+        return
+    lower = {k.lower(): k for k in known}
+    close = [lower[k] for k in difflib.get_close_matches(op.lower(), list(lower), n=3, cutoff=0.6)]
+    elsewhere = sorted(d for d in ("ai.onnx", *_other_domains()) if d != domain and op in _known_ops(d))
+    hint = f" (closest: {', '.join(close)})" if close else ""
+    if elsewhere:
+        hint += f"; {op} is known in domain {', '.join(elsewhere)} (--domain {elsewhere[0]})"
+    raise ConfigError(f"unknown op '{domain}::{op}': neither ONNX nor any target's matrix defines it{hint}")
+
+
+def _other_domains() -> set[str]:
+    return {e.domain for name in list_targets() for e in get_target(name).ops}

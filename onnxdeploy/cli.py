@@ -593,6 +593,10 @@ def matrix_lookup(
             str(r["max_opset"] or "?"),
         )
     out.print(table)
+    for verdict, label in (("yes", "take it"), ("no", "lack it"), ("unknown", "unknown")):
+        named = [r["target"] for r in rows if r["verdict"] == verdict]
+        if named:
+            out.print(f"{label}: {', '.join(named)}", soft_wrap=True)
     raise typer.Exit(EXIT_OK)
 
 

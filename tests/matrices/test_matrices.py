@@ -101,3 +101,20 @@ def test_matrix_cli_list_show_lookup():
     assert verdicts["ort-cpu"] == "yes" and verdicts["rknn-rk3588"] == "no"
     result = runner.invoke(app, ["matrix", "show", "nope"])
     assert result.exit_code == 2 and "known targets" in result.output
+
+
+def test_lookup_of_an_unknown_op_exits_2_naming_it_with_close_matches():
+    with pytest.raises(ConfigError, match=r"unknown op 'ai\.onnx::Atention'.*Attention"):
+        lookup("Atention")
+    runner = CliRunner()
+    result = runner.invoke(app, ["matrix", "lookup", "LayerNorm", "--json"])
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert "'ai.onnx::LayerNorm'" in error and "LayerNormalization" in error, error
+    # a custom-domain op some matrix lists is known; one no matrix lists is not
+    assert {a.verdict for a in lookup("MatMulNBits", domain="com.microsoft")} >= {"yes", "no"}
+    with pytest.raises(ConfigError, match="unknown op 'com.microsoft::MatMulNBit'.*MatMulNBits"):
+        lookup("MatMulNBit", domain="com.microsoft")
+    # known to ONNX but taken by no target: exit 0, the table says which targets lack it
+    result = runner.invoke(app, ["matrix", "lookup", "Trilu", "--target", "rknn-rk3588"])
+    assert result.exit_code == 0 and "lack it: rknn-rk3588" in result.output, result.output

@@ -14,6 +14,7 @@ the node objects of the input graphs are unchanged after it ran.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict
 
@@ -43,6 +45,7 @@ __all__ = [
     "PassResult",
     "PASS_REGISTRY",
     "PipelineSettings",
+    "ScratchWriter",
     "get_pass",
     "register_pass",
 ]
@@ -203,6 +206,61 @@ class PassContext:
             # a folder this context made is removed with it (or at exit), whoever forgets to
             weakref.finalize(self, shutil.rmtree, self.scratch_dir, True)
         return self.scratch_dir
+
+
+class ScratchWriter:
+    """Writes the new weight tensors a pass makes to one scratch data file and maps them back.
+
+    A pass that computes new weights (quantized, concatenated) over a model of any size must not hold them
+    all in memory until the run's writer stages the output: each tensor is appended here as soon as it is
+    made (64-byte aligned) and replaced by an :class:`onnx_ir.ExternalTensor` over the file, memory-mapped
+    when read. The folder belongs to the pass context's scratch folder, removed with it.
+
+    Args:
+        folder: the folder to hold ``weights.bin`` (created).
+        inline_bytes: tensors up to this many bytes stay in memory (small scales, zero points).
+    """
+
+    def __init__(self, folder: Path, inline_bytes: int = 1024):
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "weights.bin"
+        self.inline_bytes = inline_bytes
+        self.offset = 0
+        self.path.write_bytes(b"")
+
+    def tensor(self, array: np.ndarray, dtype: ir.DataType, name: str) -> ir.TensorProtocol:
+        """A tensor of ``array`` stored as ``dtype`` (INT4/UINT4 packed two a byte), on disk when large.
+
+        Args:
+            array: the values, any shape; converted by :class:`onnx_ir.Tensor` to ``dtype``.
+            dtype: the ONNX element type to store.
+            name: the tensor's name.
+
+        Returns:
+            An in-memory tensor up to ``inline_bytes``, else an external tensor over the scratch file.
+
+        Raises:
+            OSError: the scratch file cannot be written (disk full).
+        """
+        memory = ir.Tensor(array, dtype=dtype, name=name)
+        if memory.nbytes <= self.inline_bytes:
+            return memory
+        data = memory.tobytes()
+        start = -(-self.offset // 64) * 64
+        with open(self.path, "r+b") as fh:
+            fh.seek(start)
+            fh.write(data)
+        self.offset = start + len(data)
+        return ir.ExternalTensor(
+            os.path.basename(self.path),
+            start,
+            len(data),
+            dtype,
+            shape=ir.Shape(array.shape),
+            name=name,
+            base_dir=str(self.folder),
+        )
 
 
 @dataclass

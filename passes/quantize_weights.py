@@ -37,10 +37,8 @@ data file (mapped back) before the next is read, so memory holds one float weigh
 from __future__ import annotations
 
 import fnmatch
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -56,6 +54,7 @@ from onnxdeploy.passes._pass_infra import (
     PassConfig,
     PassContext,
     PipelineSettings,
+    ScratchWriter,
     register_pass,
 )
 from onnxdeploy.passes._weight_quant import (
@@ -464,38 +463,6 @@ def _collect_statistics(
 # ------------------------------------------------------------------------------------------ emission
 
 
-class _ScratchWriter:
-    """Writes quantized tensors to one scratch data file and maps them back (weights never pile up in memory)."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / "quantized.bin"
-        self.offset = 0
-        self.path.write_bytes(b"")
-
-    def tensor(self, array: np.ndarray, dtype: ir.DataType, name: str) -> ir.TensorProtocol:
-        """A tensor of ``array`` as ``dtype`` (INT4/UINT4 packed two a byte)."""
-        memory = ir.Tensor(array, dtype=dtype, name=name)
-        if memory.nbytes <= INLINE_BYTES:
-            return memory
-        data = memory.tobytes()
-        start = -(-self.offset // 64) * 64
-        with open(self.path, "r+b") as fh:
-            fh.seek(start)
-            fh.write(data)
-        self.offset = start + len(data)
-        return ir.ExternalTensor(
-            os.path.basename(self.path),
-            start,
-            len(data),
-            dtype,
-            shape=ir.Shape(array.shape),
-            name=name,
-            base_dir=str(self.folder),
-        )
-
-
 _QTYPES = {
     (4, True): ir.DataType.INT4,
     (4, False): ir.DataType.UINT4,
@@ -628,7 +595,7 @@ class QuantizeWeightsPass(Pass):
             for model in artifacts.models():
                 model.ir_version = max(model.ir_version, need_ir)
             report.changes.append(f"raised to ai.onnx opset {need_opset}" + (f", IR {need_ir}" if need_ir else ""))
-        writer = _ScratchWriter(context.scratch() / f"quantize_weights_{id(self):x}")
+        writer = ScratchWriter(context.scratch() / f"quantize_weights_{id(self):x}", INLINE_BYTES)
         written: dict[tuple, _Quantized] = {}
         layers: list[dict] = []
         stats: dict[str, np.ndarray] = {}
@@ -653,7 +620,7 @@ class QuantizeWeightsPass(Pass):
         model: ir.Model,
         context: PassContext,
         report: PassReport,
-        writer: _ScratchWriter,
+        writer: ScratchWriter,
         written: dict[tuple, _Quantized],
         layers: list[dict],
         stats: dict[str, np.ndarray],
@@ -784,7 +751,7 @@ class QuantizeWeightsPass(Pass):
         pin: np.ndarray | None,
         pout: np.ndarray | None,
         hessian: np.ndarray | None,
-        writer: _ScratchWriter,
+        writer: ScratchWriter,
         layers: list[dict],
         *,
         nbits: bool,

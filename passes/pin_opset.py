@@ -1,4 +1,7 @@
-"""``pin_opset``: convert ``ai.onnx`` to a target opset (11–23, raised or lowered) and the IR version with it.
+"""``pin_opset``: convert ``ai.onnx`` to a target opset and the IR version with it (raised or lowered).
+
+The target is 11 up to the newest opset the installed onnx knows (28 with onnx 1.23.2; ONNX Runtime 1.32 runs
+28), checked when the config is read.
 
 Uses ``onnx.version_converter.convert_version`` (onnx docs, "Version Converter") on a weightless copy, with
 what onnx 1.23 lacks done on onnx_ir around it (:mod:`onnxdeploy.passes._opset_adapters`): ops that do not
@@ -20,9 +23,9 @@ import re
 import onnx
 import onnx_ir as ir
 from onnx import version_converter
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from onnxdeploy.errors import ConfigError, PassError
+from onnxdeploy.errors import PassError
 from onnxdeploy.model_io import proto_round_trip, stand_in_proto
 from onnxdeploy.passes._cache_edits import fold_constants, infer_shapes
 from onnxdeploy.passes._opset_adapters import (
@@ -32,16 +35,35 @@ from onnxdeploy.passes._opset_adapters import (
     hold_nodes,
     restore_held,
 )
-from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, PipelineSettings, register_pass
+from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["PinOpsetConfig", "PinOpsetPass"]
 
 
+LOWEST_OPSET = 11
+"""The lowest target the pass is tested to reach (the LLaMA exports lower to 11, IR 7)."""
+
+
 class PinOpsetConfig(PassConfig):
     """Config of ``pin_opset``."""
 
-    opset: int = Field(..., ge=11, description="Target ai.onnx opset, 11 or above (e.g. 17); raised or lowered.")
+    opset: int = Field(
+        ...,
+        description=f"Target ai.onnx opset, {LOWEST_OPSET} up to the newest the installed onnx knows "
+        f"({onnx.defs.onnx_opset_version()} with onnx {onnx.__version__}); raised or lowered.",
+    )
+
+    @field_validator("opset")
+    @classmethod
+    def _in_range(cls, opset: int) -> int:
+        newest = onnx.defs.onnx_opset_version()
+        if not LOWEST_OPSET <= opset <= newest:
+            raise ValueError(
+                f"opset {opset} is outside the supported range {LOWEST_OPSET}..{newest} ({newest}: the newest "
+                f"opset onnx {onnx.__version__} knows)"
+            )
+        return opset
 
 
 def _default_opset(model: ir.Model) -> int:
@@ -80,8 +102,8 @@ class PinOpsetPass(Pass):
     converted graphs hold the same weight tensors, so its cost does not grow with weight bytes.
 
     Raises:
-        PassError: the target opset is beyond what the installed onnx knows, or the version converter
-            cannot convert an op (the message names the op and its opset).
+        PassError: the version converter cannot convert an op, or an op has no exact form at the target (the
+            message names the op, the node and the lowest opset it can reach).
     """
 
     name = "pin_opset"
@@ -90,24 +112,8 @@ class PinOpsetPass(Pass):
     config: PinOpsetConfig
     in_place = False
 
-    def check_settings(self, settings: PipelineSettings) -> None:
-        """Refuse, before any pass runs, an opset the installed onnx does not know.
-
-        Raises:
-            ConfigError: ``opset`` is above ``onnx.defs.onnx_opset_version()``.
-        """
-        newest = onnx.defs.onnx_opset_version()
-        if self.config.opset > newest:
-            raise ConfigError(
-                f"opset={self.config.opset} is newer than this onnx ({onnx.__version__}) knows ({newest})"
-            )
-
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
         """Convert every graph of the set; see the class docstring."""
-        target = self.config.opset
-        newest = onnx.defs.onnx_opset_version()
-        if target > newest:
-            raise PassError(self.name, f"opset {target} is newer than this onnx ({onnx.__version__}) knows ({newest})")
         converted = [self._convert(model, report) for model in artifacts.models()]
         if not any(changed for _, changed in converted):
             return artifacts, False

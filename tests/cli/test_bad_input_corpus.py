@@ -280,6 +280,10 @@ CASES: dict[str, Case] = {
         ],
         ("key 'verify.accuracy.token_ids_file'", "tokens.txt", "holds no token ids"),
     ),
+    "pin_opset_above_the_newest": Case(
+        run_config(passes=[*static_kv(max_cache_len=64), {"pin_opset": {"opset": onnx.defs.onnx_opset_version() + 1}}]),
+        ("passes[1].pin_opset.opset", f"outside the supported range 11..{onnx.defs.onnx_opset_version()}"),
+    ),
     "prompt_outside_vocabulary": Case(run_config(verify={"prompt": [1, 512]}), ("verify.prompt", "vocabulary")),
     "verify_prompt_not_integers": Case(
         lambda tmp: ["verify", str(FIXTURE), str(FIXTURE), "--prompt", "1,two"], ("--prompt", "integers")

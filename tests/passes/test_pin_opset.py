@@ -6,7 +6,6 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from onnxdeploy.errors import PassError
 from onnxdeploy.graph import opset_imports
 from onnxdeploy.model_io import load_model, stand_in_proto, write_for_ort
 from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass
@@ -49,17 +48,6 @@ def test_pin_opset_same_opset_is_a_no_op():
     assert not result.modified
     assert result.artifacts.primary is ir_model
     assert ir.serde.serialize_model(result.artifacts.primary).SerializeToString() == before
-
-
-def test_pin_opset_beyond_installed_onnx_is_refused():
-    model = onnx.parser.parse_model(
-        """
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float[2] x) => (float[2] y) { y = Relu (x) }
-        """
-    )
-    with pytest.raises(PassError, match="newer than"):
-        PinOpsetPass(PinOpsetConfig(opset=onnx.defs.onnx_opset_version() + 1))(ir.serde.deserialize_model(model))
 
 
 def test_lowering_reduce_mean_18_drops_the_attribute_opset_17_lacks():

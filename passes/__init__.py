@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from onnxdeploy.passes import (  # noqa: F401  (modules register their passes)
     external_data,
+    fuse_matmuls,
     grouped_attention,
     kv_layout,
     mask_rewrite,

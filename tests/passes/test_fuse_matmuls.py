@@ -1,0 +1,125 @@
+"""fuse_matmuls: q/k/v and gate/up become one MatMul + Split per layer, a graph set shares the fused weights, and
+the decode is the same on ORT; tied weights, excluded nodes and pre-13 opsets are handled."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxdeploy import model_io
+from onnxdeploy.contract import read_contract
+from onnxdeploy.passes import PassContext
+from onnxdeploy.passes.fuse_matmuls import FuseMatMulsConfig, FuseMatMulsPass, fusable_groups
+from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
+from onnxdeploy.runner import verify
+from tests.conftest import fixture_entry
+
+PROMPT = [1, 17, 42, 99, 7, 3, 5, 8]
+
+
+def _matmul_count(model: ir.Model) -> int:
+    return sum(1 for n in model.graph if n.op_type == "MatMul")
+
+
+@pytest.mark.parametrize("name", ["llama_gqa_optimum", "llama_gqa_dynamo"])
+def test_fuse_matmuls_on_a_graph_set_shares_the_fused_weights_and_decodes_the_same(tmp_path, name):
+    entry = fixture_entry(name)
+    layers = entry["config"]["layers"]
+    model = model_io.load_model(entry["model_path"]).model
+    static = StaticKVCachePass(StaticKVConfig(step_lens=[1, 4], max_cache_lens=[32]))(model).artifacts
+    context = PassContext()  # its scratch folder holds the fused weights until they are written
+    result = FuseMatMulsPass()(static, context)
+    fused = result.artifacts
+
+    assert result.modified and result.report.warnings == []
+    for before, after in zip(static.models(), fused.models(), strict=True):
+        assert _matmul_count(before) - _matmul_count(after) == 3 * layers  # q,k,v -> 1 and gate,up -> 1
+        assert (
+            sum(1 for n in after.graph if n.op_type == "Split") - sum(1 for n in before.graph if n.op_type == "Split")
+            == 2 * layers
+        )
+        assert fusable_groups(after.graph, []) == []
+        assert read_contract(after) == read_contract(before)
+        assert [v.name for v in after.graph.outputs] == [v.name for v in before.graph.outputs]
+    # the decode graph and the prefill graph hold the very same fused tensors: written once
+    ids = [
+        {id(n.inputs[1].const_value) for n in m.graph if n.op_type == "MatMul" and "+" in (n.name or "")}
+        for m in fused.models()
+    ]
+    assert len(ids[0]) == 2 * layers and ids[0] == ids[1]
+    assert fused.weight_bytes() == pytest.approx(static.weight_bytes(), rel=0.01)
+
+    out = tmp_path / "set"
+    out.mkdir()
+    graphs = [(a.name, a.model) for a in fused.artifacts]
+    paths = model_io.stage_artifacts(graphs, out, external=True, data_name="model.onnx.data").commit()
+    data = out / "model.onnx.data"
+    assert data.stat().st_size <= 1.05 * fused.weight_bytes()
+    res = verify(str(entry["model_path"]), str(out / "model.onnx"), prompt=PROMPT, steps=24, max_abs_logit_diff=1e-5)
+    assert res.passed, [m.failures for m in res.modes.values()]
+    assert sorted(res.graphs) == sorted(p.name for p in paths if p.suffix == ".onnx")
+    for mode in res.modes.values():
+        assert mode.top1_agreement == 1.0
+        assert mode.positions == len(PROMPT) // 4 + 24  # two 4-token chunks (last-token logits each), then 24 steps
+        assert mode.max_abs_logit_diff <= 1e-5
+
+
+def _shared_input_graph(opset: int, *, tied: bool = False) -> onnx.ModelProto:
+    """x (2, 8) @ {a (8, 3), b (8, 5), c (8, 4)}; with ``tied``, ``b`` is also added to a graph input."""
+    rng = np.random.default_rng(0)
+    widths = {"a": 3, "b": 5, "c": 4}
+    inits = [numpy_helper.from_array(rng.standard_normal((8, n)).astype(np.float32), w) for w, n in widths.items()]
+    nodes = [helper.make_node("MatMul", ["x", w], [f"y_{w}"], name=f"/layer/{w}_proj/MatMul") for w in "abc"]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])]
+    outputs = [helper.make_tensor_value_info(f"y_{w}", TensorProto.FLOAT, [2, n]) for w, n in widths.items()]
+    if tied:
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [8, 5]))
+        nodes.append(helper.make_node("Add", ["b", "z"], ["tied"], name="/tied/Add"))
+        outputs.append(helper.make_tensor_value_info("tied", TensorProto.FLOAT, [8, 5]))
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize(
+    ("opset", "tied", "exclude", "fused_names"),
+    [
+        (17, False, [], ["/layer/a_proj+b_proj+c_proj/MatMul"]),
+        (11, False, [], ["/layer/a_proj+b_proj+c_proj/MatMul"]),  # Split-11 takes the sizes as an attribute
+        (17, True, [], ["/layer/a_proj+c_proj/MatMul"]),  # b is read elsewhere: fusing would duplicate it
+        (17, False, ["*/c_proj/*"], ["/layer/a_proj+b_proj/MatMul"]),
+    ],
+)
+def test_fuse_matmuls_small_cases(opset, tied, exclude, fused_names):
+    proto = _shared_input_graph(opset, tied=tied)
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)}
+    if tied:
+        feeds["z"] = np.ones((8, 5), np.float32)
+    result = FuseMatMulsPass(FuseMatMulsConfig(exclude=exclude))(ir.serde.deserialize_model(proto))
+    model = result.artifacts.primary
+    assert [n.name for n in model.graph if n.op_type == "MatMul" and n.name.count("+")] == fused_names
+    split = next(n for n in model.graph if n.op_type == "Split")
+    assert ("split" in split.attributes) == (opset < 13)
+    out = ir.serde.serialize_model(model)
+    onnx.checker.check_model(out, full_check=True)
+    assert [o.name for o in out.graph.output] == [o.name for o in proto.graph.output]
+    for want, got in zip(_run(proto, feeds), _run(out, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_fuse_matmuls_leaves_a_graph_without_groups_alone():
+    proto = _shared_input_graph(17)
+    for i, node in enumerate(proto.graph.node[1:], start=2):  # every MatMul reads its own input
+        node.input[0] = f"x{i}"
+        proto.graph.input.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [2, 8]))
+    result = FuseMatMulsPass()(ir.serde.deserialize_model(proto))
+    assert not result.modified
+    assert result.report.changes == ["no MatMuls sharing an input with constant weights"]

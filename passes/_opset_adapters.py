@@ -90,6 +90,16 @@ def _constant(graph_nodes: list[ir.Node], name: str, array: np.ndarray) -> ir.Va
     return node.outputs[0]
 
 
+def _stems(node: ir.Node) -> tuple[str, str]:
+    """Stems for what replaces ``node``: ``(node names, value names)``.
+
+    Value names come from the node's first output, unique in the graph (SSA), so two unnamed nodes of one op
+    never produce the same name; node names from the node's name where it has one (meaningful), else the same.
+    """
+    value = node.outputs[0].name or node.op_type
+    return (node.name or value), value
+
+
 def copy_type(src: ir.Value, dst: ir.Value) -> None:
     """Give ``dst`` the dtype and shape ``src`` knows (unknown ones are left as they are)."""
     if src.dtype is not None:
@@ -239,11 +249,12 @@ def _shape(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     if start is None and end is None:
         return [node]
     out = node.outputs[0]
-    full = ir.Value(name=f"{out.name}__full_shape", dtype=ir.DataType.INT64)
+    node_stem, _ = _stems(node)
+    full = ir.Value(name=f"{out.name}__full_shape", type=ir.TensorType(ir.DataType.INT64))
     extra: list[ir.Node] = []
     lo = _constant(extra, f"{out.name}__start", np.array([start.as_int() if start else 0], np.int64))
     hi = _constant(extra, f"{out.name}__end", np.array([end.as_int() if end else np.iinfo(np.int64).max], np.int64))
-    shape_node = ir.Node("", "Shape", [node.inputs[0]], outputs=[full], name=f"{node.name}__shape")
+    shape_node = ir.Node("", "Shape", [node.inputs[0]], outputs=[full], name=f"{node_stem}__shape")
     slice_node = ir.Node("", "Slice", [full, lo, hi], num_outputs=1, name=node.name)
     return [*extra, shape_node, slice_node]
 
@@ -270,20 +281,21 @@ def _cast_like(node: ir.Node, current: int, target: int) -> list[ir.Node]:
 
 
 def _trilu(node: ir.Node, current: int, target: int) -> list[ir.Node]:
-    """Trilu → Where(mask, x, 0) with the mask from Range over the last two dims (Trilu first exists at opset 14).
+    """Trilu → Where(drop, 0, x) with ``drop`` from Range over the last two dims (Trilu first exists at opset 14).
 
-    Keeps ``x[..., i, j]`` where ``j - i >= k`` (upper) or ``j - i <= k`` (lower), as Operators.md defines.
+    Keeps ``x[..., i, j]`` where ``j - i >= k`` (upper) or ``j - i <= k`` (lower), as Operators.md defines; a bool
+    ``x`` (a mask) becomes And(Not(drop), x) instead, since ONNX Runtime has no bool Where kernel.
     """
     x = node.inputs[0]
     if x.dtype is None:
         raise _refuse(node, f"the dtype of '{x.name}' is unknown", 14)
     upper = node.attributes.get("upper")
     upper = upper.as_int() if upper is not None else 1
-    p = node.name or "trilu"
+    name, p = _stems(node)
     out: list[ir.Node] = []
 
     def add(op: str, inputs: list[ir.Value], **attrs) -> ir.Value:
-        n = ir.node(op, inputs, attributes=attrs, name=f"{p}__{op}_{len(out)}")
+        n = ir.node(op, inputs, attributes=attrs, name=f"{name}__{op}_{len(out)}")
         n.outputs[0].name = f"{p}__{op}_{len(out)}"
         out.append(n)
         return n.outputs[0]
@@ -300,8 +312,11 @@ def _trilu(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     if k is not zero:
         k = add("Reshape", [k, _constant(out, f"{p}__scalar", np.array([], np.int64))])
     drop = add("Less" if upper else "Greater", [diff, k])
+    if x.dtype == ir.DataType.BOOL:
+        keep = add("Not", [drop])
+        return [*out, ir.Node("", "And", [keep, x], num_outputs=1, name=name)]
     fill = _constant(out, f"{p}__fill", np.zeros((), dtype=x.dtype.numpy()))
-    where = ir.Node("", "Where", [drop, fill, x], num_outputs=1, name=p)
+    where = ir.Node("", "Where", [drop, fill, x], num_outputs=1, name=name)
     return [*out, where]
 
 
@@ -333,7 +348,7 @@ def _split(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     elif split is not None and sizes is None:
         extra: list[ir.Node] = []
         node.resize_inputs(2)
-        node.replace_input_with(1, _constant(extra, f"{node.name}__split", np.array(split, np.int64)))
+        node.replace_input_with(1, _constant(extra, f"{_stems(node)[1]}__split", np.array(split, np.int64)))
         _check_types(node, target)
         return [*extra, node]
     _check_types(node, target)
@@ -367,7 +382,7 @@ def _reduce(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     elif axes_attr is not None:  # input form, from an attribute
         node.attributes.pop("axes")
         node.resize_inputs(2)
-        node.replace_input_with(1, _constant(extra, f"{node.name}__axes", np.array(axes, np.int64)))
+        node.replace_input_with(1, _constant(extra, f"{_stems(node)[1]}__axes", np.array(axes, np.int64)))
     _check_types(node, target)
     return [*extra, node]
 
@@ -391,12 +406,12 @@ def _softmax(node: ir.Node, current: int, target: int) -> list[ir.Node]:
         return [node]
     perm = [d for d in range(rank) if d != axis] + [axis]
     inverse = [perm.index(d) for d in range(rank)]
-    p = node.name or node.op_type
-    before = ir.node("Transpose", [x], attributes={"perm": perm}, name=f"{p}__to_last")
+    name, p = _stems(node)
+    before = ir.node("Transpose", [x], attributes={"perm": perm}, name=f"{name}__to_last")
     before.outputs[0].name = f"{p}__to_last"
-    inner = ir.node(node.op_type, [before.outputs[0]], attributes={"axis": rank - 1}, name=f"{p}__inner")
+    inner = ir.node(node.op_type, [before.outputs[0]], attributes={"axis": rank - 1}, name=f"{name}__inner")
     inner.outputs[0].name = f"{p}__inner"
-    after = ir.node("Transpose", [inner.outputs[0]], attributes={"perm": inverse}, name=p)
+    after = ir.node("Transpose", [inner.outputs[0]], attributes={"perm": inverse}, name=name)
     return [before, inner, after]
 
 

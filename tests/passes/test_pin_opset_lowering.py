@@ -219,3 +219,61 @@ def test_an_opset_outside_11_to_the_newest_is_refused_naming_the_range():
     for opset in (10, newest + 1):
         with pytest.raises(ValueError, match=rf"opset {opset} is outside the supported range 11\.\.{newest}"):
             PinOpsetConfig(opset=opset)
+
+
+@pytest.mark.parametrize("upper", [1, 0])
+def test_trilu_14_lowers_to_range_where_at_13_and_11(upper):
+    """Trilu (first at 14) → Range/Where: the kept triangle for k below, on and above the diagonal, on a non-square
+    batched input holding -inf and NaN (kept where the triangle keeps them), and on a bool mask."""
+    x = RNG.standard_normal((2, 4, 6)).astype(np.float32)
+    x[0, 1, 0], x[1, 0, 5], x[1, 3, 2] = -np.inf, np.nan, np.inf
+    mask = RNG.standard_normal((4, 6)) > 0
+    text = f"""<ir_version: 8, opset_import: ["" : 14]>
+        g (float[2,4,6] x, int64 k, bool[4,6] m) => (float[2,4,6] y, float[2,4,6] d, bool[4,6] b) {{
+            y = Trilu <upper = {upper}> (x, k)
+            d = Trilu <upper = {upper}> (x)
+            b = Trilu <upper = {upper}> (m, k)
+        }}"""
+    model = onnx.parser.parse_model(text)
+    for k in (-2, 0, 3):
+        feeds = {"x": x, "k": np.array(k, np.int64), "m": mask}
+        want = _run(model, feeds)
+        for opset in (13, 11):
+            lowered = _pin(model, opset)
+            assert not any(n.op_type == "Trilu" for n in lowered.graph.node)
+            for name, a, b in zip("ydb", want, _run(lowered, feeds), strict=True):
+                np.testing.assert_array_equal(b, a, err_msg=f"k={k} opset {opset}: {name}")
+
+
+def test_cast_like_lowers_to_cast_at_14_and_11():
+    """CastLike (first at 15) → Cast to the dtype of its second input: float16 (rounding), int32 (truncation), bool."""
+    x = (RNG.standard_normal((3, 5)) * 70000).astype(np.float32)
+    x[0, 0], x[1, 1], x[2, 2] = 0.0, -0.75, 1e-8
+    text = """<ir_version: 8, opset_import: ["" : 15]>
+        g (float[3,5] x, float16[1] h, int32[1] i, bool[1] t) => (float16[3,5] a, int32[3,5] b, bool[3,5] c) {
+            a = CastLike (x, h)
+            b = CastLike (x, i)
+            c = CastLike (x, t)
+        }"""
+    model = onnx.parser.parse_model(text)
+    feeds = {"x": x, "h": np.zeros(1, np.float16), "i": np.zeros(1, np.int32), "t": np.zeros(1, bool)}
+    want = _run(model, feeds)
+    for opset in (14, 11):
+        lowered = _pin(model, opset)
+        assert [n.op_type for n in lowered.graph.node] == ["Cast"] * 3
+        for name, a, b in zip("abc", want, _run(lowered, feeds), strict=True):
+            assert a.dtype == b.dtype, (name, a.dtype, b.dtype)
+            np.testing.assert_array_equal(b, a, err_msg=f"opset {opset}: {name}")
+
+
+def test_shape_15_start_end_and_unnamed_nodes_of_one_op_lower_without_name_clashes():
+    """Shape-15 ``start``/``end`` → Shape + Slice at 14; two unnamed Softmax-13 on a non-last axis → transposes at
+    12: what each lowering adds is named after the node's output, so nothing is defined twice."""
+    text15 = """<ir_version: 8, opset_import: ["" : 15]>
+        g (float[2,3,4,6] x) => (int64[2] a, int64[1] b, float[2,3,4,6] y, float[2,3,4,6] z) {
+            a = Shape <start = 1, end = 3> (x)
+            b = Shape <start = -1> (x)
+            y = Softmax <axis = 1> (x)
+            z = Softmax <axis = 1> (x)
+        }"""
+    _assert_same_at(text15, (14, 12), {"x": X}, atol=1e-6)

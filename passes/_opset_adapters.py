@@ -673,7 +673,7 @@ def expand_function_ops(
         for formal, actual in zip(formal_in, [v for v in node.inputs if v is not None], strict=True):
             mapping[formal] = actual
         for init in body.graph.initializers.values():
-            c = ir.node("Constant", [], attributes={"value": init.const_value})
+            c = ir.node("Constant", [], attributes={"value": init.const_value}, name=f"{prefix}/{init.name}")
             c.outputs[0].name = f"{prefix}/{init.name}"
             mapping[init] = c.outputs[0]
             graph.insert_before(node, c)
@@ -709,6 +709,38 @@ def expand_function_ops(
         graph.remove(node, safe=True)
         changes.append(f"{node.op_type} '{node.name}' expanded to {len(added)} nodes (ONNX function body)")
     return changes
+
+
+def name_created_nodes(model: ir.Model, unnamed_before: set[str], target: int) -> list[str]:
+    """Name the nodes onnx's converter created without one (the ``Constant`` axes of Reduce*-18, …); return the names.
+
+    A node is named after what it feeds, ``<consumer>/<formal input>`` (``.../ReduceMean/axes``), else after its op
+    and output; a suffix ``_2``, ``_3``, … keeps names unique. Nodes that had no name in the input (their first
+    output is in ``unnamed_before``) are the input's own and stay as they are.
+    """
+    graph = model.graph
+    taken = {n.name for n in graph if n.name}
+    named = []
+    for node in graph:
+        if node.name or not node.outputs or node.outputs[0].name in unnamed_before:
+            continue
+        out = node.outputs[0]
+        uses = list(out.uses())
+        if uses:
+            consumer, index = uses[0].node, uses[0].idx
+            schema = _schema(consumer.op_type, target) if consumer.domain in _DEFAULT else None
+            formals = [f.name for f in schema.inputs] if schema is not None else []
+            formal = formals[min(index, len(formals) - 1)] if formals else f"input{index}"
+            base = f"{consumer.name or consumer.op_type}/{formal}"
+        else:
+            base = f"{node.op_type}/{out.name}"
+        name, k = base, 2
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        node.name = name
+        taken.add(name)
+        named.append(name)
+    return named
 
 
 def node_since(node: ir.Node, current: int) -> int:

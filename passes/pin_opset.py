@@ -33,6 +33,7 @@ from onnxdeploy.passes._opset_adapters import (
     fold_empty_tensors,
     function_ops_to_expand,
     hold_nodes,
+    name_created_nodes,
     restore_held,
 )
 from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
@@ -136,6 +137,7 @@ class PinOpsetPass(Pass):
             report.changes += expand_function_ops(work, expand, current, fold_constants)
             infer_shapes(work)
         known = {v.name: (v.dtype, v.shape) for v in _values(work)}
+        unnamed = {n.outputs[0].name for n in work.graph if not n.name and n.outputs}  # the input's own
         held = hold_nodes(work, current, target)
         if held:
             report.changes.append("held from onnx's converter: " + ", ".join(f"{op} x{n}" for op, n in held.items()))
@@ -166,6 +168,13 @@ class PinOpsetPass(Pass):
         folded = fold_empty_tensors(converted)
         if folded:
             report.changes.append(f"removed {folded} empty tensor(s)/split(s)")
+        named = name_created_nodes(converted, unnamed, target)
+        if named:
+            report.changes.append(
+                f"named {len(named)} node(s) onnx's converter made without a name: "
+                + ", ".join(named[:5])
+                + (" …" if len(named) > 5 else "")
+            )
         repaired = _drop_stale_noop_with_empty_axes(converted, target)
         if repaired:
             report.changes.append(

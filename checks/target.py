@@ -7,7 +7,7 @@ section, version, address, date read), and a hint naming the pass that fixes it 
 - ``target_ops``: every node's op is supported at its schema version, with the entry's dtype, attribute and
   rank constraints (``OD510``-``OD516``);
 - ``target_tensors``: dynamic dims where the target requires static shapes, zero-size tensors, size limits and
-  initializer dtypes the target does not take (``OD520``-``OD524``).
+  initializer dtypes the target does not take (``OD520``-``OD525``).
 
 :func:`predict_supported` answers "would the target take this model?" from the error findings of the three;
 the cross-check tests compare it with whether ONNX Runtime / OpenVINO really open the model.
@@ -15,6 +15,7 @@ the cross-check tests compare it with whether ONNX Runtime / OpenVINO really ope
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections import defaultdict
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from onnxdeploy.checks._graph import dtype_name, format_dims, infer, iter_graphs
 from onnxdeploy.checks.base import Check, CheckContext, register_check
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.matrices import Matrix, OpEntry, get_target, schema_version_of
+from onnxdeploy.matrices.schema import Limit
 from onnxdeploy.report import Finding
 
 __all__ = ["TARGET_CHECKS", "TargetOpsCheck", "TargetOpsetCheck", "TargetTensorsCheck", "fix_hint", "predict_supported"]
@@ -173,6 +175,24 @@ def _value_types(model: onnx.ModelProto) -> tuple[onnx.ModelProto, _Types]:
                         elem[node.output[0]] = attr.t.data_type
                         dims[node.output[0]] = tuple(attr.t.dims)
     return inferred, _Types(elem, dims)
+
+
+def _limit_scope(limit: Limit, model: onnx.ModelProto, types: _Types) -> list[str] | None:
+    """The tensors ``limit`` is checked on (its ``applies_to``), or None when it is scoped in words only.
+
+    No ``applies_to``: every tensor. ``ops``: the inputs and outputs of nodes of those op types (subgraphs
+    included); ``tensors``: names matching those fnmatch patterns; both: either.
+    """
+    if not limit.ops and not limit.tensors:
+        return None if limit.applies_to else list(types.dims)
+    names: set[str] = set()
+    if limit.ops:
+        for graph, _ in iter_graphs(model.graph):
+            for node in graph.node:
+                if node.op_type in limit.ops:
+                    names.update(n for n in (*node.input, *node.output) if n)
+    names.update(n for n in types.dims if any(fnmatch.fnmatchcase(n, p) for p in limit.tensors))
+    return [n for n in types.dims if n in names]
 
 
 def _formal_params(entry: OpEntry, node: onnx.NodeProto, opset: int) -> tuple[list[str], list[str]]:
@@ -436,11 +456,14 @@ class TargetTensorsCheck(Check):
       0) after shape inference or in an initializer; compilers reject them (phi-3's partial-rotary Slice leaves
       such tensors in a static graph); runtimes such as ONNX Runtime run them;
     - ``OD522`` error: a tensor above the target's ``max_tensor_bytes``/``max_operand_bytes`` or a dim above
-      ``max_dim``;
+      ``max_dim``, among the tensors the limit applies to (every tensor, or the inputs/outputs of its ``ops``
+      and the names matching its ``tensors`` patterns);
     - ``OD523`` error / warning: initializers in a dtype (int4, int8, fp16, bf16, …) the target does not
       support / supports only partly;
     - ``OD524`` warning: the target requires static shapes and intermediate tensors still have dynamic dims
-      (one summary finding).
+      (one summary finding);
+    - ``OD525`` info: a limit whose ``applies_to`` is words only (no ``ops``/``tensors`` to match): it is
+      named, not charged to every tensor.
     """
 
     name = "target_tensors"
@@ -451,6 +474,7 @@ class TargetTensorsCheck(Check):
         "OD522": "error: a tensor or dim above the target's size limit.",
         "OD523": "error/warning: initializers in a dtype the target does not (fully) support.",
         "OD524": "warning: intermediate tensors with dynamic dims on a target that requires static shapes.",
+        "OD525": "info: a size limit scoped in words only (applies_to without ops or tensors): not checked.",
     }
 
     def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
@@ -462,7 +486,7 @@ class TargetTensorsCheck(Check):
         yield from self._dynamic(matrix, inferred)
         if matrix.kind == "compiler" or matrix.static_shapes == "required":
             yield from self._zero_size(inferred, types)
-        yield from self._limits(matrix, types)
+        yield from self._limits(matrix, inferred, types)
         yield from self._dtypes(matrix, model)
 
     def _dynamic(self, matrix: Matrix, model: onnx.ModelProto) -> Iterator[Finding]:
@@ -527,19 +551,33 @@ class TargetTensorsCheck(Check):
                     source="onnxdeploy issue 8 (compilers reject zero-size tensors); no target document states it",
                 )
 
-    def _limits(self, matrix: Matrix, types: _Types) -> Iterator[Finding]:
+    def _limits(self, matrix: Matrix, model: onnx.ModelProto, types: _Types) -> Iterator[Finding]:
         for limit in matrix.limits:
-            if limit.name in ("max_tensor_bytes", "max_operand_bytes") and limit.unit == "bytes":
-                for name, dims in types.dims.items():
-                    if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
-                        continue
-                    size = _nbytes(types.elem.get(name, TensorProto.FLOAT), tuple(dims))  # type: ignore[arg-type]
-                    if size > limit.value:
-                        yield self._limit(matrix, limit, name, f"{size} bytes")
-            elif limit.name == "max_dim":
-                for name, dims in types.dims.items():
+            checked = limit.name in ("max_tensor_bytes", "max_operand_bytes", "max_dim")
+            if not checked or (limit.name != "max_dim" and limit.unit != "bytes"):
+                continue
+            scope = _limit_scope(limit, model, types)
+            if scope is None:
+                yield self.finding(
+                    "OD525",
+                    "info",
+                    f"{matrix.target}'s {limit.name} {limit.value} {limit.unit} applies to {limit.applies_to}: "
+                    "stated in words only, so no tensor was checked against it",
+                    rule=f"{limit.name} <= {limit.value} {limit.unit} ({limit.applies_to})",
+                    source=matrix.source_text(limit.source),
+                )
+                continue
+            for name in scope:
+                dims = types.dims[name]
+                if limit.name == "max_dim":
                     if dims and any(isinstance(d, int) and d > limit.value for d in dims):
                         yield self._limit(matrix, limit, name, f"dims {format_dims(dims)}")
+                    continue
+                if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+                    continue
+                size = _nbytes(types.elem.get(name, TensorProto.FLOAT), tuple(dims))  # type: ignore[arg-type]
+                if size > limit.value:
+                    yield self._limit(matrix, limit, name, f"{size} bytes")
 
     def _limit(self, matrix: Matrix, limit, name: str, what: str) -> Finding:
         return self.finding(

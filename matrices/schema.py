@@ -95,7 +95,17 @@ class Limit(_Strict):
     name: LimitName = Field(description="What is limited.")
     value: int = Field(ge=0, description="The largest value allowed (in ``unit``).")
     unit: Literal["bytes", "elements", "tokens", "dims", "count"] = Field(description="Unit of ``value``.")
-    applies_to: str = Field("", description="Which tensors or ops the limit is about; empty for all.")
+    applies_to: str = Field(
+        "",
+        description="Which tensors or ops the limit is about, in the source's words; empty: every tensor. Checked "
+        "through ``ops``/``tensors``; words alone cannot be matched, so such a limit is reported, not checked.",
+    )
+    ops: list[str] = Field(
+        default_factory=list, description="Op types whose input and output tensors the limit is checked on."
+    )
+    tensors: list[str] = Field(
+        default_factory=list, description="Tensor name patterns (fnmatch, e.g. 'attention_mask*') it is checked on."
+    )
     source: str = Field(description="Source id.")
     note: str = Field("", description="Context of the limit (e.g. the issue that found it).")
 

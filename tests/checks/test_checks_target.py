@@ -15,7 +15,7 @@ from onnxdeploy.checks.target import TargetOpsCheck, TargetTensorsCheck, predict
 from onnxdeploy.checks.topo_order import TopoOrderCheck
 from onnxdeploy.cli import app
 from onnxdeploy.config import load_pipeline
-from onnxdeploy.matrices import get_target
+from onnxdeploy.matrices import Matrix, get_target
 from onnxdeploy.pipeline import run_pipeline
 from tests.checks.checks_testutil import by_code, parse
 from tests.conftest import FIXTURE_NAMES, fixture_entry
@@ -194,3 +194,35 @@ def test_checks_only_pipeline_checks_what_it_was_given(tmp_path):
     assert outcome.exit_code == 0, outcome.report.failures
     assert outcome.report.checks_run == ["checker", "topo_order"]
     assert not [f for f in outcome.report.findings if f.level == "error"]
+
+
+def test_size_limits_honour_applies_to(monkeypatch):
+    """A limit scoped to ops or tensor names is checked on those tensors only; one scoped in words only (no ops or
+    tensors to match) is reported as info, not charged to every tensor; an unscoped one applies to all."""
+    model = parse(
+        """
+        g (float[1,300] x, float[1,300] mask_in) => (float[1,300] y, float[1,300] z)
+        <float[300,300] w = {0.0}>
+        {
+            [proj] h = MatMul(x, w)
+            [act] y = Relu(h)
+            [masked] z = Add(mask_in, x)
+        }
+        """
+    )
+    base = get_target("ort-cpu").model_dump(mode="json")
+
+    def flagged(**limit) -> tuple[list[str], list[str]]:
+        limit = {"name": "max_tensor_bytes", "value": 1000, "unit": "bytes", "source": "ort-registry", **limit}
+        matrix = Matrix.model_validate({**base, "limits": [limit]})
+        monkeypatch.setattr("onnxdeploy.checks.target.get_target", lambda _name: matrix)
+        findings = TargetTensorsCheck().run(model, CheckContext(target="ort-cpu"))
+        errors = sorted(n for f in by_code(findings, "OD522") for n in f.nodes)
+        return errors, [f.message for f in by_code(findings, "OD525")]
+
+    everything = ["h", "mask_in", "w", "x", "y", "z"]
+    assert flagged() == (everything, [])
+    assert flagged(applies_to="MatMul operands", ops=["MatMul"]) == (["h", "w", "x"], [])
+    assert flagged(applies_to="the prefill mask operand", tensors=["mask*"]) == (["mask_in"], [])
+    errors, info = flagged(applies_to="the prefill mask operand on the HTP")
+    assert errors == [] and len(info) == 1 and "the prefill mask operand on the HTP" in info[0], info

@@ -14,10 +14,14 @@ run's target and the calibration tokens' hash (passes read both through the :cla
 
 An entry is a folder ``<cache dir>/<key>/`` holding each graph under its artifact name, one shared
 ``weights.data`` (written by :func:`onnxdeploy.model_io.stage_artifacts`, every initializer above the small
-integer ones) and ``entry.json`` (the pass reports so far, the weights policy, the loader's notes). It is
-written in a staging folder inside the cache folder and renamed into place in one step, so a reader sees a
-whole entry or none. A hit is loaded with :func:`onnxdeploy.model_io.load_model` (weights memory-mapped from
-the cache, shared tensors shared again across the graphs of a set).
+integer ones), ``entry.json`` (the pass reports so far, the weights policy, the loader's notes) and
+``checksums.json`` (size and sha256 of each of those files, hashed right after they are written, while their
+pages are still cached). It is written in a staging folder inside the cache folder and renamed into place in
+one step, so a reader sees a whole entry or none. Before a hit is served every file's size and sha256 are
+checked (sha256 reads the weights once: about 1 s per GiB here, the same order as hashing the run's outputs
+for the report, and far below re-running the passes); an entry that fails is a miss, named in the report's
+notes, and is removed. A hit is loaded with :func:`onnxdeploy.model_io.load_model` (weights memory-mapped
+from the cache, shared tensors shared again across the graphs of a set).
 
 Size: after each store, the least recently used entries (by folder mtime, refreshed on every hit) are removed
 until the cache holds at most ``max_bytes``; an entry larger than that alone is not stored. The cache folder
@@ -57,11 +61,16 @@ from onnxdeploy.report import Finding, PassReport
 
 __all__ = ["CACHE_FORMAT", "CacheConfig", "CacheHit", "PassCache", "cache_versions", "default_cache_dir"]
 
-CACHE_FORMAT = 1
-"""Version of the entry layout; part of every key, so a new layout never reads an old entry."""
+CACHE_FORMAT = 2
+"""Version of the entry layout; part of every key, so a new layout never reads an old entry (2: checksums)."""
 
 _ENTRY_JSON = "entry.json"
+_CHECKSUMS = "checksums.json"
 _WEIGHTS = "weights.data"
+
+
+class _CorruptEntry(Exception):
+    """An entry's file is missing or differs from the size or sha256 stored with it."""
 
 
 def default_cache_dir() -> Path:
@@ -202,18 +211,22 @@ class PassCache:
         return cls(folder=config.folder(), keys=keys, max_bytes=config.max_bytes)
 
     def lookup(self) -> CacheHit | None:
-        """Load the longest cached prefix, or None.
+        """Load the longest cached prefix whose files match their stored size and sha256, or None.
 
-        A broken entry (a file missing or unreadable) is removed and the next shorter prefix is tried.
+        A broken entry (a file missing, unreadable, or not the bytes that were stored) is a miss: it is removed,
+        a note names it and the next shorter prefix is tried.
         """
         for n in range(len(self.keys), 0, -1):
             entry = self.folder / self.keys[n - 1]
             if not (entry / _ENTRY_JSON).is_file():
                 continue
             try:
+                _verify(entry)
                 hit = self._load(entry, n)
-            except (OnnxDeployError, OSError, ValueError, KeyError) as exc:
-                self.notes.append(f"pass cache: entry {entry} unreadable ({exc}); removed")
+            except (_CorruptEntry, OnnxDeployError, OSError, ValueError, KeyError) as exc:
+                self.notes.append(
+                    f"pass cache: entry {entry} unreadable or corrupted ({exc}); dropped, its passes run again"
+                )
                 shutil.rmtree(entry, ignore_errors=True)
                 continue
             with contextlib.suppress(OSError):
@@ -280,6 +293,11 @@ class PassCache:
                 "created": time.time(),
             }
             staged.add_text(_ENTRY_JSON, json.dumps(meta, indent=1))
+            sums = {
+                name: {"bytes": staged.path(name).stat().st_size, "sha256": sha256_file(staged.path(name))}
+                for name in staged.files
+            }
+            staged.add_text(_CHECKSUMS, json.dumps({"files": sums}, indent=1))
             try:
                 os.rename(staged.staging, entry)  # one step: a reader sees the whole entry or none
             except OSError:
@@ -310,6 +328,31 @@ class PassCache:
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             total -= size
+
+
+def _verify(entry: Path) -> None:
+    """Check every file ``checksums.json`` lists: present, its size, then its sha256 (smallest files first).
+
+    Raises:
+        _CorruptEntry: a file is missing or differs (names the file), or an artifact ``entry.json`` names is not
+            covered by the checksums.
+        OSError, ValueError, KeyError: ``checksums.json`` is missing or not what :meth:`PassCache.store` writes.
+    """
+    files: dict[str, dict[str, Any]] = json.loads((entry / _CHECKSUMS).read_text(encoding="utf-8"))["files"]
+    for name, want in files.items():
+        try:
+            size = (entry / name).stat().st_size
+        except FileNotFoundError:
+            raise _CorruptEntry(f"{name}: missing") from None
+        if size != want["bytes"]:
+            raise _CorruptEntry(f"{name}: {size} bytes, {want['bytes']} stored")
+    for name, want in sorted(files.items(), key=lambda item: item[1]["bytes"]):
+        if sha256_file(entry / name) != want["sha256"]:
+            raise _CorruptEntry(f"{name}: sha256 differs from the one stored")
+    listed = json.loads((entry / _ENTRY_JSON).read_text(encoding="utf-8"))["artifacts"]
+    unchecked = [name for name in (_ENTRY_JSON, *listed) if name not in files]
+    if unchecked:
+        raise _CorruptEntry(f"no checksum for {', '.join(unchecked)}")
 
 
 def _share_tensors(models: list[ir.Model]) -> None:

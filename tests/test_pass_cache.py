@@ -144,7 +144,7 @@ def test_the_size_bound_and_a_broken_entry(tmp_path):
     pipeline = _pipeline(tmp_path, passes=passes)
     assert _run(pipeline, tmp_path / "out", "--cache-dir", str(cache))["passes"][0]["cache"] == "stored"
     (entry,) = [p for p in cache.iterdir() if p.is_dir()]
-    assert sorted(p.name for p in entry.iterdir()) == ["entry.json", "model.onnx", "weights.data"]
+    assert sorted(p.name for p in entry.iterdir()) == ["checksums.json", "entry.json", "model.onnx", "weights.data"]
     (entry / "weights.data").unlink()  # e.g. a clean-up that removed files, not folders
     report = _run(pipeline, tmp_path / "out", "--cache-dir", str(cache))
     assert report["passes"][0]["cache"] == "stored"
@@ -191,3 +191,24 @@ def test_verify_each_pass_runs_every_pass_instead_of_the_cache(tmp_path):
     )
     assert [p["cache"] for p in report["passes"]] == ["off"]
     assert [p["name"] for p in report["pass_verification"]] == ["static_kv"]
+
+
+def _flip_a_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupted_entry_of_the_right_size_is_a_miss_and_is_dropped(tmp_path):
+    passes = [{"static_kv": {"max_cache_len": 32}}]
+    cache = tmp_path / "cache"
+    pipeline = _pipeline(tmp_path, passes=passes)
+    assert _run(pipeline, tmp_path / "cold", "--cache-dir", str(cache))["passes"][0]["cache"] == "stored"
+    (entry,) = [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    for name, offset in (("weights.data", 1000), ("model.onnx", 200)):
+        _flip_a_byte(entry / name, offset)  # same size: only a digest can tell
+        report = _run(pipeline, tmp_path / name, "--cache-dir", str(cache))
+        assert report["passes"][0]["cache"] == "stored", name  # a miss: the pass ran and stored a good entry
+        assert any(f"{name}: sha256" in n and "dropped" in n for n in report["notes"]), report["notes"]
+        assert _artifacts(tmp_path / name) == _artifacts(tmp_path / "cold"), "the corrupted bytes were served"
+    assert _run(pipeline, tmp_path / "warm", "--cache-dir", str(cache))["passes"][0]["cache"] == "hit"

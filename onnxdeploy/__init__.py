@@ -5,11 +5,18 @@ The import package maps four top-level folders as subpackages (see pyproject.tom
 (step-by-step verification on ONNX Runtime) and ``onnxdeploy.matrices`` (target compatibility data).
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("onnxdeploy")
-except PackageNotFoundError:  # running from a source tree without install
-    __version__ = "0.0.0+unknown"
-
 __all__ = ["__version__"]
+
+
+def __getattr__(name: str) -> str:
+    """``__version__``, read from the installed metadata on first use (importlib.metadata costs ~30 ms to import)."""
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        value = version("onnxdeploy")
+    except PackageNotFoundError:  # running from a source tree without install
+        value = "0.0.0+unknown"
+    globals()["__version__"] = value
+    return value

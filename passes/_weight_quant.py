@@ -27,15 +27,16 @@ permutes ``K`` in the graph, so the groups are contiguous in the stored weight a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 __all__ = [
     "QuantizedWeight",
+    "StoredWeight",
     "act_order_permutation",
     "gptq",
     "inverse_hessian_factor",
@@ -43,6 +44,7 @@ __all__ = [
     "pack_matmulnbits",
     "quantize_rtn",
     "quantize_rtn_kn",
+    "quantize_rtn_stored",
 ]
 
 
@@ -122,11 +124,18 @@ CHUNK_ELEMENTS = 1 << 20
 and in cache whatever the weight's size."""
 
 
-def _sum_over_chunks(chunk: Callable[[int], Any], starts: range) -> Any:
+_POOL: list[ThreadPoolExecutor] = []
+"""One worker per core, started on first use and kept: a pass quantizes hundreds of weights, and starting threads
+per weight cost more than the small ones' arithmetic."""
+
+
+def _sum_over_chunks(chunk: Callable[[Any], Any], starts: Sequence[Any]) -> Any:
     """``sum(chunk(start) for start in starts)``, the chunks on every core (numpy releases the GIL in its loops)."""
-    if len(starts) > 1:
-        with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
-            return sum(pool.map(chunk, starts))
+    workers = os.cpu_count() or 1
+    if len(starts) > 1 and workers > 1:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="onnxdeploy-quant"))
+        return sum(_POOL[0].map(chunk, starts))
     return sum(map(chunk, starts))
 
 
@@ -187,13 +196,86 @@ def quantize_rtn(
     return qw
 
 
+def _kn_chunks(k: int, n: int, block_size: int) -> list[tuple[int, int, int, int]]:
+    """Chunks ``(b0, b1, n0, n1)`` of a ``(K, N)`` weight: whole blocks of K, all of N or, for long blocks, part of it.
+
+    Each holds about :data:`CHUNK_ELEMENTS` elements (one block and ``CHUNK_ELEMENTS // block_size`` columns at
+    least), so a per-channel block spanning a long K never makes a temporary of the whole weight.
+    """
+    n_blocks = -(-k // block_size)
+    cols = n if n * block_size <= CHUNK_ELEMENTS else max(1, CHUNK_ELEMENTS // block_size)
+    per = max(1, CHUNK_ELEMENTS // (cols * block_size))
+    return [
+        (b0, min(b0 + per, n_blocks), n0, min(n0 + cols, n))
+        for b0 in range(0, n_blocks, per)
+        for n0 in range(0, n, cols)
+    ]
+
+
+def _rtn_kn(
+    w_kn: np.ndarray,
+    *,
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    error_weights: np.ndarray | None,
+    store: Callable[[np.ndarray, np.ndarray, np.ndarray | None, tuple[int, int, int, int], int], None],
+) -> float:
+    """Round-to-nearest of a ``(K, N)`` weight in its stored layout, chunk by chunk on every core.
+
+    Blocks run along K, which is axis 1 of a chunk viewed ``(cb, block_size, nc)``, so no chunk is transposed
+    in float: scales come from reductions over that axis and the values are rounded in place (the same
+    arithmetic as :func:`quantize_rtn`, bit for bit). ``store(grid, scale, zero, chunk, kc)`` keeps what the
+    caller emits from the chunk's values on the integer grid ``grid`` float32 ``(cb, block_size, nc)`` (rows past
+    K, in a partial last block, hold the zero level), ``scale``/``zero`` ``(cb, nc)``, the chunk ``(b0, b1, n0,
+    n1)`` and its ``kc`` rows of K.
+
+    Returns:
+        The chunks' summed squared error (see :func:`_squared_error`), 0 when ``error_weights`` is None.
+    """
+    k, _ = w_kn.shape
+    qmin, qmax = _levels(bits, symmetric)
+
+    def chunk(c: tuple[int, int, int, int]) -> float:
+        b0, b1, n0, n1 = c
+        k0, k1 = b0 * block_size, min(b1 * block_size, k)
+        cb, kc, nc = b1 - b0, k1 - k0, n1 - n0
+        src = w_kn[k0:k1, n0:n1]
+        if kc == cb * block_size:
+            w = np.asarray(src, dtype=np.float32).reshape(cb, block_size, nc)
+        else:
+            w = np.zeros((cb * block_size, nc), dtype=np.float32)
+            w[:kc] = src
+            w = w.reshape(cb, block_size, nc)
+        scale, zero = _block_params(w, bits, symmetric)  # reduces axis 1: (cb, nc)
+        grid = w / scale[:, None, :]
+        np.rint(grid, out=grid)
+        if zero is not None:
+            grid += zero[:, None, :]
+        np.clip(grid, qmin, qmax, out=grid)
+        store(grid, scale, zero, c, kc)
+        if error_weights is None:
+            return 0.0
+        if zero is not None:
+            grid -= zero[:, None, :]
+        grid *= scale[:, None, :]
+        grid -= w
+        d = grid.reshape(cb * block_size, nc)[:kc]
+        if error_weights.size == 0:
+            flat = d.reshape(-1)
+            return float(np.dot(flat, flat))
+        return float(np.dot(np.einsum("kn,kn->k", d, d).astype(np.float64), error_weights[k0:k1]))
+
+    return _sum_over_chunks(chunk, _kn_chunks(k, w_kn.shape[1], block_size))
+
+
 def quantize_rtn_kn(
     w_kn: np.ndarray, *, bits: int, block_size: int, symmetric: bool, error_weights: np.ndarray | None = None
 ) -> QuantizedWeight:
-    """:func:`quantize_rtn` of ``w_kn.T`` for a weight stored ``(K, N)`` (a MatMul's), read in contiguous K chunks.
+    """:func:`quantize_rtn` of ``w_kn.T`` for a weight stored ``(K, N)`` (a MatMul's), read in its stored layout.
 
-    Reading whole rows of the stored layout (whole blocks of K for every output channel) keeps the reads
-    sequential (a memory-mapped weight is paged in once, in order); each chunk is transposed in cache.
+    Chunks are whole blocks of K (:func:`_kn_chunks`), so a memory-mapped weight is read in order; only the
+    int values are transposed into the output-channel-major result.
 
     Args:
         w_kn: float ``(K, N)``.
@@ -212,35 +294,104 @@ def quantize_rtn_kn(
     q = np.empty((n, k), dtype=np.int8 if symmetric else np.uint8)
     scales = np.empty((n, n_blocks), dtype=np.float32)
     zeros = None if symmetric else np.empty((n, n_blocks), dtype=np.uint8)
-    per = max(1, CHUNK_ELEMENTS // max(n * block_size, 1))  # blocks of K per chunk
 
-    def chunk(b0: int) -> float:
-        b1 = min(b0 + per, n_blocks)
-        k0, k1 = b0 * block_size, min(b1 * block_size, k)
-        cb = b1 - b0
-        w = np.zeros((cb * block_size, n), dtype=np.float32)
-        w[: k1 - k0] = w_kn[k0:k1]
-        blocks = np.ascontiguousarray(w.reshape(cb, block_size, n).transpose(2, 0, 1)).reshape(n * cb, block_size)
-        scale, zero = _block_params(blocks, bits, symmetric)
-        grid = _round(blocks, scale, zero, bits, symmetric).reshape(n, cb * block_size)
-        q[:, k0:k1] = grid[:, : k1 - k0]
-        scales[:, b0:b1] = scale.reshape(n, cb)
+    def store(grid: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, c: tuple, kc: int) -> None:
+        b0, b1, n0, n1 = c
+        q[n0:n1, b0 * block_size : b0 * block_size + kc] = grid.reshape(-1, n1 - n0)[:kc].astype(q.dtype).T
+        scales[n0:n1, b0:b1] = scale.T
         if zeros is not None:
-            zeros[:, b0:b1] = zero.reshape(n, cb)
-        if error_weights is None:
-            return 0.0
-        deq = grid.reshape(n, cb, block_size)
-        if zero is not None:
-            deq -= zero.reshape(n, cb, 1)
-        deq *= scale.reshape(n, cb, 1)
-        h = error_weights if error_weights.size == 0 else error_weights[k0:k1]
-        return _squared_error(blocks.reshape(n, -1)[:, : k1 - k0], deq.reshape(n, -1)[:, : k1 - k0], h)
+            zeros[n0:n1, b0:b1] = zero.T  # type: ignore[union-attr]
 
-    sq = _sum_over_chunks(chunk, range(0, n_blocks, per))
+    sq = _rtn_kn(w_kn, bits=bits, block_size=block_size, symmetric=symmetric, error_weights=error_weights, store=store)
     qw = QuantizedWeight(q, scales, zeros, bits, block_size)
     if error_weights is not None:
         qw.error = _normalise_error(sq, n, k, error_weights)
     return qw
+
+
+@dataclass
+class StoredWeight:
+    """A ``(K, N)`` weight's round-to-nearest tensors, laid out as a consumer stores them (:func:`quantize_rtn_stored`).
+
+    Attributes:
+        values: ``nbits``: uint8 ``(N, n_blocks, block_size * bits / 8)`` (MatMulNBits ``B``); ``kn``: int8
+            (symmetric) or uint8 ``(K, N)`` (a DequantizeLinear input read by a MatMul).
+        scale: float32, ``nbits``: ``(N * n_blocks,)``; ``kn``: ``(n_blocks, N)``.
+        zero_point: None when symmetric; ``nbits``: uint8 ``(N, ceil(n_blocks * bits / 8))``; ``kn``: uint8
+            ``(n_blocks, N)``.
+        error: :func:`output_error` of the quantization when asked for, else None.
+    """
+
+    values: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    error: float | None = None
+
+
+def quantize_rtn_stored(
+    w_kn: np.ndarray,
+    *,
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    form: Literal["nbits", "kn"],
+    error_weights: np.ndarray | None = None,
+) -> StoredWeight:
+    """Round-to-nearest of a ``(K, N)`` weight straight into the tensors a consumer stores, without a ``(N, K)`` copy.
+
+    ``nbits``: equal, bit for bit, to :func:`pack_matmulnbits` of :func:`quantize_rtn_kn`; ``kn``: its ``q``,
+    ``scale`` and ``zero_point`` transposed to ``(K, N)``/``(n_blocks, N)``. The values are cast (and for
+    ``nbits`` offset and packed) inside each chunk, so the float weight is read once and nothing of size
+    ``N × K`` is made but the output.
+
+    Args:
+        w_kn: float ``(K, N)``.
+        bits: 4 or 8.
+        block_size: input channels per block (``K`` rounded up to a power of two for per-channel MatMulNBits).
+        symmetric: signed values without zero point, else unsigned with one.
+        form: ``nbits`` (MatMulNBits initializers) or ``kn`` (DequantizeLinear initializers for a MatMul).
+        error_weights: as for :func:`quantize_rtn_kn`.
+
+    Returns:
+        The stored tensors and, with ``error_weights``, the error.
+    """
+    w_kn = np.asarray(w_kn)
+    k, n = w_kn.shape
+    n_blocks = -(-k // block_size)
+    offset = (1 << (bits - 1)) if symmetric else 0
+    zeros = None if symmetric else np.empty((n_blocks, n) if form == "kn" else (n, n_blocks), dtype=np.uint8)
+    if form == "kn":
+        values = np.empty((k, n), dtype=np.int8 if symmetric else np.uint8)
+        scales = np.empty((n_blocks, n), dtype=np.float32)
+    else:
+        values = np.empty((n, n_blocks, block_size * bits // 8), dtype=np.uint8)
+        scales = np.empty((n, n_blocks), dtype=np.float32)
+
+    def store(grid: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, c: tuple, kc: int) -> None:
+        b0, b1, n0, n1 = c
+        if form == "kn":
+            k0 = b0 * block_size
+            values[k0 : k0 + kc, n0:n1] = grid.reshape(-1, n1 - n0)[:kc]
+            scales[b0:b1, n0:n1] = scale
+            if zeros is not None:
+                zeros[b0:b1, n0:n1] = zero
+            return
+        # Cast in the chunk's layout, pack pairs of K rows, then transpose the (fewer) bytes to (nc, cb, bytes).
+        u = grid.astype(np.int8 if symmetric else np.uint8).view(np.uint8)
+        if offset:
+            u += np.uint8(offset)  # int8 wraps to two's complement: + offset gives the unsigned level
+        if bits == 4:
+            u = u[:, 0::2, :] | (u[:, 1::2, :] << 4)
+        values[n0:n1, b0:b1] = u.transpose(2, 0, 1)
+        scales[n0:n1, b0:b1] = scale.T
+        if zeros is not None:
+            zeros[n0:n1, b0:b1] = zero.T  # type: ignore[union-attr]
+
+    sq = _rtn_kn(w_kn, bits=bits, block_size=block_size, symmetric=symmetric, error_weights=error_weights, store=store)
+    error = None if error_weights is None else _normalise_error(sq, n, k, error_weights)
+    if form == "kn":
+        return StoredWeight(values, scales, zeros, error)
+    return StoredWeight(values, scales.reshape(-1), None if zeros is None else _pack_zero_points(zeros, bits), error)
 
 
 def act_order_permutation(importance: np.ndarray) -> np.ndarray:
@@ -396,16 +547,20 @@ def pack_matmulnbits(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np.nd
     u[:, :k] = qw.q.astype(np.uint8)  # int8 wraps to its two's complement: + offset below restores the level
     if offset:
         u[:, :k] += np.uint8(offset)
-    zp = None
     if bits == 4:
         u = u.reshape(n, nb, bs // 2, 2)
         packed = (u[..., 0] | (u[..., 1] << 4)).astype(np.uint8)
-        if qw.zero_point is not None:
-            z = np.full((n, 2 * (-(-nb // 2))), 8, dtype=np.uint8)  # an unused last nibble holds 8, as in ORT
-            z[:, :nb] = qw.zero_point.astype(np.uint8)
-            zp = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
     else:
         packed = u.reshape(n, nb, bs)
-        if qw.zero_point is not None:
-            zp = qw.zero_point.astype(np.uint8)
+    zp = None if qw.zero_point is None else _pack_zero_points(qw.zero_point.astype(np.uint8), bits)
     return packed, qw.scale.reshape(-1).astype(np.float32), zp
+
+
+def _pack_zero_points(zeros: np.ndarray, bits: int) -> np.ndarray:
+    """MatMulNBits ``zero_points`` of uint8 ``(N, n_blocks)``: 4-bit ones two a byte, low nibble first; 8-bit as is."""
+    if bits != 4:
+        return zeros
+    n, nb = zeros.shape
+    z = np.full((n, 2 * (-(-nb // 2))), 8, dtype=np.uint8)  # an unused last nibble holds 8, as in ORT
+    z[:, :nb] = zeros
+    return (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)

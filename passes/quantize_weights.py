@@ -65,8 +65,8 @@ from onnxdeploy.passes._weight_quant import (
     pack_matmulnbits,
     quantize_rtn,
     quantize_rtn_kn,
+    quantize_rtn_stored,
 )
-from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass
 from onnxdeploy.report import PassReport
 
 __all__ = ["QuantizeWeightsConfig", "QuantizeWeightsPass"]
@@ -591,6 +591,8 @@ class QuantizeWeightsPass(Pass):
         if self._opset_refusal(artifacts.primary) is not None:
             need_opset, need_ir = self._opset_need()
             if _default_opset(artifacts.primary) < need_opset:
+                from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass  # noqa: PLC0415  (onnx's converter)
+
                 artifacts, _ = PinOpsetPass(PinOpsetConfig(opset=need_opset)).call(artifacts, context, report)
             for model in artifacts.models():
                 model.ir_version = max(model.ir_version, need_ir)
@@ -771,6 +773,10 @@ class QuantizeWeightsPass(Pass):
         n, k = wt.shape
         block = cfg.block_size if cfg.bits == 4 else (max(16, 1 << (k - 1).bit_length()) if nbits else k)
         h = hessian
+        if not t.root_nk and pout is None and pin is None and (h is None or h.ndim == 1) and (nbits or not t.nk):
+            # What is emitted is this RTN (GPTQ needs a full H): quantized from the stored (K, N) layout straight
+            # into the tensors the consumer stores, never transposed or copied whole in float.
+            return self._emit_stored(t, wt.T, block, h, writer, layers, nbits=nbits)
         if not t.root_nk and pout is None and (h is None or h.ndim == 1):
             # Stored (K, N), as MatMul weights are: read in contiguous K chunks, never transposed whole.
             natural = quantize_rtn_kn(
@@ -834,6 +840,53 @@ class QuantizeWeightsPass(Pass):
         if zp is not None:
             tensors.append(writer.tensor(np.ascontiguousarray(zp), _QTYPES[(qw.bits, False)], f"{base}_zero_point"))
         return _Quantized("dq", tensors, t.nk, block, n, k)
+
+    def _emit_stored(
+        self,
+        t: _Target,
+        w_kn: np.ndarray,
+        block: int,
+        h: np.ndarray | None,
+        writer: ScratchWriter,
+        layers: list[dict],
+        *,
+        nbits: bool,
+    ) -> _Quantized:
+        """RTN of a weight stored ``(K, N)`` that a MatMul reads, written as MatMulNBits or ``(K, N)`` DQ tensors."""
+        cfg = self.config
+        base = str(t.weight.root.name or t.node.name or "weight")
+        k, n = w_kn.shape
+        st = quantize_rtn_stored(
+            w_kn,
+            bits=cfg.bits,
+            block_size=block,
+            symmetric=cfg.symmetric,
+            form="nbits" if nbits else "kn",
+            error_weights=_h_or_empty(h),
+        )
+        row = {"weight": base, "node": str(t.node.name), "n": n, "k": k, "error_rtn_natural": st.error}
+        layers.append(row | {"error": st.error, "method": cfg.method, "removed": 0.0})
+        dtype = t.weight.dtype
+        if nbits:
+            tensors = [
+                writer.tensor(st.values, ir.DataType.UINT8, f"{base}_Q{cfg.bits}"),
+                writer.tensor(st.scale.astype(dtype.numpy()), dtype, f"{base}_scales"),
+            ]
+            if st.zero_point is not None:
+                tensors.append(writer.tensor(st.zero_point, ir.DataType.UINT8, f"{base}_zero_points"))
+            return _Quantized("nbits", tensors, False, block, n, k)
+        signed = cfg.symmetric
+        per_channel = cfg.bits == 8  # one block spanning K: per-axis scales (N,)
+        scale = st.scale[0] if per_channel else st.scale
+        q = st.values.astype(_np_qtype(cfg.bits, signed), copy=False)
+        tensors = [
+            writer.tensor(q, _QTYPES[(cfg.bits, signed)], f"{base}_Q{cfg.bits}"),
+            writer.tensor(np.ascontiguousarray(scale.astype(dtype.numpy())), dtype, f"{base}_scale"),
+        ]
+        if st.zero_point is not None:
+            zp = (st.zero_point[0] if per_channel else st.zero_point).astype(_np_qtype(cfg.bits, False), copy=False)
+            tensors.append(writer.tensor(np.ascontiguousarray(zp), _QTYPES[(cfg.bits, False)], f"{base}_zero_point"))
+        return _Quantized("dq", tensors, False, block, n, k)
 
     def _rewire(self, graph: ir.Graph, t: _Target, q: _Quantized, values: _Values, taken: set[str]) -> None:
         """Point ``t``'s node at the quantized weight, or replace it by MatMulNBits."""

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.model_io import write_for_ort
 from onnxdeploy.passes import PassContext, PipelineSettings
-from onnxdeploy.passes._weight_quant import pack_matmulnbits, quantize_rtn
+from onnxdeploy.passes._weight_quant import pack_matmulnbits, quantize_rtn, quantize_rtn_stored
 from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
 from onnxdeploy.runner.accuracy import WEIGHT_ONLY_ENTRIES
 from onnxdeploy.runner.session import open_session
@@ -234,3 +234,17 @@ def test_matmulnbits_tensors_are_bit_identical_to_onnxruntimes_quantizer(bits: i
         assert ours_zp is None
     else:
         np.testing.assert_array_equal(ours_zp, zp)
+    # The pass's path for MatMul weights quantizes the stored (K, N) layout straight into the same tensors, and
+    # into the (K, N) DequantizeLinear ones; the per-weight error is the same as well.
+    reference = quantize_rtn(w.T, bits=bits, block_size=block, symmetric=symmetric, error_weights=np.array([]))
+    stored = quantize_rtn_stored(
+        w, bits=bits, block_size=block, symmetric=symmetric, form="nbits", error_weights=np.array([])
+    )
+    np.testing.assert_array_equal(stored.values, ours_b)
+    np.testing.assert_array_equal(stored.scale, ours_s)
+    assert (stored.zero_point is None) == symmetric and (symmetric or np.array_equal(stored.zero_point, ours_zp))
+    assert stored.error == pytest.approx(reference.error, rel=1e-5)
+    kn = quantize_rtn_stored(w, bits=bits, block_size=block, symmetric=symmetric, form="kn")
+    np.testing.assert_array_equal(kn.values, reference.q.T)
+    np.testing.assert_array_equal(kn.scale, reference.scale.T)
+    assert kn.error is None and (symmetric or np.array_equal(kn.zero_point, reference.zero_point.T))

@@ -7,8 +7,9 @@ flat-KV path (``benchmarks/scale.py``'s :func:`ensure_export`, ``fixtures/_expor
 graph sets are written (one shared weights file each):
 
 * ``static``: ``static_kv {max_cache_lens: [128, 512, 1024], step_lens: [1, 64]}`` → ``mask_rewrite`` →
-  ``grouped_attention`` (the pipeline the README recommends for a fast static step);
-* ``ungrouped``: the same without ``grouped_attention`` (decode graphs only), to show what the rewrite buys.
+  ``grouped_attention`` → ``fuse_matmuls`` (the pipeline the README recommends for a fast static step);
+* ``unfused``: the same without ``fuse_matmuls`` (decode graphs only), to show what the fusion buys;
+* ``ungrouped``: without ``grouped_attention`` and ``fuse_matmuls`` (decode graphs only).
 
 Then, in one process and one run, interleaving the variants call by call (the order rotates every round so
 no variant always follows the same one), at contexts 64, 256 and 1000 (tokens already in the cache):
@@ -17,22 +18,27 @@ no variant always follows the same one), at contexts 64, 256 and 1000 (tokens al
 * ``static numpy`` / ``static bound``: the decode graph of the set that fits (smallest ``max_cache_len`` >
   ctx) driven by the runner's :class:`ContractDecoder` with numpy feeds / with past and present bound to one
   buffer (ORT IOBinding); the position is rewound to ctx before every call, so every call sees the same context;
-* ``ungrouped bound``: the ``ungrouped`` decode graph that fits, bound buffers;
+* ``unfused bound`` / ``ungrouped bound``: the ``unfused`` / ``ungrouped`` decode graph that fits, bound buffers;
 * ``matvec``: an ORT MatMul ``(1, 4096) × (4096, 32768)`` fp32 (512 MiB matrix, fed as an input), whose
   bytes / time is the memory bandwidth the step is held to;
 * ``matmuls only``: the model's weight MatMuls alone (q, k, v, o, gate, up, down per layer and the LM head, the
-  same shapes, weights fed as inputs, one token): the floor any graph of this model reaches on ORT's CPU
-  MatMul kernel with these options (what limits step / bound).
+  same shapes, weights as initializers, one token): the floor a graph of this model with unfused weights
+  reaches on ORT's CPU MatMul kernel with these options.
 
 Every session uses the runner's options (:func:`onnxdeploy.runner.session.session_options`: one intra-op
-thread, thread spinning off, prepacking off). Printed per context: median step time (ms) of each variant,
+thread, thread spinning off) with ORT's weight prepacking **on** (``--no-prepack``: off, the runner's
+default, which keeps external weights memory-mapped instead of copying them into ORT's packed layout): the
+same options for the original and the static graphs, so the ratios compare graphs, not session settings.
+The matvec's weight is an input, never prepacked, so the bound is the same either way.
+
+Printed per context: median step time (ms) of each variant,
 static / original ratios, the bandwidth bound of the static step (bytes it must read ÷ the matvec bandwidth:
 every weight once, the embedding table one row, both cache buffers of every layer in full) and step / bound.
 Then prompt throughput (tokens/s) of a 128-token prompt: through the 64-token prefill bucket (2 calls), token
 by token through the decode graph (bound buffers), and the original in one call. Figures are printed, not
 asserted. Usage::
 
-    .venv/bin/python benchmarks/decode.py [--rounds 30] [--work-dir /tmp/onnxdeploy-decode] [--json]
+    .venv/bin/python benchmarks/decode.py [--rounds 30] [--work-dir /tmp/onnxdeploy-decode] [--no-prepack] [--json]
 """
 
 from __future__ import annotations
@@ -48,11 +54,11 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxdeploy.contract import read_contract
 from onnxdeploy.model_io import load_model, stage_artifacts
-from onnxdeploy.passes import ArtifactSet, get_pass
+from onnxdeploy.passes import ArtifactSet, PassContext, get_pass
 from onnxdeploy.passes._pass_infra import Artifact
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.session import ModelSession, open_session, read_header, session_options
@@ -70,21 +76,28 @@ TOKEN = 17
 
 
 def build_sets(model_path: Path, work: Path) -> dict[str, dict[tuple[int, int], Path]]:
-    """Write the ``static`` and ``ungrouped`` graph sets; return ``{set: {(step_len, max_cache_len): path}}``."""
+    """Write the ``static``, ``unfused`` and ``ungrouped`` graph sets; return ``{set: {(step_len, L): path}}``."""
     sets: dict[str, dict[tuple[int, int], Path]] = {}
+    base = [("mask_rewrite", {})]
     plans = {
-        "static": ({"max_cache_lens": CACHE_LENS, "step_lens": [1, PREFILL]}, True),
-        "ungrouped": ({"max_cache_lens": CACHE_LENS}, False),
+        "static": [
+            ("static_kv", {"max_cache_lens": CACHE_LENS, "step_lens": [1, PREFILL]}),
+            *base,
+            ("grouped_attention", {}),
+            ("fuse_matmuls", {}),
+        ],
+        "unfused": [("static_kv", {"max_cache_lens": CACHE_LENS}), *base, ("grouped_attention", {})],
+        "ungrouped": [("static_kv", {"max_cache_lens": CACHE_LENS}), *base],
     }
-    for name, (static_cfg, grouped) in plans.items():
+    for name, passes in plans.items():
         out = work / "sets" / name
-        passes = [("static_kv", static_cfg), ("mask_rewrite", {})] + ([("grouped_attention", {})] if grouped else [])
         loaded = load_model(model_path)
         artifacts = ArtifactSet([Artifact("model.onnx", loaded.model)], input_was_external=True)
+        context = PassContext()  # lives until the set is written: fuse_matmuls' weights are in its scratch folder
         for pass_name, cfg in passes:
             cls = get_pass(pass_name)
             start = time.perf_counter()
-            artifacts = cls(cls.config_model(**cfg))(artifacts).artifacts
+            artifacts = cls(cls.config_model(**cfg))(artifacts, context).artifacts
             print(f"[{name}] {pass_name}: {time.perf_counter() - start:.1f} s, {len(artifacts.artifacts)} graph(s)")
         out.mkdir(parents=True, exist_ok=True)
         for old in out.iterdir():
@@ -118,8 +131,8 @@ def weights_read_per_step(path: Path) -> int:
 class Original:
     """The export at a fixed context: numpy feeds, presents allocated by ORT."""
 
-    def __init__(self, path: Path, ctx: int):
-        self.session = open_session(path)
+    def __init__(self, path: Path, ctx: int, entries: dict[str, str]):
+        self.session = open_session(path, config_entries=entries)
         rng = np.random.default_rng(0)
         self.feeds: dict[str, np.ndarray] = {
             "input_ids": np.array([[TOKEN]], np.int64),
@@ -139,8 +152,8 @@ class Original:
 class Static:
     """A contract decoder rewound to ``ctx`` before every call (the same context each time)."""
 
-    def __init__(self, path: Path, ctx: int, *, bind: bool):
-        model_session = open_session(path)
+    def __init__(self, path: Path, ctx: int, entries: dict[str, str], *, bind: bool):
+        model_session = open_session(path, config_entries=entries)
         self.decoder = ContractDecoder(model_session, read_contract(model_session.model), bind_buffers=bind)
         rng = np.random.default_rng(0)
         buffers = self.decoder.cache_buffers()
@@ -155,18 +168,17 @@ class Static:
 
 
 class MatmulsOnly:
-    """The model's weight MatMuls alone, chained as in the model (one token), weights fed as inputs."""
+    """The model's weight MatMuls alone, chained as in the model (one token), weights as initializers."""
 
-    def __init__(self) -> None:
+    def __init__(self, entries: dict[str, str]) -> None:
         h, inter, kv, vocab = SIZE.hidden, SIZE.intermediate, SIZE.kv_heads * SIZE.head_dim, SIZE.vocab_size()
         q_width = SIZE.heads * SIZE.head_dim
         rng = np.random.default_rng(0)
-        nodes, inputs, outputs = [], [], []
+        nodes, weights, outputs = [], [], []
         self.feeds: dict[str, np.ndarray] = {"x": rng.standard_normal((1, h)).astype(np.float32)}
 
         def matmul(x: str, k: int, n: int, tag: str) -> str:
-            self.feeds[f"w_{tag}"] = rng.random((k, n), np.float32) / k
-            inputs.append(helper.make_tensor_value_info(f"w_{tag}", TensorProto.FLOAT, [k, n]))
+            weights.append(numpy_helper.from_array(rng.random((k, n), np.float32) / k, f"w_{tag}"))
             nodes.append(helper.make_node("MatMul", [x, f"w_{tag}"], [f"y_{tag}"]))
             return f"y_{tag}"
 
@@ -181,13 +193,13 @@ class MatmulsOnly:
             x = matmul(f"act_{i}", inter, h, f"{i}_down")
         outputs.append(helper.make_tensor_value_info(matmul(x, h, vocab, "lm_head"), TensorProto.FLOAT, None))
         graph = helper.make_graph(
-            nodes, "matmuls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, h]), *inputs], outputs
+            nodes, "matmuls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, h])], outputs, weights
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         self.session = ort.InferenceSession(
-            model.SerializeToString(), sess_options=session_options(), providers=["CPUExecutionProvider"]
+            model.SerializeToString(), sess_options=session_options(entries), providers=["CPUExecutionProvider"]
         )
-        self.nbytes = sum(v.nbytes for k, v in self.feeds.items() if k != "x")
+        self.nbytes = sum(int(np.prod(w.dims)) * 4 for w in weights)
 
     def step(self) -> float:
         start = time.perf_counter()
@@ -198,7 +210,7 @@ class MatmulsOnly:
 class Matvec:
     """ORT MatMul of a (1, K) vector by a (K, N) fp32 matrix fed as an input; its bytes / time is the bandwidth."""
 
-    def __init__(self) -> None:
+    def __init__(self, entries: dict[str, str]) -> None:
         k, n = MATVEC
         graph = helper.make_graph(
             [helper.make_node("MatMul", ["x", "w"], ["y"])],
@@ -211,7 +223,7 @@ class Matvec:
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         self.session = ort.InferenceSession(
-            model.SerializeToString(), sess_options=session_options(), providers=["CPUExecutionProvider"]
+            model.SerializeToString(), sess_options=session_options(entries), providers=["CPUExecutionProvider"]
         )
         rng = np.random.default_rng(0)
         self.feeds = {"x": rng.standard_normal((1, k)).astype(np.float32), "w": rng.random((k, n), np.float32)}
@@ -242,17 +254,19 @@ def fits(graphs: dict[tuple[int, int], Path], ctx: int, step_len: int = 1) -> tu
     return length, graphs[(step_len, length)]
 
 
-def prompt_throughput(original: Path, static: dict[tuple[int, int], Path], repeats: int) -> dict[str, float]:
+def prompt_throughput(
+    original: Path, static: dict[tuple[int, int], Path], repeats: int, entries: dict[str, str]
+) -> dict[str, float]:
     """Tokens/s of a PROMPT_LEN-token prompt: 64-token bucket, token by token (bound), original in one call."""
     length, decode_path = fits(static, PROMPT_LEN)
     bucket_path = static[(PREFILL, length)]
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, SIZE.vocab_size(), PROMPT_LEN)]
     opened: list[ModelSession] = []
-    bucket_session = open_session(bucket_path)
-    token_session = open_session(decode_path)
+    bucket_session = open_session(bucket_path, config_entries=entries)
+    token_session = open_session(decode_path, config_entries=entries)
     bucket = ContractDecoder(bucket_session, read_contract(bucket_session.model), bind_buffers=True)
     token = ContractDecoder(token_session, read_contract(token_session.model), bind_buffers=True)
-    orig = open_session(original)
+    orig = open_session(original, config_entries=entries)
     opened += [bucket_session, token_session, orig]
     orig_feeds: dict[str, np.ndarray] = {
         "input_ids": np.array([prompt], np.int64),
@@ -298,29 +312,37 @@ def main() -> int:
     ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/onnxdeploy-fixture-venvs"),
                     help="the fixtures' venvs (fixtures/make_fixtures.py --venv-dir)")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
+    ap.add_argument("--no-prepack", dest="prepack", action="store_false",
+                    help="every session with ORT's prepacking off (the runner's default; slower MatMul)")  # fmt: skip
     args = ap.parse_args()
+    entries = {"session.disable_prepacking": "0" if args.prepack else "1"}
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     info, _ = ensure_export(SIZE, work, args.venv_dir.resolve())
     original = work / "models" / SIZE.name / "model.onnx"
     print(f"export: {info['parameters'] / 1e6:.1f} M parameters, {original}")
-    print(f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; every session: 1 intra-op thread, spinning off")
+    print(
+        f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; every session: 1 intra-op thread, spinning off, "
+        f"prepacking {'on' if args.prepack else 'off'}"
+    )
     sets = build_sets(original, work)
-    matvec = Matvec()
-    floor = MatmulsOnly()
+    matvec = Matvec(entries)
+    floor = MatmulsOnly(entries)
     results: dict[str, Any] = {"contexts": {}, "matvec_bytes": matvec.nbytes}
-    header = (f"{'ctx':>5} {'L':>5} {'original':>9} {'static np':>9} {'static bd':>9} {'ungrp bd':>9} "
-              f"{'np/orig':>7} {'bd/orig':>7} {'ungrp/orig':>10} {'GB/s':>6} {'bound':>7} {'bd/bound':>8} "
-              f"{'mm only':>8} {'mm/bound':>8} {'bd/mm':>6}")  # fmt: skip
+    header = (f"{'ctx':>5} {'L':>5} {'original':>9} {'static np':>9} {'static bd':>9} {'unfus bd':>9} "
+              f"{'ungrp bd':>9} {'np/orig':>7} {'bd/orig':>7} {'unfus/orig':>10} {'ungrp/orig':>10} {'GB/s':>6} "
+              f"{'bound':>7} {'bd/bound':>8} {'mm only':>8} {'mm/bound':>8} {'bd/mm':>6}")  # fmt: skip
     rows = []
     for ctx in CONTEXTS:
         length, path = fits(sets["static"], ctx)
+        _, unfused = fits(sets["unfused"], ctx)
         _, ungrouped = fits(sets["ungrouped"], ctx)
         variants = {
-            "original": Original(original, ctx),
-            "static numpy": Static(path, ctx, bind=False),
-            "static bound": Static(path, ctx, bind=True),
-            "ungrouped bound": Static(ungrouped, ctx, bind=True),
+            "original": Original(original, ctx, entries),
+            "static numpy": Static(path, ctx, entries, bind=False),
+            "static bound": Static(path, ctx, entries, bind=True),
+            "unfused bound": Static(unfused, ctx, entries, bind=True),
+            "ungrouped bound": Static(ungrouped, ctx, entries, bind=True),
             "matvec": matvec,
             "matmuls only": floor,
         }
@@ -337,6 +359,7 @@ def main() -> int:
             "p90_ms": {n: float(np.percentile(t, 90)) for n, t in times.items()},
             "static_numpy_over_original": med["static numpy"] / med["original"],
             "static_bound_over_original": med["static bound"] / med["original"],
+            "unfused_bound_over_original": med["unfused bound"] / med["original"],
             "ungrouped_bound_over_original": med["ungrouped bound"] / med["original"],
             "bandwidth_gb_s": bandwidth / 1e9,
             "bytes_read_per_step": read,
@@ -359,8 +382,9 @@ def main() -> int:
         m = r["median_ms"]
         print(
             f"{r['context']:5d} {r['max_cache_len']:5d} {m['original']:9.2f} {m['static numpy']:9.2f} "
-            f"{m['static bound']:9.2f} {m['ungrouped bound']:9.2f} {r['static_numpy_over_original']:7.2f} "
-            f"{r['static_bound_over_original']:7.2f} {r['ungrouped_bound_over_original']:10.2f} "
+            f"{m['static bound']:9.2f} {m['unfused bound']:9.2f} {m['ungrouped bound']:9.2f} "
+            f"{r['static_numpy_over_original']:7.2f} {r['static_bound_over_original']:7.2f} "
+            f"{r['unfused_bound_over_original']:10.2f} {r['ungrouped_bound_over_original']:10.2f} "
             f"{r['bandwidth_gb_s']:6.1f} {r['bound_ms']:7.2f} {r['static_bound_over_bound']:8.2f} "
             f"{m['matmuls only']:8.2f} {r['matmuls_only_over_bound']:8.2f} {r['static_bound_over_matmuls_only']:6.2f}"
         )
@@ -370,7 +394,7 @@ def main() -> int:
         f"{matvec.nbytes / 2**20:.0f} MiB; mm only = the model's weight MatMuls alone ({floor.nbytes / 1e6:.0f} MB), "
         "mm/bound = their time / their bytes' bound"
     )
-    tput = prompt_throughput(original, sets["static"], args.prompt_repeats)
+    tput = prompt_throughput(original, sets["static"], args.prompt_repeats, entries)
     results["prompt_tokens_per_s"] = tput
     print(f"\n== prompt of {PROMPT_LEN} tokens: throughput, median of {args.prompt_repeats} (tokens/s) ==")
     for name, value in tput.items():

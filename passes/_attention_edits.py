@@ -9,7 +9,9 @@ before its two MatMuls (``L`` = ``max_cache_len``):
   buffer to every query head, ``(B, H_q, L, D)`` with ``H_q = G · H_kv``, twice per layer and step;
 * K is transposed to ``(B, H_q, D, L)`` and multiplied by a scalar (the SDPA exports scale Q and K by
   ``sqrt(1/sqrt(D))`` each), another full-size copy;
-* the dynamo exporter adds Reshapes to and from ``(B·H_q, L, D)`` around the transpose.
+* the dynamo exporter adds Reshapes to and from ``(B·H_q, L, D)`` around the transpose;
+* a float16 export whose attention computes in float32 casts the repeated V up (``Cast(to=float)`` after the
+  repeat: the TorchScript exporter's fp16 LLaMA).
 
 :func:`group_query_heads` finds these chains by data flow, backwards from every MatMul operand to a cache
 buffer, and confirms what a chain computes by running it on numpy with an index tensor in place of the buffer
@@ -18,8 +20,11 @@ equals the head repeat of the buffer (K transposed or V as it is) times scalars 
 attention: the small operand, Q ``(B, H_q, S, D)`` or the probabilities ``(B, H_q, S, L)``, is reshaped to
 ``(B, H_kv, G·S, ·)`` (query head ``h`` reads KV head ``h // G``, so the heads of one group are adjacent),
 the scalars move onto it, and the MatMul reads the buffer itself (K through one Transpose, which ONNX Runtime
-fuses into ``FusedMatMul(transB=1)`` and device compilers into the MatMul); its output is reshaped back to
-what the chain gave, so everything after it is unchanged. Nothing of size ``L · H_q · D`` is made.
+fuses into ``FusedMatMul(transB=1)`` and device compilers into the MatMul; a Cast in the chain is applied to
+the buffer, ``L · H_kv · D`` elements, before it); its output is reshaped back to what the chain gave, so
+everything after it is unchanged. Nothing of size ``L · H_q · D`` is made. A head repeat of a buffer that is
+left (a chain through an op not listed here, or read by another node too) is found by :func:`head_repeats`
+whatever reads it, and the pass names it in a warning.
 
 Exact up to float rounding: every score and output is the same dot product over the same elements; the scalar
 lands on ``q`` instead of ``k`` (``(q·a)·(k·a)`` becomes ``(q·a·a)·k``), a relative difference of a few ulp.
@@ -46,6 +51,7 @@ __all__ = [
     "find_cache_reads",
     "group_query_heads",
     "head_repeats",
+    "repeat_label",
     "repeating_attention_nodes",
 ]
 
@@ -56,6 +62,8 @@ SCALE_OPS = frozenset({"Mul", "Div"})
 """Ops by a one-element tensor that commute with the layout ops (moved onto the other MatMul operand)."""
 REPEAT_OPS = frozenset({"Expand", "Tile"})
 """Layout ops that copy elements (the head repeat)."""
+CAST_OPS = frozenset({"Cast"})
+"""Elementwise type conversion: commutes with the layout ops (applied to the buffer by the rewrite)."""
 _CACHE_WRITES = frozenset({"ScatterElements", "ScatterND", "TensorScatter", "Identity"})
 _MAX_CHAIN = 16
 
@@ -86,7 +94,8 @@ class AttentionRead:
         """Whether the chain holds a node that copies the buffer (Expand, Tile, or a Transpose it cannot drop)."""
         if any(n.op_type in REPEAT_OPS for n in self.nodes):
             return True
-        return [n.op_type for n in self.nodes if n.op_type not in ("Identity",)] not in ([], ["Transpose"])
+        moved = [n.op_type for n in self.nodes if n.op_type not in ("Identity", *CAST_OPS)]
+        return moved not in ([], ["Transpose"])  # a Cast of the buffer is what the rewrite itself reads
 
 
 def cache_buffers(model: ir.Model) -> set[ir.Value]:
@@ -154,7 +163,7 @@ def _trace(
         node = value.producer()
         if node is None or len(nodes) >= _MAX_CHAIN or len(value.uses()) != 1 or value.is_graph_output():
             return None
-        if node.op_type in LAYOUT_OPS:
+        if node.op_type in LAYOUT_OPS or node.op_type in CAST_OPS:
             data = node.inputs[0]
         elif node.op_type in SCALE_OPS and len(node.inputs) == 2:
             a, b = node.inputs
@@ -183,7 +192,7 @@ def _apply(node: ir.Node, x: np.ndarray) -> np.ndarray | None:
     """Run one layout op on numpy (None when its parameters are not constants or the op is a scalar op)."""
     op = node.op_type
     attrs = node.attributes
-    if op in ("Identity", "Mul", "Div"):
+    if op in ("Identity", "Mul", "Div", *CAST_OPS):
         return x
     if op == "Transpose":
         perm = attrs["perm"].value if "perm" in attrs else list(range(x.ndim))[::-1]
@@ -287,7 +296,11 @@ def find_cache_reads(model: ir.Model) -> list[AttentionRead]:
 
 
 def head_repeats(model: ir.Model) -> list[ir.Node]:
-    """Expand/Tile nodes that copy a cache buffer on its way into a MatMul (what :func:`group_query_heads` removes).
+    """Expand/Tile nodes that copy a cache buffer, whatever reads the copy (what :func:`group_query_heads` removes).
+
+    Found forwards from every buffer through layout ops, Casts and scalar Mul/Div (the ops a head-repeat chain
+    is made of), so a repeat stays visible when the chain's consumer or an op in it is one the rewrite does not
+    take (an ``Attention`` node, another elementwise op).
 
     Args:
         model: a static graph carrying a decode contract.
@@ -295,7 +308,28 @@ def head_repeats(model: ir.Model) -> list[ir.Node]:
     Returns:
         The nodes, in graph order.
     """
-    return [n for read in find_cache_reads(model) for n in read.nodes if n.op_type in REPEAT_OPS]
+    passing = LAYOUT_OPS | CAST_OPS | SCALE_OPS
+    seen: set[ir.Value] = set()
+    found: set[ir.Node] = set()
+    todo = list(cache_buffers(model))
+    while todo:
+        value = todo.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        for use in value.uses():
+            node = use.node
+            if node.op_type not in passing or (node.op_type not in SCALE_OPS and use.idx != 0):
+                continue
+            if node.op_type in REPEAT_OPS:
+                found.add(node)
+            todo.extend(node.outputs[:1])
+    return [node for node in model.graph if node in found]
+
+
+def repeat_label(node: ir.Node) -> str:
+    """How reports name a head-repeat node: ``Expand 'name'``."""
+    return f"{node.op_type} '{node.name}'"
 
 
 def _int64(graph: ir.Graph, name: str, values: list[int]) -> ir.Value:
@@ -336,12 +370,24 @@ def _rewrite(graph: ir.Graph, read: AttentionRead, index: int) -> str | None:
         q = _typed(node, f"{tag}/grouped", grouped_shape, small.dtype or dtype)
         new_nodes.append(node)
     for i, (op, scalar) in enumerate(read.scales):
+        if q.dtype is not None and scalar.dtype is not None and scalar.dtype != q.dtype:
+            # a scale applied before a Cast in the chain: the same value, in the query's type
+            node = ir.node("Cast", [scalar], {"to": int(q.dtype)}, name=f"{tag}/Cast_scale_{i}")
+            scalar = _typed(node, f"{tag}/scale_{i}", list(scalar.shape or []), q.dtype)
+            new_nodes.append(node)
         node = ir.node(op, [q, scalar], name=f"{tag}/{op}_scale_{i}")
         q = _typed(node, f"{tag}/scaled_{i}", grouped_shape, q.dtype or dtype)
         new_nodes.append(node)
     rhs = buffer
+    for i, cast in enumerate(n for n in read.nodes if n.op_type in CAST_OPS):
+        # the chain's Casts, in order, on the buffer (H_kv heads): what the repeat copied, converted once
+        to = ir.DataType(cast.attributes.get_int("to"))
+        node = ir.node("Cast", [rhs], {"to": int(to)}, name=f"{tag}/Cast_buffer_{i}")
+        rhs = _typed(node, f"{tag}/buffer_cast_{i}", [b, h_kv, length, d], to)
+        dtype = to
+        new_nodes.append(node)
     if read.form == "key":
-        node = ir.node("Transpose", [buffer], {"perm": [0, 1, 3, 2]}, name=f"{tag}/Transpose_key")
+        node = ir.node("Transpose", [rhs], {"perm": [0, 1, 3, 2]}, name=f"{tag}/Transpose_key")
         rhs = _typed(node, f"{tag}/key_t", [b, h_kv, d, length], dtype)
         new_nodes.append(node)
     last = length if read.form == "key" else d
@@ -392,7 +438,11 @@ def group_query_heads(model: ir.Model) -> tuple[list[str], list[str]]:
         line = _rewrite(model.graph, read, index) if read.form is not None else None
         if line is None:
             ops = [n.op_type for n in read.nodes]
-            warnings.append(f"MatMul '{read.matmul.name}' reads '{read.buffer.name}' through {ops}: not rewritten")
+            repeats = [repeat_label(n) for n in read.nodes if n.op_type in REPEAT_OPS]
+            also = f" (head repeat {', '.join(repeats)} kept: it copies the cache every call)" if repeats else ""
+            warnings.append(
+                f"MatMul '{read.matmul.name}' reads '{read.buffer.name}' through {ops}: not rewritten{also}"
+            )
         else:
             changes.append(line)
     if changes:

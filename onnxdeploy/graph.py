@@ -1,4 +1,6 @@
-"""Shared graph helpers: op histograms, dims and opsets of models (``onnx_ir`` models and header protos).
+"""Shared graph helpers: op histograms, dims, opsets, and the float32 shadow of a bfloat16 graph.
+
+Helpers take ``onnx_ir`` models and, where they only read, header protos.
 
 Model files (loading, saving, external data, the protobuf limit) live in :mod:`onnxdeploy.model_io`.
 """
@@ -6,12 +8,15 @@ Model files (loading, saving, external data, the protobuf limit) live in :mod:`o
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Iterable
 
+import ml_dtypes
+import numpy as np
 import onnx
 import onnx_ir as ir
 
-__all__ = ["op_histogram", "opset_imports", "tensor_dims", "io_dims", "value_dims"]
+__all__ = ["float32_shadow_graph", "op_histogram", "opset_imports", "tensor_dims", "io_dims", "value_dims"]
 
 
 def op_histogram(model: ir.Model | onnx.ModelProto) -> dict[str, int]:
@@ -74,3 +79,64 @@ def value_dims(value: ir.Value) -> list[int | str | None] | None:
 def io_dims(values: Iterable[onnx.ValueInfoProto]) -> dict[str, list[int | str | None] | None]:
     """Map each value info's name to its dims (see :func:`tensor_dims`)."""
     return {v.name: tensor_dims(v) for v in values}
+
+
+def _weight_key(tensor: ir.TensorProtocol) -> object:
+    """What identifies a weight across separately loaded graphs: its file bytes when external, else the object."""
+    if isinstance(tensor, ir.ExternalTensor):
+        return (os.path.realpath(tensor.path), tensor.offset, tensor.length)
+    return id(tensor)
+
+
+def _as_float32(tensor: ir.TensorProtocol) -> ir.Tensor:
+    array = np.asarray(tensor.numpy(), dtype=ml_dtypes.bfloat16).astype(np.float32)
+    return ir.tensor(array, name=tensor.name)
+
+
+def float32_shadow_graph(model: ir.Model, converted: dict[object, ir.Tensor] | None = None) -> bool:
+    """Make ``model`` its float32 shadow, in place: every bfloat16 tensor, value and ``Cast`` becomes float32.
+
+    ONNX Runtime's CPU EP has no bfloat16 kernels (1.32) and its Python API neither feeds nor returns
+    bfloat16 arrays, so a bfloat16 graph runs there only as this shadow (verification, and the passes' ORT
+    probes of a bfloat16 export). bfloat16 values are float32 values whose low 16 mantissa bits are zero, so
+    weights, inputs and outputs convert exactly; the shadow computes in float32 with no rounding to bfloat16
+    between ops: it checks what a graph computes, not how a bfloat16 device rounds. Converted: initializers,
+    ``Constant`` / ``ConstantOfShape`` tensor attributes, ``Cast(to=bfloat16)`` and the element type of every
+    graph input, output and node output of the main graph. The contract (if any) is left as it is.
+
+    Args:
+        model: the model, edited in place.
+        converted: weights converted so far, shared by the graphs of a set that map one data file, so each
+            weight is converted once and the shadows share it too (keyed by file, offset and length, or by
+            object for in-memory tensors).
+
+    Returns:
+        Whether anything was bfloat16 (False: ``model`` is unchanged).
+    """
+    memo: dict[object, ir.Tensor] = {} if converted is None else converted
+    bf16, f32 = ir.DataType.BFLOAT16, ir.DataType.FLOAT
+    changed = False
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if tensor is not None and tensor.dtype == bf16:
+            key = _weight_key(tensor)
+            if key not in memo:
+                memo[key] = _as_float32(tensor)
+            value.const_value = memo[key]
+            changed = True
+    values = [*model.graph.inputs, *model.graph.outputs, *model.graph.initializers.values()]
+    for node in model.graph:
+        values += list(node.outputs)
+        if node.op_type == "Cast" and node.attributes.get_int("to") == bf16:
+            node.attributes["to"] = ir.AttrInt64("to", f32)
+            changed = True
+        for key in ("value",) if node.op_type in ("Constant", "ConstantOfShape") else ():
+            attr = node.attributes.get(key)
+            if attr is not None and attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype == bf16:
+                node.attributes[key] = ir.AttrTensor(key, _as_float32(attr.as_tensor()))
+                changed = True
+    for value in values:
+        if value.dtype == bf16:
+            value.dtype = f32
+            changed = True
+    return changed

@@ -38,6 +38,7 @@ import onnxsim
 from onnxdeploy import model_io
 from onnxdeploy.contract import KV_DTYPES, CacheBinding, CacheWrite, ContractInputs, DecodeContract
 from onnxdeploy.errors import PreconditionError
+from onnxdeploy.graph import float32_shadow_graph
 from onnxdeploy.kv_cache import KVCache, find_logits_output, upstream_nodes
 from onnxdeploy.passes._pass_infra import PassContext
 
@@ -175,7 +176,8 @@ def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, 
     cannot be mistaken for it). B is the export's own batch when ``input_ids`` has a static batch dim, else 1.
     Values equal to ``past_len + arange(S)`` in both runs are candidates; the ones not computed from another
     candidate are returned (transformers' ``cache_position``: ``Range(past_len, past_len + S)``). The session
-    and the probe files are removed before returning.
+    and the probe files are removed before returning. A bfloat16 export's probe runs as its float32 shadow
+    (:func:`onnxdeploy.graph.float32_shadow_graph`; the int64 position arithmetic is the same).
 
     Args:
         model: the exporter-convention decoder (dynamic past length); unchanged.
@@ -212,6 +214,8 @@ def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, 
         value.dtype = ir.DataType.INT64
         probe.graph.outputs.append(value)
     ir_common.RemoveUnusedNodesPass()(probe)
+    # a bfloat16 export: ORT's CPU EP has no bfloat16 kernels and its Python API feeds no bfloat16 arrays
+    cache_dtype = np.dtype(np.float32) if float32_shadow_graph(probe) else np.dtype(kv.numpy_dtype)
     folder = tempfile.mkdtemp(prefix="static_kv-probe-", dir=context.scratch())
     try:
         path = model_io.write_for_ort(probe, folder)
@@ -224,7 +228,7 @@ def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, 
         except Exception as exc:  # ORT raises several unrelated exception types
             raise PreconditionError(who, f"ONNX Runtime cannot load the original model: {exc}") from exc
         try:
-            matches = _probe(getattr(opened, "session", opened), model, kv, candidates, who)
+            matches = _probe(getattr(opened, "session", opened), model, kv, candidates, who, cache_dtype)
         finally:
             close = getattr(opened, "close", None)  # the runner's ModelSession removes its scratch on close
             if close is not None:
@@ -258,15 +262,20 @@ def _export_batch(graph: ir.Graph) -> int:
     return 1
 
 
-def _probe(sess: ort.InferenceSession, model: ir.Model, kv: KVCache, candidates: list[str], who: str) -> set[str]:
-    """Run the probe at each past length; return the candidates equal to ``past + arange(S)`` every time."""
+def _probe(
+    sess: ort.InferenceSession, model: ir.Model, kv: KVCache, candidates: list[str], who: str, cache_dtype: np.dtype
+) -> set[str]:
+    """Run the probe at each past length; return the candidates equal to ``past + arange(S)`` every time.
+
+    The zero caches are fed as ``cache_dtype`` (float32 for the float32 shadow of a bfloat16 export).
+    """
     inputs = {v.name for v in model.graph.inputs}
     batch = _export_batch(model.graph)
     s = _PROBE_STEP
     matches: set[str] | None = None
     for past in _PROBE_PAST:
         feeds: dict[str, np.ndarray] = {
-            t.past_name: np.zeros((batch, kv.num_kv_heads, past, kv.head_dim), dtype=kv.numpy_dtype) for t in kv.tensors
+            t.past_name: np.zeros((batch, kv.num_kv_heads, past, kv.head_dim), dtype=cache_dtype) for t in kv.tensors
         }
         feeds["input_ids"] = np.tile(np.array([[1, 2]], dtype=np.int64), (batch, 1))
         if "attention_mask" in inputs:
@@ -669,14 +678,14 @@ def _forget_shapes(graph: ir.Graph) -> None:
 
 def _finite(tensor: ir.TensorProtocol) -> ir.TensorProtocol | None:
     """``tensor`` with ``-inf`` replaced by ``finfo(dtype).min``; None when it holds no ``-inf``."""
-    if tensor.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+    if tensor.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE):
         return None
     arr = tensor.numpy()
     mask = np.isneginf(arr)
     if not mask.any():
         return None
     fixed = np.array(arr, copy=True)
-    fixed[mask] = np.finfo(fixed.dtype).min
+    fixed[mask] = np.finfo(fixed.dtype).min  # ml_dtypes registers bfloat16's (-3.3895e38)
     return ir.tensor(fixed, name=tensor.name)
 
 

@@ -54,6 +54,7 @@ from pydantic import Field
 from onnxdeploy import model_io
 from onnxdeploy.contract import DecodeContract, read_contract, write_contract
 from onnxdeploy.errors import PostconditionError, PreconditionError
+from onnxdeploy.graph import float32_shadow_graph
 from onnxdeploy.kv_cache import GQA_OP
 from onnxdeploy.passes._attention_edits import decompose_attention
 from onnxdeploy.passes._cache_edits import infer_shapes, refold_and_infer
@@ -409,7 +410,8 @@ def _probe_session(model: ir.Model, outputs: list[ir.Value], context: PassContex
     """An ORT session on a copy of ``model`` pruned to what computes ``outputs`` (position arithmetic only).
 
     The copy shares ``model``'s tensors; :func:`onnxdeploy.model_io.write_for_ort` links rather than copies any
-    large one (an export may keep a precomputed causal mask buffer as an initializer).
+    large one (an export may keep a precomputed causal mask buffer as an initializer). A bfloat16 copy is made
+    its float32 shadow (:func:`onnxdeploy.graph.float32_shadow_graph`): ORT's CPU EP has no bfloat16 kernels.
 
     Raises:
         PreconditionError: ONNX Runtime cannot load the probe.
@@ -425,6 +427,7 @@ def _probe_session(model: ir.Model, outputs: list[ir.Value], context: PassContex
     for value in list(probe.graph.inputs):
         if id(value) not in used:
             probe.graph.inputs.remove(value)
+    float32_shadow_graph(probe)  # a bfloat16 mask runs on ORT's CPU EP as its float32 shadow (same 0/lowest pattern)
     folder = tempfile.mkdtemp(prefix="mask_rewrite-probe-", dir=context.scratch())
     opened: Any = None
     try:

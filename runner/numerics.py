@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
 
 from onnxdeploy import model_io
 from onnxdeploy.contract import read_contract, write_contract
+from onnxdeploy.graph import float32_shadow_graph
 from onnxdeploy.report import NumericsReport
 
 __all__ = ["compute_dtype", "float32_shadow", "numerics_report"]
@@ -90,46 +90,46 @@ def numerics_report(header: onnx.ModelProto, provider: str, *, shadowed: bool = 
     )
 
 
-def _bf16_to_f32(tensor: ir.TensorProtocol) -> ir.Tensor:
-    array = tensor.numpy()
-    return ir.tensor(np.asarray(array, dtype=ml_dtypes.bfloat16).astype(np.float32), name=tensor.name)
-
-
 def float32_shadow(path: str | Path, folder: str | Path) -> Path:
     """Write the float32 shadow of a bfloat16 model into ``folder``: same graph, every bfloat16 tensor float32.
 
     bfloat16 values are float32 values with the low 16 mantissa bits zero, so weights, inputs and outputs cast
     exactly; every bfloat16 value (graph I/O, intermediate, Constant/ConstantOfShape/initializer) and every
-    ``Cast(to=bfloat16)`` becomes float32, and a contract's ``kv_dtype`` says ``float32``. The shadow then
-    computes what a bfloat16 device would compute with float32 arithmetic and no intermediate rounding to
-    bfloat16: it checks the graph (a rewrite is right or wrong in either type), not bfloat16 rounding.
+    ``Cast(to=bfloat16)`` becomes float32 (:func:`onnxdeploy.graph.float32_shadow_graph`), and a contract's
+    ``kv_dtype`` says ``float32``. The shadow then computes what a bfloat16 device would compute with float32
+    arithmetic and no intermediate rounding to bfloat16: it checks the graph (a rewrite is right or wrong in
+    either type), not bfloat16 rounding. A model whose contract lists a graph set is shadowed with every graph
+    of the set, under the same file names, sharing one data file (each weight converted once).
 
     Args:
-        path: the bfloat16 model.
-        folder: where to write it (``model.onnx`` + its data file).
+        path: the bfloat16 model (the primary graph of a set).
+        folder: where to write it (the graph(s) + one data file).
 
     Returns:
-        The shadow's path.
+        The shadow's path (same file name as ``path``).
     """
-    model = model_io.load_model(path).model
-    bf16, f32 = ir.DataType.BFLOAT16, ir.DataType.FLOAT
-    for value in model.graph.initializers.values():
-        if value.const_value is not None and value.const_value.dtype == bf16:
-            value.const_value = _bf16_to_f32(value.const_value)
-    values = [*model.graph.inputs, *model.graph.initializers.values()]
-    for node in model.graph:
-        values += list(node.outputs)
-        if node.op_type == "Cast" and node.attributes.get_int("to") == bf16:
-            node.attributes["to"] = ir.AttrInt64("to", f32)
-        for key in ("value", "to") if node.op_type in ("Constant", "ConstantOfShape") else ():
-            attr = node.attributes.get(key)
-            if attr is not None and attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype == bf16:
-                node.attributes[key] = ir.AttrTensor(key, _bf16_to_f32(attr.as_tensor()))
-    for value in values:
-        if value.dtype == bf16:
-            value.dtype = f32
-    contract = read_contract(model, source=str(path))
+    path = Path(path)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    contract = read_contract(model_io.read_model_header(path), source=str(path))
+    files = [entry.file for entry in contract.graph_set] if contract is not None and contract.graph_set else []
+    if len(files) <= 1:
+        model = model_io.load_model(path).model
+        _shadow(model, {}, str(path))
+        return model_io.write_for_ort(model, folder, name=path.name)
+    converted: dict[object, ir.Tensor] = {}
+    graphs = []
+    for name in files:
+        model = model_io.load_model(path.parent / name).model
+        _shadow(model, converted, name)
+        graphs.append((name, model))
+    model_io.stage_artifacts(graphs, folder, external=True, data_name=f"{files[0]}.data").commit()
+    return folder / path.name
+
+
+def _shadow(model: ir.Model, converted: dict[object, ir.Tensor], source: str) -> None:
+    """:func:`float32_shadow_graph` plus the contract's ``kv_dtype``."""
+    float32_shadow_graph(model, converted)
+    contract = read_contract(model, source=source)
     if contract is not None and contract.kv_dtype == "bfloat16":
         write_contract(model, contract.model_copy(update={"kv_dtype": "float32"}))
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    return model_io.write_for_ort(model, folder)

@@ -12,21 +12,29 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 REGISTRY = json.loads((REPO / "fixtures" / "registry.json").read_text())
 # Fixtures whose graphs some per-fixture tests do not describe: a cache inside an attention op (genai
-# GroupQueryAttention), opset-23 Attention, float16. The static_kv / mask_rewrite / verify tests run every
-# fixture (ALL_FIXTURE_NAMES) with per-fixture expectations (fixture_expectations); tests that assume an fp32
-# Concat cache (grouped_attention's head repeat, target matrices, CLI examples) keep to FIXTURE_NAMES.
-SPECIAL_TAGS = frozenset({"attention_op", "opset23", "fp16"})
+# GroupQueryAttention), opset-23 Attention, float16, bfloat16. The static_kv / mask_rewrite / verify tests run
+# every fixture ONNX Runtime runs (ALL_FIXTURE_NAMES) with per-fixture expectations (fixture_expectations);
+# tests that assume an fp32 Concat cache (grouped_attention's head repeat, target matrices, CLI examples) keep to
+# FIXTURE_NAMES. bfloat16 fixtures (BF16_FIXTURE_NAMES) do not load on ORT's CPU EP at all (no bfloat16 kernels):
+# only tests that decode through the runner, which verifies them on their float32 shadow, take them (the graph
+# set test, tests/runner/test_runner_graph_set.py, runs ALL_FIXTURE_NAMES + BF16_FIXTURE_NAMES).
+SPECIAL_TAGS = frozenset({"attention_op", "opset23", "fp16", "bf16"})
 FIXTURE_NAMES = [e["name"] for e in REGISTRY if not SPECIAL_TAGS & set(e.get("tags", []))]
-ALL_FIXTURE_NAMES = [e["name"] for e in REGISTRY]
+BF16_FIXTURE_NAMES = [e["name"] for e in REGISTRY if "bf16" in e.get("tags", [])]
+ALL_FIXTURE_NAMES = [e["name"] for e in REGISTRY if e["name"] not in BF16_FIXTURE_NAMES]
 PROMPT = [1, 17, 42, 99, 7, 3]
 FP16_LOGIT_TOLERANCE = 1e-2
 """Max abs logit difference allowed for a float16 fixture (issue 6: ≤ 1e-4 fp32, ≤ 1e-2 fp16)."""
+BF16_LOGIT_TOLERANCE = 5e-2
+"""Max abs logit difference allowed for a bfloat16 fixture (README, Limits today: 8 mantissa bits, one rounding
+of a logit near 1 is up to 3.9e-3; the bf16 fixture's PyTorch reference is 3.6e-3 from the float32 one)."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,8 @@ class FixtureExpectations:
     Attributes:
         name: registry name.
         layers: decoder layers.
-        dtype: numpy dtype of the cache I/O and logits (float16 for the ``fp16`` tag, else float32).
+        dtype: numpy dtype of the cache I/O and logits (float16 for the ``fp16`` tag, ``ml_dtypes.bfloat16`` for
+            ``bf16``, else float32).
         cache_op: the op a static cache is written by and counted as, ``2 × layers`` ScatterElements for a
             Concat cache, ``layers`` GroupQueryAttention nodes where the op holds the cache (``attention_op``).
         cache_op_count: how many ``cache_op`` nodes the static graph has.
@@ -64,8 +73,20 @@ class FixtureExpectations:
         """Whether the fixture computes in float16."""
         return self.dtype == np.float16
 
+    @property
+    def bf16(self) -> bool:
+        """Whether the fixture computes in bfloat16 (verified on ORT's CPU EP as its float32 shadow)."""
+        return self.dtype == ml_dtypes.bfloat16
+
+    @property
+    def dtype_name(self) -> str:
+        """``float32``, ``float16`` or ``bfloat16`` (the report's ``numerics.compute_dtype``)."""
+        return str(np.dtype(self.dtype))
+
     def tol(self, fp32: float) -> float:
-        """The logit tolerance: ``fp32`` for a float32 fixture, at least 1e-2 for a float16 one."""
+        """The logit tolerance: ``fp32`` for a float32 fixture, at least 1e-2 for float16, 5e-2 for bfloat16."""
+        if self.bf16:
+            return max(fp32, BF16_LOGIT_TOLERANCE)
         return max(fp32, FP16_LOGIT_TOLERANCE) if self.fp16 else fp32
 
 
@@ -78,7 +99,7 @@ def fixture_expectations(name: str) -> FixtureExpectations:
     return FixtureExpectations(
         name=name,
         layers=layers,
-        dtype=np.float16 if "fp16" in tags else np.float32,
+        dtype=np.float16 if "fp16" in tags else ml_dtypes.bfloat16 if "bf16" in tags else np.float32,
         cache_op="GroupQueryAttention" if in_op else "ScatterElements",
         cache_op_count=layers if in_op else 2 * layers,
         new_token_only=not in_op,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -263,6 +264,22 @@ def test_replace_neg_inf_in_initializers_and_constants(tmp_path):
     assert model.graph.initializers["init"].const_value.numpy().tolist() == [0.0, low]
     got = _run(model, {"x": np.array([1.0, 2.0], np.float32)}, tmp_path)
     assert np.isfinite(got["y"]).all() and np.isfinite(got["z"]).all()
+
+
+def test_replace_neg_inf_in_bfloat16_constants():
+    init = onnx.helper.make_tensor("init", onnx.TensorProto.BFLOAT16, [2], [0.0, float("-inf")])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["init"], ["y"])],
+        "g",
+        [],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.BFLOAT16, [2])],
+        [init],
+    )
+    model = ir.serde.deserialize_model(onnx.helper.make_model(graph))
+    assert replace_neg_inf(model.graph) == 1
+    got = model.graph.initializers["init"].const_value.numpy()
+    assert got.dtype == ml_dtypes.bfloat16
+    assert got.astype(np.float32).tolist() == [0.0, float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)]
 
 
 def test_build_contract_names_and_logits_output():

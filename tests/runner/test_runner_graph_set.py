@@ -1,43 +1,54 @@
-"""Graph sets (``static_kv {step_lens, max_cache_lens}``) driven by the runner against the original export.
+"""Graph sets (``static_kv {step_lens, max_cache_lens}`` + ``mask_rewrite``) driven by the runner against the
+original export.
 
-One set per fixture, written once per module: step lengths 1, 4, 16 and cache lengths 32, 128 (six graphs,
-one weights file). Prompts and policies are chosen so that every graph computes compared positions and the
-decode crosses bucket boundaries and the 32 → 128 cache switch.
+One set per committed fixture (bfloat16 included: the runner verifies it on its float32 shadow), built once per
+session: step lengths 1, 4, 16 and cache lengths 32, 128 (six graphs, one weights file). Two prompts and
+remainder policies are chosen so that every graph computes compared positions and the decode crosses bucket
+boundaries and the 32 → 128 cache switch.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import yaml
 
 from onnxdeploy.config import load_pipeline
 from onnxdeploy.contract import read_contract
+from onnxdeploy.graph import tensor_dims
 from onnxdeploy.model_io import load_model, stage_artifacts
+from onnxdeploy.passes.mask_rewrite import MaskRewritePass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.pipeline import run_pipeline
 from onnxdeploy.runner import open_decoder, verify
 from onnxdeploy.runner.graph_set import GraphSetDecoder
-from tests.conftest import fixture_entry
+from tests.conftest import ALL_FIXTURE_NAMES, BF16_FIXTURE_NAMES, fixture_entry
 
-SET_FIXTURES = ["llama_gqa_optimum", "llama_gqa_dynamo", "mistral_sw_optimum"]
+SET_FIXTURES = [*ALL_FIXTURE_NAMES, *BF16_FIXTURE_NAMES]
 STEP_LENS = [1, 4, 16]
 CACHE_LENS = [32, 128]
+BuiltSet = tuple[str, Path, int]
+"""(fixture name, primary graph path, bytes of the unique weights)."""
 
 
-def _prompt(n: int, seed: int = 0) -> list[int]:
-    return np.random.default_rng(seed).integers(1, 512, size=n).tolist()
+def _prompt(name: str, n: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(1, fixture_entry(name)["config"]["vocab"], size=n).tolist()
 
 
 def _write_set(name: str, folder: Path, **config) -> tuple[Path, int]:
-    """Run static_kv on the fixture and write the set like the pipeline does; returns the primary and unique bytes."""
+    """Run static_kv then mask_rewrite on the fixture and write the set like the pipeline does.
+
+    Returns:
+        The primary graph's path and the bytes of the unique weights.
+    """
     result = StaticKVCachePass(StaticKVConfig(**config))(load_model(fixture_entry(name)["model_path"]).model)
-    artifacts = result.artifacts
+    artifacts = MaskRewritePass()(result.artifacts).artifacts
     folder.mkdir(parents=True)
     staged = stage_artifacts(
         [(a.name, a.model) for a in artifacts.artifacts],
@@ -55,15 +66,29 @@ def _write_set(name: str, folder: Path, **config) -> tuple[Path, int]:
     return folder / "model.onnx", sum(unique.values())
 
 
-@pytest.fixture(scope="module", params=SET_FIXTURES)
-def graph_set(request, tmp_path_factory) -> tuple[str, Path, int]:
-    folder = tmp_path_factory.mktemp(request.param) / "out"
-    primary, unique = _write_set(request.param, folder, step_lens=STEP_LENS, max_cache_lens=CACHE_LENS)
-    return request.param, primary, unique
+@pytest.fixture(scope="session")
+def build_set(tmp_path_factory) -> Callable[[str], BuiltSet]:
+    """Builds a fixture's set (STEP_LENS × CACHE_LENS, static_kv + mask_rewrite) once per session."""
+    built: dict[str, BuiltSet] = {}
+
+    def build(name: str) -> BuiltSet:
+        if name not in built:
+            folder = tmp_path_factory.mktemp(name) / "out"
+            primary, unique = _write_set(name, folder, step_lens=STEP_LENS, max_cache_lens=CACHE_LENS)
+            built[name] = (name, primary, unique)
+        return built[name]
+
+    return build
 
 
-def test_the_set_shares_one_weights_file_and_every_graph_opens_by_path(graph_set) -> None:
-    _, primary, unique = graph_set
+@pytest.fixture(params=SET_FIXTURES)
+def graph_set(request, build_set) -> BuiltSet:
+    return build_set(request.param)
+
+
+def test_the_set_shares_one_weights_file_and_every_graph_is_static_and_maskless(graph_set) -> None:
+    name, primary, unique = graph_set
+    expect = fixture_entry(name)["expect"]
     files = sorted(p.name for p in primary.parent.iterdir())
     assert files == sorted(
         ["model.onnx", "model.onnx.data"]
@@ -79,7 +104,8 @@ def test_the_set_shares_one_weights_file_and_every_graph_opens_by_path(graph_set
         128,
         "decode",
     )
-    for entry in contract.graph_set:
+    vocab = fixture_entry(name)["config"]["vocab"]
+    for entry in contract.graph_set:  # every graph opens by path: the verify test below runs all six
         path = primary.parent / entry.file
         header = onnx.load(str(path), load_external_data=False)
         locations = {kv.value for t in header.graph.initializer for kv in t.external_data if kv.key == "location"}
@@ -91,28 +117,59 @@ def test_the_set_shares_one_weights_file_and_every_graph_opens_by_path(graph_set
         if entry.step_len > 1:
             assert own.prefill_logits == "last" and own.inputs.last_token_index == "last_token_index"
             assert own.padding == "trailing"
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        assert [o.shape for o in session.get_outputs() if o.name == own.logits] == [[1, 1, 512]]
+        # mask_rewrite: no attention_mask, no dynamic dim on the I/O, no mask or shape arithmetic left
+        assert own.mask == "cache_position" and own.inputs.attention_mask is None
+        assert "attention_mask" not in {i.name for i in header.graph.input}
+        dims = {v.name: tensor_dims(v) for v in [*header.graph.input, *header.graph.output]}
+        assert all(d is not None and all(isinstance(x, int) for x in d) for d in dims.values()), dims
+        assert dims[own.logits] == [1, 1, vocab]
+        assert not {"Shape", "Range", "Trilu", "NonZero", "IsNaN"} & {n.op_type for n in header.graph.node}
+        assert own.kv_dtype == expect.dtype_name
+    if expect.bf16:  # the select's fill is the lowest finite value of the scores' dtype, never -inf
+        fills = [
+            onnx.numpy_helper.to_array(t)
+            for t in onnx.load(str(primary)).graph.initializer
+            if t.name.startswith("onnxdeploy/mask_rewrite/lowest")
+        ]
+        assert fills and all(f.dtype == ml_dtypes.bfloat16 for f in fills), [f.dtype for f in fills]
+        assert all(float(f) == float(ml_dtypes.finfo(ml_dtypes.bfloat16).min) for f in fills)
 
 
-# (prompt length, steps, remainder policy) -> graphs that compute compared positions; together they cover all six
+# (prompt length, steps, remainder policy) -> graphs that compute compared positions; together they cover all six.
+# 22 = 16 + 4 + 1 + 1 in the 32 cache, then 12 steps from position 22 cross into the 128 one; 50 = 16 + 16 (32
+# cache) + 16 + a 4-bucket padded from 2 real tokens (128 cache).
 RUNS = [
-    (41, 6, "buckets", {"model.s16.c32.onnx", "model.s4.c128.onnx", "model.onnx"}),
-    (41, 6, "padded", {"model.s16.c32.onnx", "model.s16.c128.onnx", "model.onnx"}),
-    (22, 20, "buckets", {"model.s16.c32.onnx", "model.s4.c32.onnx", "model.s1.c32.onnx", "model.onnx"}),
+    (22, 12, "buckets", {"model.s16.c32.onnx", "model.s4.c32.onnx", "model.s1.c32.onnx", "model.onnx"}),
+    (50, 4, "padded", {"model.s16.c32.onnx", "model.s16.c128.onnx", "model.s4.c128.onnx", "model.onnx"}),
 ]
 
 
 def test_every_graph_of_the_set_matches_the_original_across_buckets_and_cache_switches(graph_set) -> None:
     name, primary, _ = graph_set
+    expect = fixture_entry(name)["expect"]
+    tolerance = expect.tol(1e-4)
+    # a bfloat16 pair runs as float32 shadows: whatever bfloat16 allows, the rewrite itself must be float32-exact
+    measured = 1e-4 if expect.bf16 else tolerance
     seen: set[str] = set()
     for prompt_len, steps, remainder, graphs in RUNS:
-        prompt = _prompt(prompt_len)
-        report = verify(fixture_entry(name)["model_path"], primary, prompt=prompt, steps=steps, remainder=remainder)
+        prompt = _prompt(name, prompt_len)
+        report = verify(
+            fixture_entry(name)["model_path"],
+            primary,
+            prompt=prompt,
+            steps=steps,
+            remainder=remainder,
+            max_abs_logit_diff=tolerance,
+        )
         assert report.passed, [m.failures for m in report.modes.values()]
         assert len(report.graphs) == 6
+        assert report.numerics is not None  # fp16/bf16 on the CPU EP: emulated, never native
+        assert (report.numerics.compute_dtype, report.numerics.execution) == (
+            expect.dtype_name,
+            "emulated" if expect.fp16 or expect.bf16 else "native",
+        )
         for mode in report.modes.values():
-            assert mode.top1_agreement == 1.0 and mode.max_abs_logit_diff <= 1e-4
+            assert mode.top1_agreement == 1.0 and mode.max_abs_logit_diff <= measured, mode.failures
             assert set(mode.positions_by_graph) == graphs, (remainder, prompt_len)
             # every generated position is compared; a "last" bucket gives one prompt position per call
             assert [s.position for s in mode.steps if s.phase == "generate"] == list(
@@ -126,8 +183,8 @@ def test_every_graph_of_the_set_matches_the_original_across_buckets_and_cache_sw
     assert len(seen) == 6
 
 
-def test_plans_take_the_largest_bucket_then_pad_or_split_and_never_shrink_the_cache(graph_set) -> None:
-    _, primary, _ = graph_set
+def test_plans_take_the_largest_bucket_then_pad_or_split_and_never_shrink_the_cache(build_set) -> None:
+    _, primary, _ = build_set("llama_gqa_optimum")  # plans depend on the set's lengths only
     with open_decoder(primary, remainder="padded") as padded, open_decoder(primary, remainder="buckets") as buckets:
         assert isinstance(padded, GraphSetDecoder) and isinstance(buckets, GraphSetDecoder)
         assert padded.plan(41) == [(16, 32, 16), (16, 32, 16), (16, 128, 9)]
@@ -139,10 +196,19 @@ def test_plans_take_the_largest_bucket_then_pad_or_split_and_never_shrink_the_ca
         assert padded.plan(1, position=127) == [(1, 128, 1)]
 
 
-def test_prefill_logits_all_compares_every_prompt_position(tmp_path: Path) -> None:
-    name = "llama_gqa_optimum"
+# every prompt position's logits: the plain LM head (optimum) and genai's (after its fused norm, cache in the op)
+@pytest.mark.parametrize("name", ["llama_gqa_optimum", "llama_gqa_genai"])
+def test_prefill_logits_all_compares_every_prompt_position(tmp_path: Path, name: str) -> None:
     primary, _ = _write_set(name, tmp_path / "out", step_lens=[1, 4], max_cache_lens=[16, 64], prefill_logits="all")
-    report = verify(fixture_entry(name)["model_path"], primary, prompt=_prompt(14), steps=10, remainder="padded")
+    tolerance = fixture_entry(name)["expect"].tol(1e-4)
+    report = verify(
+        fixture_entry(name)["model_path"],
+        primary,
+        prompt=_prompt(name, 14),
+        steps=10,
+        remainder="padded",
+        max_abs_logit_diff=tolerance,
+    )
     assert report.passed, [m.failures for m in report.modes.values()]
     for mode in report.modes.values():
         assert mode.positions == 14 + 10 and [s.position for s in mode.steps] == list(range(24))
@@ -155,7 +221,7 @@ def test_a_pipeline_writes_reports_checks_and_verifies_the_set(tmp_path: Path) -
         "model": str(fixture_entry(name)["model_path"]),
         "output_dir": str(tmp_path / "out"),
         "passes": [{"static_kv": {"step_lens": [1, 8], "max_cache_lens": [16, 48]}}],
-        "verify": {"prompt": _prompt(11), "steps": 30},
+        "verify": {"prompt": _prompt(name, 11), "steps": 30},
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(pipeline))

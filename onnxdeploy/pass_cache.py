@@ -26,16 +26,24 @@ from the cache, shared tensors shared again across the graphs of a set).
 Size: after each store, the least recently used entries (by folder mtime, refreshed on every hit) are removed
 until the cache holds at most ``max_bytes``; an entry larger than that alone is not stored. The cache folder
 can be removed at any time (``rm -rf ~/.cache/onnxdeploy/passes``) between runs.
+
+Several runs may share one cache folder at once (CI jobs on one machine). Locks are ``flock`` on the folders
+themselves, so no lock file is left behind: a run holds a shared lock on the entry it is served from until it
+ends (:meth:`PassCache.close`; its weights are mapped lazily); the rename of a new entry and the eviction that
+follows hold an exclusive lock on the cache folder, so two runs never evict at once; eviction takes an entry's
+lock exclusively without waiting and skips an entry another run is reading.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +183,8 @@ class PassCache:
     max_bytes: int
     notes: list[str] = field(default_factory=list)
     _stored: set[str] = field(default_factory=set)
+    _held: list[int] = field(default_factory=list)
+    _bad: set[str] = field(default_factory=set)
 
     @classmethod
     def for_run(
@@ -220,20 +230,34 @@ class PassCache:
             entry = self.folder / self.keys[n - 1]
             if not (entry / _ENTRY_JSON).is_file():
                 continue
+            fd = _hold(entry)
+            if fd is None:
+                continue  # evicted by another run meanwhile
             try:
                 _verify(entry)
                 hit = self._load(entry, n)
             except (_CorruptEntry, OnnxDeployError, OSError, ValueError, KeyError) as exc:
+                dropped = _drop(entry, fd)
+                if not dropped:
+                    self._bad.add(entry.name)
                 self.notes.append(
-                    f"pass cache: entry {entry} unreadable or corrupted ({exc}); dropped, its passes run again"
+                    f"pass cache: entry {entry} unreadable or corrupted ({exc}); "
+                    + ("dropped" if dropped else "kept while another run reads it")
+                    + ", its passes run again"
                 )
-                shutil.rmtree(entry, ignore_errors=True)
                 continue
+            self._held.append(fd)  # its weights are read lazily later in this run: no run may evict it now
             with contextlib.suppress(OSError):
                 os.utime(entry)  # recently used: evicted last
-            self._stored.add(entry.name)  # its weights are read lazily later in this run: never evict it now
+            self._stored.add(entry.name)
             return hit
         return None
+
+    def close(self) -> None:
+        """Release the entry this run was served from (other runs may evict it from now on)."""
+        for fd in self._held:
+            os.close(fd)
+        self._held.clear()
 
     def _load(self, entry: Path, n: int) -> CacheHit:
         meta = json.loads((entry / _ENTRY_JSON).read_text(encoding="utf-8"))
@@ -259,7 +283,7 @@ class PassCache:
         """
         key = self.keys[n - 1]
         entry = self.folder / key
-        if entry.is_dir():
+        if entry.is_dir() and key not in self._bad:
             return "stored"
         weight_bytes = artifacts.weight_bytes()
         if weight_bytes > self.max_bytes:
@@ -298,36 +322,132 @@ class PassCache:
                 for name in staged.files
             }
             staged.add_text(_CHECKSUMS, json.dumps({"files": sums}, indent=1))
-            try:
-                os.rename(staged.staging, entry)  # one step: a reader sees the whole entry or none
-            except OSError:
-                if not entry.is_dir():
-                    raise
-                staged.discard()  # another run stored the same key meanwhile
+            with self._locked():
+                if key in self._bad:  # a corrupted entry another run was reading: replace it if it is free now
+                    fd = _flock(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    if fd is None and entry.is_dir():
+                        staged.discard()
+                        self.notes.append(f"pass cache: {entry} is corrupted and still read by another run; not stored")
+                        return "not_stored"
+                    if fd is not None:
+                        _drop(entry, fd)
+                    self._bad.discard(key)
+                try:
+                    os.rename(staged.staging, entry)  # one step: a reader sees the whole entry or none
+                except OSError:
+                    if not entry.is_dir():
+                        raise
+                    staged.discard()  # another run stored the same key meanwhile
+                self._stored.add(key)
+                self._evict()
         except (OnnxDeployError, OSError) as exc:
             if staged is not None:
                 staged.discard()
             self.notes.append(f"pass cache: cannot store in {self.folder} ({exc}); the run goes on without it")
             return "not_stored"
-        self._stored.add(key)
-        self._evict()
         return "stored"
 
-    def _evict(self) -> None:
-        """Remove least recently used entries (not the ones this run stored or reads) until at most ``max_bytes``."""
-        entries = []
-        for entry in self.folder.iterdir():
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the cache folder's exclusive lock: one run at a time renames entries in and evicts."""
+        fd = _flock(self.folder, fcntl.LOCK_EX)
+        if fd is None:
+            raise OSError(f"the cache folder {self.folder} vanished")
+        try:
+            yield
+        finally:
+            os.close(fd)
+
+    def _evict(self) -> tuple[int, int, int]:
+        """Remove least recently used entries until the cache holds at most ``max_bytes`` (cache folder locked).
+
+        Never removed: the entries this run stored or reads, and any entry another run reads (its shared lock
+        makes the non-blocking exclusive lock fail).
+
+        Returns:
+            ``(entries removed, bytes freed, entries kept because another run reads them)``.
+        """
+        removed = freed = 0
+        busy: set[str] = set()
+        while True:
+            entries = _entries(self.folder)
+            total = sum(size for _, size, _ in entries)
+            victims = [(size, e) for _, size, e in entries if e.name not in self._stored and e.name not in busy]
+            if total <= self.max_bytes or not victims:
+                return removed, freed, len(busy)
+            size, victim = victims[0]
+            fd = _flock(victim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fd is None:
+                busy.add(victim.name)
+                continue
+            _drop(victim, fd)
+            removed, freed = removed + 1, freed + size
+
+
+def _flock(folder: Path, mode: int) -> int | None:
+    """Open ``folder`` and ``flock`` it with ``mode`` (``fcntl.LOCK_SH``/``LOCK_EX``, maybe ``| LOCK_NB``).
+
+    Returns:
+        The descriptor (closing it releases the lock), or None when the folder is gone or, with ``LOCK_NB``,
+        another holder has a conflicting lock.
+    """
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(fd, mode)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _hold(entry: Path) -> int | None:
+    """A shared lock on ``entry`` (waits only while an evictor removes it), or None when it is gone.
+
+    The lock is on the folder that was opened; if that folder was removed (and another stored under the same
+    name) while this waited, the lock protects nothing: None then.
+    """
+    fd = _flock(entry, fcntl.LOCK_SH)
+    if fd is None:
+        return None
+    try:
+        locked, current = os.fstat(fd), os.stat(entry)
+        same = (locked.st_dev, locked.st_ino) == (current.st_dev, current.st_ino)
+    except FileNotFoundError:
+        same = False
+    if same and (entry / _ENTRY_JSON).is_file():
+        return fd
+    os.close(fd)
+    return None
+
+
+def _drop(entry: Path, fd: int) -> bool:
+    """Remove ``entry`` unless another run holds it (``fd``: this run's lock on it, closed here); True if removed."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    else:
+        shutil.rmtree(entry, ignore_errors=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _entries(folder: Path) -> list[tuple[float, int, Path]]:
+    """``(mtime, bytes, folder)`` of every entry in the cache folder, least recently used first."""
+    entries = []
+    for entry in folder.iterdir():
+        with contextlib.suppress(FileNotFoundError):  # another reader may drop an entry while this looks
             if entry.is_dir() and (entry / _ENTRY_JSON).is_file():
                 size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file())
                 entries.append((entry.stat().st_mtime, size, entry))
-        total = sum(size for _, size, _ in entries)
-        for _, size, entry in sorted(entries, key=lambda e: e[0]):
-            if total <= self.max_bytes:
-                break
-            if entry.name in self._stored:
-                continue
-            shutil.rmtree(entry, ignore_errors=True)
-            total -= size
+    return sorted(entries, key=lambda e: e[0])
 
 
 def _verify(entry: Path) -> None:

@@ -373,6 +373,7 @@ def run_pipeline(
         _remove_if_made(out_dir, made_dir)
         raise
     staged: StagedArtifacts | None = None
+    cache: PassCache | None = None
     context = PassContext(
         model_path=model_in, target=config.target, session_factory=open_session, calibration=calibration
     )
@@ -572,6 +573,8 @@ def run_pipeline(
         raise
     finally:
         os.close(lock)  # releases the flock
+        if cache is not None:
+            cache.close()  # other runs may evict the entry this run was served from
         if context.scratch_dir is not None:
             shutil.rmtree(context.scratch_dir, ignore_errors=True)
     say(f"wrote {', '.join(str(out_dir / n) for n in staged.files)}")

@@ -16,6 +16,9 @@ from typer.testing import CliRunner
 
 import onnxdeploy.pass_cache as pass_cache
 from onnxdeploy.cli import app
+from onnxdeploy.config import load_pipeline
+from onnxdeploy.model_io import load_model
+from onnxdeploy.pipeline import _pass_cache
 from tests.conftest import PROMPT, fixture_entry
 
 runner = CliRunner()
@@ -212,3 +215,19 @@ def test_a_corrupted_entry_of_the_right_size_is_a_miss_and_is_dropped(tmp_path):
         assert any(f"{name}: sha256" in n and "dropped" in n for n in report["notes"]), report["notes"]
         assert _artifacts(tmp_path / name) == _artifacts(tmp_path / "cold"), "the corrupted bytes were served"
     assert _run(pipeline, tmp_path / "warm", "--cache-dir", str(cache))["passes"][0]["cache"] == "hit"
+
+
+def test_an_entry_another_run_is_reading_is_not_evicted_until_it_lets_go(tmp_path):
+    """A run served from an entry holds a shared flock on it until the run ends; another run's eviction skips it."""
+    one = [{"static_kv": {"max_cache_len": 64}}]
+    cache = {"dir": str(tmp_path / "cache")}
+    _run(_pipeline(tmp_path / "a", passes=one, cache=cache), tmp_path / "a" / "out")
+    (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    reader = _pass_cache(load_pipeline(_pipeline(tmp_path / "r", passes=one, cache=cache)), load_model(FIXTURE), [])
+    assert reader is not None and reader.lookup() is not None  # the other run, still going
+    small = {**cache, "max_bytes": 1_000_000}  # about 0.6 MB an entry: one entry fits
+    other = _run(_pipeline(tmp_path / "b", passes=[{"static_kv": {"max_cache_len": 48}}], cache=small), tmp_path / "b")
+    assert other["passes"][0]["cache"] == "stored" and entry.is_dir(), "evicted while another run reads it"
+    reader.close()
+    _run(_pipeline(tmp_path / "c", passes=[{"static_kv": {"max_cache_len": 40}}], cache=small), tmp_path / "c")
+    assert not entry.exists(), "once released it is the least recently used entry again"

@@ -43,7 +43,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,7 +175,10 @@ class PassCache:
         folder: the cache folder.
         keys: one key per pass, in order.
         max_bytes: the size bound (see the module docstring).
-        notes: what went wrong with the cache (it never fails a run: a cache it cannot write is skipped).
+        notes: what went wrong with the cache, for the run report (it never fails a run: a cache it cannot
+            write is skipped).
+        say: prints a one-line note on the console (the CLI's progress lines, stderr): misses, stores,
+            evictions and everything in ``notes``; None prints nothing.
     """
 
     folder: Path
@@ -185,6 +188,14 @@ class PassCache:
     _stored: set[str] = field(default_factory=set)
     _held: list[int] = field(default_factory=list)
     _bad: set[str] = field(default_factory=set)
+    say: Callable[[str], None] | None = None
+
+    def _tell(self, message: str, *, report: bool = False) -> None:
+        """Print ``message`` (if :attr:`say`) and, with ``report``, keep it in :attr:`notes` too."""
+        if report:
+            self.notes.append(message)
+        if self.say is not None:
+            self.say(message)
 
     @classmethod
     def for_run(
@@ -240,10 +251,11 @@ class PassCache:
                 dropped = _drop(entry, fd)
                 if not dropped:
                     self._bad.add(entry.name)
-                self.notes.append(
+                self._tell(
                     f"pass cache: entry {entry} unreadable or corrupted ({exc}); "
                     + ("dropped" if dropped else "kept while another run reads it")
-                    + ", its passes run again"
+                    + ", its passes run again",
+                    report=True,
                 )
                 continue
             self._held.append(fd)  # its weights are read lazily later in this run: no run may evict it now
@@ -251,6 +263,7 @@ class PassCache:
                 os.utime(entry)  # recently used: evicted last
             self._stored.add(entry.name)
             return hit
+        self._tell(f"pass cache: nothing stored for these {len(self.keys)} pass(es) in {self.folder}; every pass runs")
         return None
 
     def close(self) -> None:
@@ -287,9 +300,10 @@ class PassCache:
             return "stored"
         weight_bytes = artifacts.weight_bytes()
         if weight_bytes > self.max_bytes:
-            self.notes.append(
+            self._tell(
                 f"pass cache: the artifacts after pass {n} ({weight_bytes} bytes of weights) exceed cache.max_bytes="
-                f"{self.max_bytes}; not stored"
+                f"{self.max_bytes}; not stored",
+                report=True,
             )
             return "not_stored"
         staged = None
@@ -327,7 +341,9 @@ class PassCache:
                     fd = _flock(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     if fd is None and entry.is_dir():
                         staged.discard()
-                        self.notes.append(f"pass cache: {entry} is corrupted and still read by another run; not stored")
+                        self._tell(
+                            f"pass cache: {entry} is corrupted and still read by another run; not stored", report=True
+                        )
                         return "not_stored"
                     if fd is not None:
                         _drop(entry, fd)
@@ -339,12 +355,23 @@ class PassCache:
                         raise
                     staged.discard()  # another run stored the same key meanwhile
                 self._stored.add(key)
-                self._evict()
+                removed, freed, busy = self._evict()
         except (OnnxDeployError, OSError) as exc:
             if staged is not None:
                 staged.discard()
-            self.notes.append(f"pass cache: cannot store in {self.folder} ({exc}); the run goes on without it")
+            self._tell(f"pass cache: cannot store in {self.folder} ({exc}); the run goes on without it", report=True)
             return "not_stored"
+        self._tell(f"pass cache: stored the artifacts after pass {n} ({sum(f['bytes'] for f in sums.values())} bytes)")
+        if removed:
+            self._tell(
+                f"pass cache: evicted {removed} least recently used {'entry' if removed == 1 else 'entries'} "
+                f"({freed} bytes) to stay within cache.max_bytes={self.max_bytes}"
+            )
+        if busy:
+            self._tell(
+                f"pass cache: {busy} {'entry' if busy == 1 else 'entries'} over cache.max_bytes={self.max_bytes} "
+                "kept: another run is reading them"
+            )
         return "stored"
 
     @contextlib.contextmanager

@@ -413,13 +413,15 @@ def run_pipeline(
         cache = _pass_cache(config, loaded, calibration)
         first = 0
         if cache is not None:
+            cache.say = say  # misses, stores, evictions on the console; problems also in the report's notes
             hit = cache.lookup()
             if hit is not None:
                 artifacts, first = hit.artifacts, hit.passes
                 pass_reports = [r.model_copy(update={"cache": "hit"}) for r in hit.reports]
                 findings += hit.findings
                 context.passes_run.extend(r.name for r in hit.reports)
-                say(f"passes {', '.join(context.passes_run)}: from the cache {cache.folder / cache.keys[first - 1]}")
+                served = cache.folder / cache.keys[first - 1]
+                say(f"pass cache: passes {', '.join(context.passes_run)} from the cache {served}")
         each_pass = _EachPass(config)
         step("passes", first, len(config.passes))
         for i, spec in enumerate(config.passes[first:], start=first):

@@ -231,3 +231,26 @@ def test_an_entry_another_run_is_reading_is_not_evicted_until_it_lets_go(tmp_pat
     reader.close()
     _run(_pipeline(tmp_path / "c", passes=[{"static_kv": {"max_cache_len": 40}}], cache=small), tmp_path / "c")
     assert not entry.exists(), "once released it is the least recently used entry again"
+
+
+def test_cache_notes_are_printed_on_stderr_never_on_stdout_and_not_with_quiet(tmp_path):
+    cache = tmp_path / "cache"
+    passes = [{"static_kv": {"max_cache_len": 64}}]
+
+    def run(name: str, *args: str, passes=passes, **extra):
+        pipeline = _pipeline(tmp_path / name, passes=passes, **extra)
+        argv = ["run", str(pipeline), "-o", str(tmp_path / name / "out"), "--cache-dir", str(cache), *args]
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 0, result.stdout + result.stderr
+        assert "pass cache" not in result.stdout, result.stdout
+        return result
+
+    cold = run("cold").stderr
+    assert "pass cache: nothing stored for these 1 pass(es)" in cold and "pass cache: stored" in cold, cold
+    warm = run("warm", "--json")
+    json.loads(warm.stdout)
+    assert "pass cache: passes static_kv from the cache" in warm.stderr, warm.stderr
+    assert "pass cache" not in run("quiet", "--quiet").stderr
+    # about 0.6 MB an entry: storing another evicts the least recently used one, and says so
+    small = run("small", passes=[{"static_kv": {"max_cache_len": 48}}], cache={"max_bytes": 1_000_000}).stderr
+    assert "pass cache: evicted 1 least recently used entry" in small, small

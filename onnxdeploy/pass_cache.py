@@ -23,8 +23,13 @@ for the report, and far below re-running the passes); an entry that fails is a m
 notes, and is removed. A hit is loaded with :func:`onnxdeploy.model_io.load_model` (weights memory-mapped
 from the cache, shared tensors shared again across the graphs of a set).
 
+An entry whose ``weights.data`` holds the same bytes as the previous pass's entry's (a pass that moves no weight:
+``grouped_attention``, ``kv_layout``, ``pin_opset``, …) gets a hard link to that file instead of a second copy
+(it is still written and hashed once, then replaced by the link).
+
 Size: after each store, the least recently used entries (by folder mtime, refreshed on every hit) are removed
-until the cache holds at most ``max_bytes``; an entry larger than that alone is not stored. The cache folder
+until the cache holds at most ``max_bytes`` (a hard-linked file counted once); an entry larger than that alone is
+not stored. The cache folder
 can be removed at any time (``rm -rf ~/.cache/onnxdeploy/passes``) between runs.
 
 Several runs may share one cache folder at once (CI jobs on one machine). Locks are ``flock`` on the folders
@@ -42,6 +47,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -335,6 +341,8 @@ class PassCache:
                 name: {"bytes": staged.path(name).stat().st_size, "sha256": sha256_file(staged.path(name))}
                 for name in staged.files
             }
+            previous = self.folder / self.keys[n - 2] if n >= 2 else None
+            linked = _WEIGHTS in sums and _link_if_same(previous, staged.path(_WEIGHTS), sums[_WEIGHTS])
             staged.add_text(_CHECKSUMS, json.dumps({"files": sums}, indent=1))
             with self._locked():
                 if key in self._bad:  # a corrupted entry another run was reading: replace it if it is free now
@@ -361,7 +369,10 @@ class PassCache:
                 staged.discard()
             self._tell(f"pass cache: cannot store in {self.folder} ({exc}); the run goes on without it", report=True)
             return "not_stored"
-        self._tell(f"pass cache: stored the artifacts after pass {n} ({sum(f['bytes'] for f in sums.values())} bytes)")
+        self._tell(
+            f"pass cache: stored the artifacts after pass {n} ({sum(f['bytes'] for f in sums.values())} bytes"
+            + (f"; {_WEIGHTS} hard-linked to pass {n - 1}'s: the same bytes)" if linked else ")")
+        )
         if removed:
             self._tell(
                 f"pass cache: evicted {removed} least recently used {'entry' if removed == 1 else 'entries'} "
@@ -397,8 +408,7 @@ class PassCache:
         removed = freed = 0
         busy: set[str] = set()
         while True:
-            entries = _entries(self.folder)
-            total = sum(size for _, size, _ in entries)
+            total, entries = _usage(self.folder)
             victims = [(size, e) for _, size, e in entries if e.name not in self._stored and e.name not in busy]
             if total <= self.max_bytes or not victims:
                 return removed, freed, len(busy)
@@ -466,15 +476,70 @@ def _drop(entry: Path, fd: int) -> bool:
         os.close(fd)
 
 
-def _entries(folder: Path) -> list[tuple[float, int, Path]]:
-    """``(mtime, bytes, folder)`` of every entry in the cache folder, least recently used first."""
+def _usage(folder: Path) -> tuple[int, list[tuple[float, int, Path]]]:
+    """What the cache's entries hold on disk, a file hard-linked into several entries counted once.
+
+    Returns:
+        ``(bytes, entries)``: the entries' bytes, and per entry ``(mtime, bytes only it holds, folder)``, least
+        recently used first (removing an entry frees the files no other entry links).
+    """
+    seen: set[tuple[int, int]] = set()
+    total = 0
     entries = []
     for entry in folder.iterdir():
         with contextlib.suppress(FileNotFoundError):  # another reader may drop an entry while this looks
-            if entry.is_dir() and (entry / _ENTRY_JSON).is_file():
-                size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file())
-                entries.append((entry.stat().st_mtime, size, entry))
-    return sorted(entries, key=lambda e: e[0])
+            if not (entry.is_dir() and (entry / _ENTRY_JSON).is_file()):
+                continue
+            own = 0
+            for path in entry.iterdir():
+                st = path.lstat()
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
+                if st.st_nlink == 1:
+                    own += st.st_size
+            entries.append((entry.stat().st_mtime, own, entry))
+    return total, sorted(entries, key=lambda e: e[0])
+
+
+def _same_bytes(a: Path, b: Path, chunk_bytes: int = 8 << 20) -> bool:
+    """Whether two files hold the same bytes (compared in ``chunk_bytes`` chunks)."""
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while chunk := fa.read(chunk_bytes):
+            if chunk != fb.read(chunk_bytes):
+                return False
+    return True
+
+
+def _link_if_same(previous: Path | None, staged: Path, digest: dict[str, Any]) -> bool:
+    """Replace the ``staged`` data file by a hard link to ``previous``'s when they hold the same bytes.
+
+    A pass that leaves every weight as it is (``grouped_attention``, ``kv_layout``, ``pin_opset``, …) then adds
+    no copy of the weights to the cache. The stored digest selects the candidate; the bytes decide (the
+    previous file may have been damaged since it was stored). Another run evicting ``previous`` meanwhile
+    leaves the staged copy in place.
+    """
+    if previous is None:
+        return False
+    source = previous / _WEIGHTS
+    try:
+        stored = json.loads((previous / _CHECKSUMS).read_text(encoding="utf-8"))["files"].get(_WEIGHTS)
+        if stored != digest or not _same_bytes(source, staged):
+            return False
+    except (OSError, ValueError, KeyError):
+        return False
+    link = staged.with_name(staged.name + ".link")
+    try:
+        os.link(source, link)
+        os.replace(link, staged)
+    except OSError:
+        link.unlink(missing_ok=True)
+        return False
+    return True
 
 
 def _verify(entry: Path) -> None:

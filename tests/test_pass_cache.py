@@ -254,3 +254,17 @@ def test_cache_notes_are_printed_on_stderr_never_on_stdout_and_not_with_quiet(tm
     # about 0.6 MB an entry: storing another evicts the least recently used one, and says so
     small = run("small", passes=[{"static_kv": {"max_cache_len": 48}}], cache={"max_bytes": 1_000_000}).stderr
     assert "pass cache: evicted 1 least recently used entry" in small, small
+
+
+def test_a_pass_that_keeps_every_weight_adds_no_copy_of_the_weights(tmp_path):
+    cache = tmp_path / "cache"
+    passes = [{"static_kv": {"max_cache_len": 64}}, {"grouped_attention": {}}]  # the second moves no weight
+    pipeline = _pipeline(tmp_path, passes=passes)
+    cold = runner.invoke(app, ["run", str(pipeline), "-o", str(tmp_path / "a"), "--cache-dir", str(cache)])
+    assert cold.exit_code == 0 and "weights.data hard-linked to pass 1's" in cold.stderr, cold.stderr
+    keys = _pass_cache(load_pipeline(pipeline), load_model(FIXTURE), []).keys
+    first, second = (cache / key / "weights.data" for key in keys)
+    assert first.stat().st_ino == second.stat().st_ino and first.stat().st_nlink == 2
+    apparent = sum(p.stat().st_size for key in keys for p in (cache / key).iterdir())
+    assert pass_cache._usage(cache)[0] == apparent - first.stat().st_size, "the size bound counts one copy"
+    assert [p["cache"] for p in _run(pipeline, tmp_path / "b", "--cache-dir", str(cache))["passes"]] == ["hit", "hit"]

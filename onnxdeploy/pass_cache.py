@@ -415,7 +415,8 @@ class PassCache:
             size, victim = victims[0]
             fd = _flock(victim, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is None:
-                busy.add(victim.name)
+                if victim.is_dir():  # else a reader dropped it meanwhile: look again
+                    busy.add(victim.name)
                 continue
             _drop(victim, fd)
             removed, freed = removed + 1, freed + size

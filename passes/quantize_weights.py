@@ -23,8 +23,11 @@ What the pass does (DESIGN.md, "Passes" → ``quantize_weights``; issue 7):
   ``diag(X^T X)`` is collected on the calibration tokens by running the model through the runner's decode
   loop; ``K`` is permuted by decreasing importance so each group holds channels of similar importance. The
   permutation is folded into the graph exactly: into the output channels of the producing MatMuls when the
-  activation is an elementwise function of them alone (the MLP's gate/up rows with down's columns), else by a
-  ``Gather`` on the activation (shared by every weight reading it). No ``g_idx`` is left.
+  activation is an elementwise function of them alone (the MLP's gate/up rows with down's columns); for
+  o_proj, into V's output channels within each KV head where V's channels never leave the graph
+  (:mod:`onnxdeploy.passes._value_fold`; with a KV cache they do, so not there); else by a ``Gather`` on the
+  activation (shared by every weight reading it). No ``g_idx`` is left. ``details.act_order`` lists each
+  activation's fold and, for o_proj kept as a Gather, the reason.
 * **GPTQ** (``method: gptq``, needs ``calibration``): error compensation over ``X^T X`` with the act-order
   as column order (natural order without act-order).
 * **Report.** ``details.layers``: per weight, the calibration-weighted weight error of plain round-to-nearest
@@ -57,6 +60,7 @@ from onnxdeploy.passes._pass_infra import (
     ScratchWriter,
     register_pass,
 )
+from onnxdeploy.passes._value_fold import PROBES, ValueFold, concrete_dims, plan_value_fold
 from onnxdeploy.passes._weight_quant import (
     act_order_permutation,
     gptq,
@@ -319,7 +323,8 @@ class _Fold:
     """How one activation's input-channel permutation reaches the graph.
 
     ``producers``: MatMul targets whose output channels are permuted instead (with the elementwise region
-    between them and the activation); empty means a Gather on the activation.
+    between them and the activation, or by ``producer_perm`` when it differs: V within each head for o_proj);
+    empty means a Gather on the activation. ``how``: what the report says.
     """
 
     activation: ir.Value
@@ -327,6 +332,13 @@ class _Fold:
     producers: list[_Target] = field(default_factory=list)
     region: list[ir.Node] = field(default_factory=list)
     bias_constants: list[tuple[ir.Node, int]] = field(default_factory=list)
+    producer_perm: np.ndarray | None = None
+    how: str = "by a Gather on the activation"
+
+    @property
+    def out_perm(self) -> np.ndarray:
+        """The permutation of the producers' output channels."""
+        return self.perm if self.producer_perm is None else self.producer_perm
 
 
 def _producer_region(
@@ -602,8 +614,10 @@ class QuantizeWeightsPass(Pass):
         layers: list[dict] = []
         stats: dict[str, np.ndarray] = {}
         total = 0
-        for index, model in enumerate(artifacts.models()):
-            total += self._quantize_graph(model, context, report, writer, written, layers, stats, first=index == 0)
+        for index, artifact in enumerate(artifacts.artifacts):
+            total += self._quantize_graph(
+                artifact.model, context, report, writer, written, layers, stats, first=index == 0, name=artifact.name
+            )
         if not total:
             raise PreconditionError(self.name, "no MatMul/Gemm/Gather with a constant 2-D float weight to quantize")
         report.details["layers"] = layers
@@ -628,6 +642,7 @@ class QuantizeWeightsPass(Pass):
         stats: dict[str, np.ndarray],
         *,
         first: bool,
+        name: str = "",
     ) -> int:
         """Quantize one graph of the set; return how many weights were newly quantized.
 
@@ -662,12 +677,12 @@ class QuantizeWeightsPass(Pass):
         perm_in: dict[int, np.ndarray] = {}
         perm_out: dict[int, np.ndarray] = {}
         if cfg.act_order and stats:
-            for fold in self._plan_folds(by_activation, by_node, stats, report):
+            for fold in self._plan_folds(model, name, by_activation, by_node, stats, report):
                 readers = by_activation[id(fold.activation)]
                 for t in readers:
                     perm_in[id(t.node)] = fold.perm
                 for p in fold.producers:
-                    perm_out[id(p.node)] = fold.perm
+                    perm_out[id(p.node)] = fold.out_perm
                 _apply_fold(graph, fold, readers, taken)
 
         # A weight an embedding Gather also reads is dequantized by DequantizeLinear for every consumer, so
@@ -711,14 +726,33 @@ class QuantizeWeightsPass(Pass):
 
     def _plan_folds(
         self,
+        model: ir.Model,
+        name: str,
         by_activation: dict[int, list[_Target]],
         by_node: dict[int, _Target],
         stats: dict[str, np.ndarray],
         report: PassReport,
     ) -> list[_Fold]:
-        """One act-order permutation per activation, folded into producers where the graph allows it."""
+        """One act-order permutation per activation, folded into producers where the graph allows it.
+
+        The MLP's down_proj input into gate/up's output channels (:func:`_producer_region`); o_proj's input into
+        V's output channels within each head where V's channels stay inside the graph
+        (:func:`~onnxdeploy.passes._value_fold.plan_value_fold`); else a Gather. ``details.act_order`` lists
+        each activation's fold (and, for o_proj, why it is a Gather).
+        """
         folds: list[_Fold] = []
         claimed: set[int] = set()
+        dims: dict[int, dict] = {}
+
+        def dims_of(probe: int) -> dict:
+            if probe not in dims:
+                dims[probe] = concrete_dims(model, PROBES[probe])
+            return dims[probe]
+
+        def is_producer(node: ir.Node) -> bool:
+            return id(node) in by_node and by_node[id(node)].kind == "matmul" and id(node) not in claimed
+
+        rows = report.details.setdefault("act_order", [])
         for group in by_activation.values():
             act = group[0].activation
             assert act is not None
@@ -730,20 +764,39 @@ class QuantizeWeightsPass(Pass):
             readers = {id(t.node) for t in group}
             fold = _Fold(act, perm)
             found = _producer_region(act, readers, by_node, len(importance))
-            if found is not None:
-                producers, region, consts = found
-                # A producer may read a permuted activation itself (its rows and columns are permuted then);
-                # one already carrying another fold's permutation may not.
-                if not any(id(p.node) in claimed for p in producers):
-                    fold.producers, fold.region, fold.bias_constants = producers, region, consts
-                    claimed.update(id(p.node) for p in producers)
+            reason, kind = None, "gather"
+            # A producer may read a permuted activation itself (its rows and columns are permuted then);
+            # one already carrying another fold's permutation may not.
+            if found is not None and not any(id(p.node) in claimed for p in found[0]):
+                fold.producers, fold.region, fold.bias_constants = found
+                fold.how = f"folded into the output channels of {', '.join(str(p.node.name) for p in found[0])}"
+                kind = "producers"
+            else:
+                plan = plan_value_fold(act, readers, is_producer, dims_of)
+                if isinstance(plan, ValueFold) and plan.head_dim * len(plan.kv_of_head) == len(importance):
+                    fold.producer_perm, fold.perm = plan.permutations(importance, act_order_permutation)
+                    fold.producers, fold.bias_constants = [by_node[id(plan.producer)]], plan.constants
+                    fold.how = (
+                        f"folded into the output channels of {plan.producer.name} within each of its {plan.n_kv} KV "
+                        f"heads (head dim {plan.head_dim}, {len(plan.kv_of_head)} query heads)"
+                    )
+                    kind = "value"
+                elif isinstance(plan, str):
+                    reason = plan
+                    fold.how += f" ({plan}; V's channels keep their order)"
+            claimed.update(id(p.node) for p in fold.producers)
             folds.append(fold)
-            how = (
-                f"into the output channels of {', '.join(str(p.node.name) for p in fold.producers)}"
-                if fold.producers
-                else "by a Gather on the activation"
+            report.changes.append(f"act-order on '{act.name}' (K={len(importance)}) {fold.how}")
+            rows.append(
+                {
+                    "graph": name,
+                    "activation": str(act.name),
+                    "readers": [str(t.node.name) for t in group],
+                    "fold": kind,
+                    "into": [str(p.node.name) for p in fold.producers],
+                    "reason": reason,
+                }
             )
-            report.changes.append(f"act-order on '{act.name}' (K={len(importance)}) folded {how}")
         return folds
 
     def _quantize_weight(
@@ -978,7 +1031,7 @@ def _apply_fold(graph: ir.Graph, fold: _Fold, readers: list[_Target], taken: set
             tensor = _tensor_of(value)
             assert tensor is not None
             array = tensor.numpy()
-            permuted = np.ascontiguousarray(array.reshape(array.shape)[..., fold.perm])
+            permuted = np.ascontiguousarray(array[..., fold.out_perm])
             new = ir.Value(
                 name=_unique(f"{value.name}_act_order", taken),
                 const_value=ir.Tensor(permuted, dtype=tensor.dtype),

@@ -11,15 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 import pytest
 import yaml
 
 from onnxdeploy.config import load_pipeline
 from onnxdeploy.model_io import load_model, write_for_ort
-from onnxdeploy.passes import PassContext
+from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
 from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
 from onnxdeploy.pipeline import run_pipeline
-from onnxdeploy.runner.accuracy import evaluate_accuracy
+from onnxdeploy.runner.accuracy import WEIGHT_ONLY_ENTRIES, evaluate_accuracy
+from onnxdeploy.runner.session import open_session
 from tests.conftest import REPO, fixture_entry
 
 ENTRY = fixture_entry("llama_bytes_torchscript")
@@ -102,3 +104,59 @@ def test_static_kv_then_quantize_weights_through_the_pipeline(tmp_path: Path) ->
     assert quantize.name == "quantize_weights" and any("calibration: 256 tokens" in c for c in quantize.changes)
     assert report.accuracy is not None and report.accuracy.passed
     assert report.accuracy.weight_only.positions == 128 and report.accuracy.weight_only.top1_agreement >= 0.97
+
+
+def _cacheless(model: ir.Model) -> ir.Model:
+    """The export without its KV cache, as a ``use_cache=False`` export is: every ``present.{i}.*`` = Concat(past,
+    new) becomes ``new`` and leaves the outputs; the pasts become empty constants (batch 1)."""
+    graph = model.graph
+    for out in [v for v in graph.outputs if str(v.name).startswith("present.")]:
+        concat = out.producer()
+        assert concat is not None and concat.op_type == "Concat"
+        graph.outputs.remove(out)
+        out.replace_all_uses_with(concat.inputs[1])
+        graph.remove(concat, safe=True)
+    for past in [v for v in graph.inputs if str(v.name).startswith("past_key_values.")]:
+        graph.inputs.remove(past)
+        if past.uses():  # layer 0's key also feeds the exporter's past-length arithmetic
+            past.const_value = ir.Tensor(np.zeros((1, 2, 0, 32), np.float32), name=past.name)
+            graph.register_initializer(past)
+    return model
+
+
+def test_o_proj_act_order_folds_into_v_only_where_v_stays_in_the_graph(tmp_path: Path) -> None:
+    """The export's V reaches present.{i}.value: o_proj keeps a Gather, the cache its layout. Without a cache the
+    permutation goes into v_proj's output channels within each KV head: no Gather before o_proj, and the logits
+    equal the Gather variant's (INT8 per channel is the same quantization in any K order, so only fp32 noise
+    may differ). Calibration runs on the export; the cache-less copy reuses it by activation name."""
+    export = load_model(ENTRY["model_path"]).model
+    graphs = ArtifactSet([Artifact("model.onnx", export)])
+    graphs = ArtifactSet(
+        [Artifact("model.onnx", export), Artifact("cacheless.onnx", _cacheless(graphs.copy_graph(export)))]
+    )
+    context = PassContext(scratch_dir=tmp_path / "scratch", calibration=[list(TEXT[1024:1536])])
+    config = QuantizeWeightsConfig(bits=8, format="matmulnbits", act_order=True)
+    result = QuantizeWeightsPass(config)(graphs, context)
+    o_proj_rows = [r for r in result.report.details["act_order"] if any("o_proj" in n for n in r["readers"])]
+    assert [(r["graph"], r["fold"]) for r in o_proj_rows] == [("model.onnx", "gather")] * 4 + [
+        ("cacheless.onnx", "value")
+    ] * 4
+    for i, row in enumerate(o_proj_rows[:4]):
+        assert row["reason"] == f"V's channels reach graph output 'present.{i}.value' (the KV cache)"
+    assert [r["into"] for r in o_proj_rows[4:]] == [[f"/m/model/layers.{i}/self_attn/v_proj/MatMul"] for i in range(4)]
+    quantized = [a.model for a in result.artifacts.artifacts]
+    feeders = [[n.inputs[0].producer().op_type for n in m.graph if "o_proj" in str(n.name)] for m in quantized]
+    assert feeders == [["Gather"] * 4, ["Reshape"] * 4]
+    tokens = np.array([list(TEXT[:64])], dtype=np.int64)
+    feeds = {"input_ids": tokens, "attention_mask": np.ones_like(tokens), "position_ids": np.arange(64)[None]}
+    empty = {
+        f"past_key_values.{i}.{kv}": np.zeros((1, 2, 0, 32), np.float32) for i in range(4) for kv in ("key", "value")
+    }
+    logits = []
+    for model, extra in zip(quantized, (empty, {}), strict=True):
+        folder = tmp_path / f"run{len(logits)}"
+        folder.mkdir()
+        with open_session(write_for_ort(model, folder), config_entries=WEIGHT_ONLY_ENTRIES) as session:
+            logits.append(session.session.run(["logits"], feeds | extra)[0])
+    assert np.abs(logits[0]).max() > 5
+    np.testing.assert_allclose(logits[1], logits[0], rtol=0, atol=1e-4)

@@ -25,7 +25,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxdeploy.errors import ContractError, PreconditionError
-from onnxdeploy.kv_cache import find_kv_cache, find_logits_output, genai_head_size
+from onnxdeploy.kv_cache import find_kv_cache, genai_head_size
 from onnxdeploy.runner.decode_state import DecodeState
 from onnxdeploy.runner.session import ModelSession, numpy_dtype
 
@@ -92,10 +92,13 @@ def exporter_logits_output(model: onnx.ModelProto, pairs: Sequence[tuple[str, st
             :func:`exporter_cache_pairs`).
     """
     presents = {present for _, present in (pairs if pairs is not None else exporter_cache_pairs(model))}
-    try:
-        return find_logits_output(ir.serde.deserialize_graph(model.graph), presents, who="runner").name or ""
-    except PreconditionError as exc:
-        raise ContractError(f"exporter convention: {exc.detail}") from exc
+    # find_logits_output's rule on the proto's output names (deserializing the graph cost ~0.35 s at 125M).
+    others = [out.name for out in model.graph.output if out.name not in presents]
+    if len(others) != 1:
+        raise ContractError(
+            f"exporter convention: expected one logits output besides the cache outputs; found {others}"
+        )
+    return others[0]
 
 
 def exporter_batch(model: onnx.ModelProto) -> int:

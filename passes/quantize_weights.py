@@ -13,7 +13,8 @@ What the pass does (DESIGN.md, "Passes" → ``quantize_weights``; issue 7):
   (16/32/64/128); a ``K`` that is not a multiple is padded (MatMulNBits) or ends in a partial block (QDQ).
   Symmetric (signed, no zero point) or asymmetric (unsigned with zero points); scales follow ORT's MLAS rules
   (:mod:`onnxdeploy.passes._weight_quant`).
-* **Formats.** ``qdq``: ``DequantizeLinear`` feeding the original op. Per-axis INT8 needs ai.onnx opset ≥ 13,
+* **Formats.** ``qdq``: ``DequantizeLinear`` feeding the original op. Per-axis INT8 needs ai.onnx opset ≥ 13
+  (19 for float16/bfloat16 weights, whose scales keep that dtype),
   blocked INT4 opset ≥ 21 and IR ≥ 10: with ``raise_opset: true`` the graph is converted first (``pin_opset``'s
   converter), otherwise the pass refuses; no ``block_size`` attribute is ever written below opset 21.
   ``matmulnbits``: ``com.microsoft::MatMulNBits`` (INT8 as one block spanning ``K``: the next power of two
@@ -554,19 +555,28 @@ class QuantizeWeightsPass(Pass):
                 f"{what} needs calibration data: add 'calibration: {{token_ids_file: ...}}' to the pipeline"
             )
 
-    def _opset_need(self) -> tuple[int, int]:
-        """(ai.onnx opset, IR version) the emitted DequantizeLinear nodes need ((0, 0) when none is emitted)."""
+    def _opset_need(self, model: ir.Model) -> tuple[int, int]:
+        """(ai.onnx opset, IR version) the emitted DequantizeLinear nodes need ((0, 0) when none is emitted).
+
+        Blocked INT4 needs 21 and IR 10; per-axis INT8 needs 13, or 19 when a dequantized weight is float16 or
+        bfloat16 (its scale has the weight's dtype, which DequantizeLinear takes from opset 19).
+        """
         cfg = self.config
         if cfg.format != "qdq" and not cfg.embedding:
             return 0, 0
-        return (21, 10) if cfg.bits == 4 else (13, 0)
+        if cfg.bits == 4:
+            return 21, 10
+        half = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+        dequantized = [t for t in find_targets(model, cfg)[0] if cfg.format == "qdq" or t.kind == "gather"]
+        return (19, 0) if any(t.weight.dtype in half for t in dequantized) else (13, 0)
 
     def _opset_refusal(self, model: ir.Model) -> str | None:
-        need_opset, need_ir = self._opset_need()
+        need_opset, need_ir = self._opset_need(model)
         opset = _default_opset(model)
         if opset >= need_opset and model.ir_version >= need_ir:
             return None
         what = "blocked INT4 DequantizeLinear (block_size)" if self.config.bits == 4 else "per-axis DequantizeLinear"
+        what += " with float16/bfloat16 scales" if need_opset == 19 else ""
         return (
             f"{what} needs ai.onnx opset >= {need_opset}"
             + (f" and IR >= {need_ir}" if need_ir else "")
@@ -601,7 +611,7 @@ class QuantizeWeightsPass(Pass):
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
         """Quantize every target of every graph; see the module docstring."""
         if self._opset_refusal(artifacts.primary) is not None:
-            need_opset, need_ir = self._opset_need()
+            need_opset, need_ir = self._opset_need(artifacts.primary)
             if _default_opset(artifacts.primary) < need_opset:
                 from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass  # noqa: PLC0415  (onnx's converter)
 
@@ -817,19 +827,19 @@ class QuantizeWeightsPass(Pass):
         """
         cfg = self.config
         base = str(t.weight.root.name or t.node.name or "weight")
-        wt = root_tensor.numpy()
         # What the consumer reads: an fp16 weight cast to float32 keeps its fp16 values; the reverse rounds.
-        wt = wt.astype(t.weight.dtype.numpy(), copy=False).astype(np.float32, copy=False)
-        wt = wt if t.root_nk else wt.T  # a view: RTN reads it in row chunks, so no full (N, K) copy is made
-        if pout is not None:
-            wt = wt[pout, :]
-        n, k = wt.shape
+        read = root_tensor.numpy().astype(t.weight.dtype.numpy(), copy=False)
+        n, k = read.shape if t.root_nk else read.shape[::-1]
         block = cfg.block_size if cfg.bits == 4 else (max(16, 1 << (k - 1).bit_length()) if nbits else k)
         h = hessian
         if not t.root_nk and pout is None and pin is None and (h is None or h.ndim == 1) and (nbits or not t.nk):
             # What is emitted is this RTN (GPTQ needs a full H): quantized from the stored (K, N) layout straight
-            # into the tensors the consumer stores, never transposed or copied whole in float.
-            return self._emit_stored(t, wt.T, block, h, writer, layers, nbits=nbits)
+            # into the tensors the consumer stores, chunk by chunk (an fp16 weight is widened a chunk at a time).
+            return self._emit_stored(t, read, block, h, writer, layers, nbits=nbits)
+        wt = read.astype(np.float32, copy=False)
+        wt = wt if t.root_nk else wt.T  # a view: RTN reads it in row chunks, so no full (N, K) copy is made
+        if pout is not None:
+            wt = wt[pout, :]
         if not t.root_nk and pout is None and (h is None or h.ndim == 1):
             # Stored (K, N), as MatMul weights are: read in contiguous K chunks, never transposed whole.
             natural = quantize_rtn_kn(

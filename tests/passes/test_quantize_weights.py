@@ -124,6 +124,29 @@ def test_fp16_weight_through_a_cast_is_quantized_from_its_fp16_values(fmt: str, 
     np.testing.assert_allclose(_run(quantized, {"x": x}, tmp_path), want, rtol=1e-5, atol=1e-4)
 
 
+def test_int8_qdq_of_an_fp16_weight_raises_opset_17_to_19_for_its_fp16_scales(tmp_path: Path) -> None:
+    k, n = 48, 16
+    w16 = RNG.standard_normal((k, n)).astype(np.float16)
+
+    def fp16_matmul() -> ir.Model:
+        return _model(
+            [helper.make_node("MatMul", ["x", "w16"], ["y"], name="mm")],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, k])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, n])],
+            [numpy_helper.from_array(w16, "w16")],
+        )
+
+    with pytest.raises(ConfigError, match="DequantizeLinear with float16/bfloat16 scales needs ai.onnx opset >= 19"):
+        QuantizeWeightsPass(QuantizeWeightsConfig(bits=8, format="qdq", raise_opset=False)).check_model(
+            fp16_matmul(), PipelineSettings()
+        )
+    quantized, report = _quantize(fp16_matmul(), tmp_path, bits=8, format="qdq")
+    assert quantized.opset_imports[""] == 19 and "raised to ai.onnx opset 19" in report.changes
+    x = RNG.standard_normal((2, k)).astype(np.float16)
+    want = x.astype(np.float32) @ _dequantized(w16.astype(np.float32).T, 8, k).T
+    np.testing.assert_allclose(_run(quantized, {"x": x}, tmp_path).astype(np.float32), want, rtol=1e-2, atol=5e-2)
+
+
 @pytest.mark.parametrize(("fmt", "symmetric"), [("qdq", True), ("matmulnbits", True), ("matmulnbits", False)])
 def test_k_not_a_multiple_of_the_block(fmt: str, symmetric: bool, tmp_path: Path) -> None:
     k, n = 40, 16  # two blocks of 32, the second partial (padded in MatMulNBits)

@@ -11,7 +11,10 @@ alone is two copies of ``3 × max_cache_len × 64`` floats per head group and la
 
 from __future__ import annotations
 
+from typing import Literal
+
 import onnx_ir as ir
+from pydantic import Field
 
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.passes._attention_edits import (
@@ -30,7 +33,14 @@ __all__ = ["GroupedAttentionConfig", "GroupedAttentionPass"]
 
 
 class GroupedAttentionConfig(PassConfig):
-    """Config of ``grouped_attention`` (nothing to choose: the rewrite is exact)."""
+    """Config of ``grouped_attention`` (the rewrite is exact; only the rank of the grouped products is chosen)."""
+
+    max_rank: Literal[4, 5] = Field(
+        5,
+        description="5: a one-token graph multiplies each query head by the buffer broadcast over the group "
+        "((G, B, H_kv, 1, D) @ (B, H_kv, D, L): ORT CPU's matrix-vector path, no packing of the cache); "
+        "4: always fold the group into the query rows ((B, H_kv, G*S, D)), for targets limited to rank 4",
+    )
 
 
 @register_pass
@@ -89,7 +99,7 @@ class GroupedAttentionPass(Pass):
             decomposed = decompose_attention(model.graph, who=self.name, nodes=split) if split else []
             if decomposed:
                 infer_shapes(model)  # the new MatMuls' static shapes decide the grouped rewrite
-            changes, unrewritten = group_query_heads(model)
+            changes, unrewritten = group_query_heads(model, self.config.max_rank)  # type: ignore[attr-defined]
             changes, warnings = decomposed + changes, warnings + unrewritten
             for repeat in head_repeats(model):  # whatever is left is named: a repeat is never kept silently
                 label = repeat_label(repeat)

@@ -13,7 +13,7 @@ from onnxdeploy import model_io
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.passes._attention_edits import cache_buffers, find_cache_reads, head_repeats
-from onnxdeploy.passes.grouped_attention import GroupedAttentionPass
+from onnxdeploy.passes.grouped_attention import GroupedAttentionConfig, GroupedAttentionPass
 from onnxdeploy.passes.mask_rewrite import MaskRewriteConfig, MaskRewritePass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
@@ -149,3 +149,30 @@ def test_grouped_attention_then_mask_rewrite_on_opset_23_attention_decodes_the_s
     res = verify(str(entry["model_path"]), path, prompt=PROMPT8, steps=24, max_abs_logit_diff=1e-4)
     assert res.passed, [m.failures for m in res.modes.values()]
     assert all(m.top1_agreement == 1.0 and m.positions == len(PROMPT8) + 24 for m in res.modes.values())
+
+
+@pytest.mark.parametrize("max_rank", [4, 5])
+def test_grouped_attention_rank_of_the_one_token_products(tmp_path, max_rank):
+    """Rank 5 leads with the query groups (G, B, H_kv, 1, ·) and reads the buffer broadcast; rank 4 folds G·S."""
+    static = _static("llama_gqa_optimum", max_cache_len=32)
+    result = GroupedAttentionPass(GroupedAttentionConfig(max_rank=max_rank))(static)
+    grouped = result.artifacts.primary
+    added = [n for n in grouped.graph if (n.name or "").startswith("onnxdeploy/grouped_attention/")]
+    ranks = {len(v.shape) for n in added for v in n.outputs if v.shape is not None}
+    assert max(ranks) == max_rank
+    assert all(("buffer broadcast" in line) == (max_rank == 5) for line in result.report.changes)
+    contract = read_contract(static)
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": np.array([[5]], np.int64), "cache_position": np.array([9], np.int64)}
+    feeds["position_ids"] = feeds["cache_position"][None]
+    feeds["attention_mask"] = (np.arange(32) < 10).astype(np.int64)[None]
+    for past, _ in contract.cache_pairs():
+        feeds[past] = rng.standard_normal(contract.cache_input_shape()).astype(np.float32)
+    outs = []
+    for model, folder in ((static, tmp_path / "static"), (grouped, tmp_path / "grouped")):
+        folder.mkdir()
+        session = ort.InferenceSession(str(model_io.write_for_ort(model, folder)), providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
+        outs.append(session.run(None, {k: v for k, v in feeds.items() if k in names}))
+    for want, got in zip(*outs, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)

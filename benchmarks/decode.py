@@ -21,15 +21,16 @@ no variant always follows the same one), at contexts 64, 256 and 1000 (tokens al
 * ``unfused bound`` / ``ungrouped bound``: the ``unfused`` / ``ungrouped`` decode graph that fits, bound buffers;
 * ``matvec``: an ORT MatMul ``(1, 4096) × (4096, 32768)`` fp32 (512 MiB matrix, fed as an input), whose
   bytes / time is the memory bandwidth the step is held to;
-* ``matmuls only``: the model's weight MatMuls alone (q, k, v, o, gate, up, down per layer and the LM head, the
-  same shapes, weights as initializers, one token): the floor a graph of this model with unfused weights
-  reaches on ORT's CPU MatMul kernel with these options.
+* ``matmuls only``: the model's weight MatMuls alone, shaped as in the static set (q/k/v and gate/up fused, o,
+  down per layer and the LM head; weights as initializers, one token, nothing else): the floor any graph of
+  these weights reaches on ORT's CPU MatMul kernel with these options, so ``mm/bound`` is what no graph
+  rewrite can go under.
 
 Every session uses the runner's options (:func:`onnxdeploy.runner.session.session_options`: one intra-op
-thread, thread spinning off) with ORT's weight prepacking **on** (``--no-prepack``: off, the runner's
-default, which keeps external weights memory-mapped instead of copying them into ORT's packed layout): the
-same options for the original and the static graphs, so the ratios compare graphs, not session settings.
-The matvec's weight is an input, never prepacked, so the bound is the same either way.
+thread, thread spinning off, ORT's weight prepacking off so external weights stay memory-mapped); ``--threads
+N`` and ``--prepack`` change them for every session alike (the original, the static graphs, the matvec and
+the kernel floor), so the ratios compare graphs, not session settings. The matvec's weight is an input, never
+prepacked, so ``--prepack`` leaves the bound as it is.
 
 Printed per context: median step time (ms) of each variant,
 static / original ratios, the bandwidth bound of the static step (bytes it must read ÷ the matvec bandwidth:
@@ -38,7 +39,8 @@ Then prompt throughput (tokens/s) of a 128-token prompt: through the 64-token pr
 by token through the decode graph (bound buffers), and the original in one call. Figures are printed, not
 asserted. Usage::
 
-    .venv/bin/python benchmarks/decode.py [--rounds 30] [--work-dir /tmp/onnxdeploy-decode] [--no-prepack] [--json]
+    .venv/bin/python benchmarks/decode.py [--rounds 30] [--work-dir /tmp/onnxdeploy-decode] [--threads 1] [--prepack]
+                                          [--json]
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ CONTEXTS = [64, 256, 1000]
 PROMPT_LEN = 128
 MATVEC = (4096, 32768)  # 512 MiB of fp32
 TOKEN = 17
+THREADS = 1
+"""Intra-op threads of every session (``--threads``)."""
 
 
 def build_sets(model_path: Path, work: Path) -> dict[str, dict[tuple[int, int], Path]]:
@@ -132,7 +136,7 @@ class Original:
     """The export at a fixed context: numpy feeds, presents allocated by ORT."""
 
     def __init__(self, path: Path, ctx: int, entries: dict[str, str]):
-        self.session = open_session(path, config_entries=entries)
+        self.session = open_session(path, config_entries=entries, threads=THREADS)
         rng = np.random.default_rng(0)
         self.feeds: dict[str, np.ndarray] = {
             "input_ids": np.array([[TOKEN]], np.int64),
@@ -153,7 +157,7 @@ class Static:
     """A contract decoder rewound to ``ctx`` before every call (the same context each time)."""
 
     def __init__(self, path: Path, ctx: int, entries: dict[str, str], *, bind: bool):
-        model_session = open_session(path, config_entries=entries)
+        model_session = open_session(path, config_entries=entries, threads=THREADS)
         self.decoder = ContractDecoder(model_session, read_contract(model_session.model), bind_buffers=bind)
         rng = np.random.default_rng(0)
         buffers = self.decoder.cache_buffers()
@@ -168,9 +172,14 @@ class Static:
 
 
 class MatmulsOnly:
-    """The model's weight MatMuls alone, chained as in the model (one token), weights as initializers."""
+    """The model's weight MatMuls alone, chained as in the model (one token), weights as initializers.
 
-    def __init__(self, entries: dict[str, str]) -> None:
+    Args:
+        entries: ORT session config entries.
+        fused: q/k/v and gate/up as ``fuse_matmuls`` leaves them (one MatMul + Split each), as in the static set.
+    """
+
+    def __init__(self, entries: dict[str, str], *, fused: bool = True) -> None:
         h, inter, kv, vocab = SIZE.hidden, SIZE.intermediate, SIZE.kv_heads * SIZE.head_dim, SIZE.vocab_size()
         q_width = SIZE.heads * SIZE.head_dim
         rng = np.random.default_rng(0)
@@ -182,13 +191,27 @@ class MatmulsOnly:
             nodes.append(helper.make_node("MatMul", [x, f"w_{tag}"], [f"y_{tag}"]))
             return f"y_{tag}"
 
+        def split(y: str, widths: list[int], tag: str) -> list[str]:
+            sizes = numpy_helper.from_array(np.asarray(widths, np.int64), f"split_{tag}")
+            weights.append(sizes)
+            names = [f"{y}_{j}" for j in range(len(widths))]
+            nodes.append(helper.make_node("Split", [y, sizes.name], names, axis=-1))
+            return names
+
         x = "x"
         for i in range(SIZE.layers):
-            q = matmul(x, h, q_width, f"{i}_q")
-            for side in ("k", "v"):
-                outputs.append(helper.make_tensor_value_info(matmul(x, h, kv, f"{i}_{side}"), TensorProto.FLOAT, None))
+            if fused:  # as fuse_matmuls leaves them: q/k/v one (h, q+2kv) weight, gate/up one (h, 2·inter)
+                q, k, v = split(matmul(x, h, q_width + 2 * kv, f"{i}_qkv"), [q_width, kv, kv], f"{i}_qkv")
+                kv_outs = [k, v]
+            else:
+                q = matmul(x, h, q_width, f"{i}_q")
+                kv_outs = [matmul(x, h, kv, f"{i}_{side}") for side in ("k", "v")]
+            outputs += [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in kv_outs]
             o = matmul(q, q_width, h, f"{i}_o")
-            gate, up = matmul(o, h, inter, f"{i}_gate"), matmul(o, h, inter, f"{i}_up")
+            if fused:
+                gate, up = split(matmul(o, h, 2 * inter, f"{i}_gate_up"), [inter, inter], f"{i}_gate_up")
+            else:
+                gate, up = matmul(o, h, inter, f"{i}_gate"), matmul(o, h, inter, f"{i}_up")
             nodes.append(helper.make_node("Mul", [gate, up], [f"act_{i}"]))
             x = matmul(f"act_{i}", inter, h, f"{i}_down")
         outputs.append(helper.make_tensor_value_info(matmul(x, h, vocab, "lm_head"), TensorProto.FLOAT, None))
@@ -197,9 +220,11 @@ class MatmulsOnly:
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         self.session = ort.InferenceSession(
-            model.SerializeToString(), sess_options=session_options(entries), providers=["CPUExecutionProvider"]
+            model.SerializeToString(),
+            sess_options=session_options(entries, threads=THREADS),
+            providers=["CPUExecutionProvider"],
         )
-        self.nbytes = sum(int(np.prod(w.dims)) * 4 for w in weights)
+        self.nbytes = sum(int(np.prod(w.dims)) * 4 for w in weights if w.data_type == TensorProto.FLOAT)
 
     def step(self) -> float:
         start = time.perf_counter()
@@ -223,7 +248,9 @@ class Matvec:
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         self.session = ort.InferenceSession(
-            model.SerializeToString(), sess_options=session_options(entries), providers=["CPUExecutionProvider"]
+            model.SerializeToString(),
+            sess_options=session_options(entries, threads=THREADS),
+            providers=["CPUExecutionProvider"],
         )
         rng = np.random.default_rng(0)
         self.feeds = {"x": rng.standard_normal((1, k)).astype(np.float32), "w": rng.random((k, n), np.float32)}
@@ -262,11 +289,11 @@ def prompt_throughput(
     bucket_path = static[(PREFILL, length)]
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, SIZE.vocab_size(), PROMPT_LEN)]
     opened: list[ModelSession] = []
-    bucket_session = open_session(bucket_path, config_entries=entries)
-    token_session = open_session(decode_path, config_entries=entries)
+    bucket_session = open_session(bucket_path, config_entries=entries, threads=THREADS)
+    token_session = open_session(decode_path, config_entries=entries, threads=THREADS)
     bucket = ContractDecoder(bucket_session, read_contract(bucket_session.model), bind_buffers=True)
     token = ContractDecoder(token_session, read_contract(token_session.model), bind_buffers=True)
-    orig = open_session(original, config_entries=entries)
+    orig = open_session(original, config_entries=entries, threads=THREADS)
     opened += [bucket_session, token_session, orig]
     orig_feeds: dict[str, np.ndarray] = {
         "input_ids": np.array([prompt], np.int64),
@@ -312,18 +339,21 @@ def main() -> int:
     ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/onnxdeploy-fixture-venvs"),
                     help="the fixtures' venvs (fixtures/make_fixtures.py --venv-dir)")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
-    ap.add_argument("--no-prepack", dest="prepack", action="store_false",
-                    help="every session with ORT's prepacking off (the runner's default; slower MatMul)")  # fmt: skip
+    ap.add_argument("--prepack", action="store_true",
+                    help="every session with ORT's weight prepacking on (a copy of the weights)")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads of every session")
     args = ap.parse_args()
     entries = {"session.disable_prepacking": "0" if args.prepack else "1"}
+    global THREADS  # noqa: PLW0603  (one setting for every session this run opens)
+    THREADS = args.threads
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     info, _ = ensure_export(SIZE, work, args.venv_dir.resolve())
     original = work / "models" / SIZE.name / "model.onnx"
     print(f"export: {info['parameters'] / 1e6:.1f} M parameters, {original}")
     print(
-        f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; every session: 1 intra-op thread, spinning off, "
-        f"prepacking {'on' if args.prepack else 'off'}"
+        f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; every session: {THREADS} intra-op thread(s), "
+        f"spinning off, prepacking {'on' if args.prepack else 'off'}"
     )
     sets = build_sets(original, work)
     matvec = Matvec(entries)

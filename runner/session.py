@@ -131,7 +131,7 @@ def numpy_dtype(ort_type: str, *, tensor: str) -> np.dtype:
         raise ContractError(f"'{tensor}' has element type {ort_type}, which the runner cannot feed") from None
 
 
-def session_options(config_entries: Mapping[str, str] | None = None) -> ort.SessionOptions:
+def session_options(config_entries: Mapping[str, str] | None = None, *, threads: int = 1) -> ort.SessionOptions:
     """Build the ORT session options used for every verification run.
 
     One intra-op and one inter-op thread, sequential execution and deterministic compute, so two runs of
@@ -142,12 +142,13 @@ def session_options(config_entries: Mapping[str, str] | None = None) -> ort.Sess
     Args:
         config_entries: further session config entries, or overrides of these (e.g.
             ``session.qdq_matmulnbits_accuracy_level``, ``session.disable_prepacking``).
+        threads: intra-op threads (1 for verification; benchmarks may use every core).
 
     Returns:
         A fresh ``onnxruntime.SessionOptions``.
     """
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.use_deterministic_compute = True
@@ -211,6 +212,7 @@ def open_session(
     providers: Sequence[str] = DEFAULT_PROVIDERS,
     scratch_root: str | Path | None = None,
     config_entries: Mapping[str, str] | None = None,
+    threads: int = 1,
 ) -> ModelSession:
     """Check a model file, then open it by path in an ORT session on the given EP list.
 
@@ -221,6 +223,7 @@ def open_session(
             cache layout); the system temp folder by default. On the data files' filesystem the copy is
             hard links (no bytes copied); elsewhere the weights are streamed into it.
         config_entries: further ORT session config entries (see :func:`session_options`).
+        threads: intra-op threads (see :func:`session_options`).
 
     Returns:
         The open session (close it, or use it as a context manager) with the header and any EP
@@ -253,7 +256,7 @@ def open_session(
         with warnings.catch_warnings():
             # ORT warns and falls back when an EP is unavailable; the fallback is reported below.
             warnings.simplefilter("ignore")
-            options = session_options(config_entries)
+            options = session_options(config_entries, threads=threads)
             session = ort.InferenceSession(target, sess_options=options, providers=list(requested))
     except BaseException as exc:
         if scratch is not None:

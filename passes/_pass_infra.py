@@ -14,7 +14,6 @@ the node objects of the input graphs are unchanged after it ran.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -252,14 +251,17 @@ class ScratchWriter:
             fh.seek(start)
             fh.write(data)
         self.offset = start + len(data)
+        # An absolute location and no base_dir, as model_io.load_model gives the input's weights: the file is
+        # ours, and onnx_ir's containment checks (base_dir set) refuse a data file with a second hard link,
+        # which write_for_ort makes while a probe session maps it.
         return ir.ExternalTensor(
-            os.path.basename(self.path),
+            str(self.path.resolve()),
             start,
             len(data),
             dtype,
             shape=ir.Shape(array.shape),
             name=name,
-            base_dir=str(self.folder),
+            base_dir="",
         )
 
 

@@ -123,3 +123,16 @@ def test_fuse_matmuls_leaves_a_graph_without_groups_alone():
     result = FuseMatMulsPass()(ir.serde.deserialize_model(proto))
     assert not result.modified
     assert result.report.changes == ["no MatMuls sharing an input with constant weights"]
+
+
+def test_fused_weights_stay_readable_while_a_probe_session_links_them(tmp_path):
+    """quantize_weights' calibration probe hard-links the scratch data file (write_for_ort); reading a fused
+    weight afterwards must not trip onnx_ir's hard-link check (it did: 'has multiple hard links')."""
+    model = model_io.load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
+    context = PassContext(scratch_dir=tmp_path / "scratch")
+    fused = FuseMatMulsPass()(model, context).artifacts.primary
+    (tmp_path / "probe").mkdir()
+    probe = model_io.write_for_ort(fused, tmp_path / "probe")
+    ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
+    weights = [n.inputs[1].const_value for n in fused.graph if n.op_type == "MatMul" and "+" in (n.name or "")]
+    assert weights and all(w.numpy().size for w in weights)

@@ -29,6 +29,29 @@ def _static(name: str, **cfg) -> ir.Model:
     return StaticKVCachePass(StaticKVConfig(**cfg))(model).artifacts.primary
 
 
+def _assert_same_outputs(static: ir.Model, grouped: ir.Model, tokens: list[int], start: int, tmp_path) -> None:
+    """Run both graphs on ORT at positions ``start ..`` over a random cache of 32 slots; outputs within 1e-5."""
+    contract = read_contract(static)
+    positions = np.arange(start, start + len(tokens), dtype=np.int64)
+    feeds = {
+        "input_ids": np.array([tokens], np.int64),
+        "cache_position": positions,
+        "position_ids": positions[None],
+        "attention_mask": (np.arange(32) <= positions[-1]).astype(np.int64)[None],
+    }
+    rng = np.random.default_rng(0)
+    for past, _ in contract.cache_pairs():
+        feeds[past] = rng.standard_normal(contract.cache_input_shape()).astype(np.float32)
+    outs = []
+    for model, folder in ((static, tmp_path / "static"), (grouped, tmp_path / "grouped")):
+        folder.mkdir()
+        session = ort.InferenceSession(str(model_io.write_for_ort(model, folder)), providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
+        outs.append(session.run(None, {k: v for k, v in feeds.items() if k in names}))
+    for want, got in zip(*outs, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
 def _cache_sized_copies(model: ir.Model, heads: int) -> list[str]:
     """Node outputs of at least ``max_cache_len × H_q × D`` elements that are not a cache buffer.
 
@@ -99,24 +122,7 @@ def test_grouped_attention_on_a_prefill_graph_matches_the_static_graph(tmp_path)
     static = _static("llama_gqa_optimum", step_len=4, max_cache_len=32, prefill_logits="all")
     grouped = GroupedAttentionPass()(static).artifacts.primary
     assert head_repeats(grouped) == [] and head_repeats(static)
-    contract = read_contract(static)
-    rng = np.random.default_rng(0)
-    feeds = {
-        "input_ids": np.array([[5, 9, 11, 2]], np.int64),
-        "cache_position": np.arange(6, 10, dtype=np.int64),
-        "position_ids": np.arange(6, 10, dtype=np.int64)[None],
-        "attention_mask": (np.arange(32) < 10).astype(np.int64)[None],
-    }
-    for past, _ in contract.cache_pairs():
-        feeds[past] = rng.standard_normal(contract.cache_input_shape()).astype(np.float32)
-    outs = []
-    for model, folder in ((static, tmp_path / "static"), (grouped, tmp_path / "grouped")):
-        folder.mkdir()
-        session = ort.InferenceSession(str(model_io.write_for_ort(model, folder)), providers=["CPUExecutionProvider"])
-        names = {i.name for i in session.get_inputs()}
-        outs.append(session.run(None, {k: v for k, v in feeds.items() if k in names}))
-    for want, got in zip(*outs, strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    _assert_same_outputs(static, grouped, [5, 9, 11, 2], 6, tmp_path)
 
 
 def test_a_head_repeat_left_unrewritten_is_named_in_a_warning():
@@ -161,18 +167,4 @@ def test_grouped_attention_rank_of_the_one_token_products(tmp_path, max_rank):
     ranks = {len(v.shape) for n in added for v in n.outputs if v.shape is not None}
     assert max(ranks) == max_rank
     assert all(("buffer broadcast" in line) == (max_rank == 5) for line in result.report.changes)
-    contract = read_contract(static)
-    rng = np.random.default_rng(0)
-    feeds = {"input_ids": np.array([[5]], np.int64), "cache_position": np.array([9], np.int64)}
-    feeds["position_ids"] = feeds["cache_position"][None]
-    feeds["attention_mask"] = (np.arange(32) < 10).astype(np.int64)[None]
-    for past, _ in contract.cache_pairs():
-        feeds[past] = rng.standard_normal(contract.cache_input_shape()).astype(np.float32)
-    outs = []
-    for model, folder in ((static, tmp_path / "static"), (grouped, tmp_path / "grouped")):
-        folder.mkdir()
-        session = ort.InferenceSession(str(model_io.write_for_ort(model, folder)), providers=["CPUExecutionProvider"])
-        names = {i.name for i in session.get_inputs()}
-        outs.append(session.run(None, {k: v for k, v in feeds.items() if k in names}))
-    for want, got in zip(*outs, strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    _assert_same_outputs(static, grouped, [5], 9, tmp_path)

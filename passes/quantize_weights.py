@@ -342,6 +342,31 @@ class _Fold:
         return self.perm if self.producer_perm is None else self.producer_perm
 
 
+def _split_reason(activation: ir.Value) -> str | None:
+    """Why the producer fold cannot take ``activation`` when its elementwise region starts at a ``Split`` of a MatMul.
+
+    ``fuse_matmuls`` leaves gate/up as one MatMul + Split: the permutation would have to go into two column
+    ranges of one weight, which the fold does not do. Returns the report's reason, or None.
+    """
+    todo, seen = [activation], set()
+    while todo:
+        value = todo.pop()
+        node = value.producer()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type == "Split" and node.inputs and node.inputs[0] is not None:
+            source = node.inputs[0].producer()
+            if source is not None and source.op_type in ("MatMul", "MatMulNBits"):
+                return (
+                    f"its producers are one fused MatMul '{source.name}' + Split (fuse_matmuls); to fold into "
+                    "them, leave them apart (fuse_matmuls exclude)"
+                )
+        if node.op_type in _ELEMENTWISE:
+            todo.extend(v for v in node.inputs if v is not None)
+    return None
+
+
 def _producer_region(
     activation: ir.Value, readers: set[int], by_node: dict[int, _Target], k: int
 ) -> tuple[list[_Target], list[ir.Node], list[tuple[ir.Node, int]]] | None:
@@ -794,6 +819,9 @@ class QuantizeWeightsPass(Pass):
                 elif isinstance(plan, str):
                     reason = plan
                     fold.how += f" ({plan}; V's channels keep their order)"
+                elif (split := _split_reason(act)) is not None:
+                    reason = split
+                    fold.how += f" ({split})"
             claimed.update(id(p.node) for p in fold.producers)
             folds.append(fold)
             report.changes.append(f"act-order on '{act.name}' (K={len(importance)}) {fold.how}")

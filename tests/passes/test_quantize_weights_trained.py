@@ -160,3 +160,15 @@ def test_o_proj_act_order_folds_into_v_only_where_v_stays_in_the_graph(tmp_path:
             logits.append(session.session.run(["logits"], feeds | extra)[0])
     assert np.abs(logits[0]).max() > 5
     np.testing.assert_allclose(logits[1], logits[0], rtol=0, atol=1e-4)
+
+
+def test_act_order_after_fuse_matmuls_names_why_gate_up_keep_a_gather(tmp_path: Path) -> None:
+    """fuse_matmuls leaves gate/up as one MatMul + Split: down's act-order is a Gather, with the reason reported."""
+    from onnxdeploy.passes.fuse_matmuls import FuseMatMulsPass  # noqa: PLC0415
+
+    context = PassContext(scratch_dir=tmp_path / "scratch", calibration=[list(TEXT[1024:1280])])
+    fused = FuseMatMulsPass()(load_model(ENTRY["model_path"]).model, context).artifacts
+    config = QuantizeWeightsConfig(bits=8, format="matmulnbits", act_order=True)
+    report = QuantizeWeightsPass(config)(fused, context).report
+    rows = [r for r in report.details["act_order"] if any("down_proj" in n for n in r["readers"])]
+    assert len(rows) == 4 and all(r["fold"] == "gather" and "fuse_matmuls" in r["reason"] for r in rows)

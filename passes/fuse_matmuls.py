@@ -105,6 +105,30 @@ def fusable_groups(graph: ir.Graph, exclude: list[str]) -> list[_Group]:
     return [_Group(sources[key[0]], nodes) for key, nodes in by_source.items() if len(nodes) > 1]
 
 
+def _left_apart(graph: ir.Graph, exclude: list[str]) -> tuple[list[str], list[str], set[str]]:
+    """What the report says about MatMuls not fused: ``(tied, quantized, patterns that matched)``.
+
+    ``tied``: MatMuls with a float initializer weight that is read elsewhere too (fusing would duplicate it);
+    ``quantized``: MatMulNBits nodes and MatMuls fed by a DequantizeLinear (quantize_weights ran first).
+    """
+    tied, quantized, matched = [], [], set()
+    for node in graph:
+        name = node.name or ""
+        matched |= {pat for pat in exclude if fnmatch.fnmatchcase(name, pat)}
+        if node.op_type == "MatMulNBits":
+            quantized.append(name)
+            continue
+        if node.op_type != "MatMul" or len(node.inputs) != 2 or node.inputs[1] is None:
+            continue
+        w = node.inputs[1]
+        producer = w.producer()
+        if producer is not None and producer.op_type == "DequantizeLinear":
+            quantized.append(name)
+        elif w.const_value is not None and len(w.uses()) > 1 and _constant_weight(graph, node) is None:
+            tied.append(name)
+    return tied, quantized, matched
+
+
 def _names(nodes: list[ir.Node], index: int) -> tuple[str, str]:
     """A node name and a weight name for the fused MatMul: the nodes' common prefix and their differing parts.
 
@@ -221,10 +245,23 @@ class FuseMatMulsPass(Pass):
             prefix = f"{artifact.name}: " if len(artifacts.artifacts) > 1 else ""
             if artifact is artifacts.artifacts[0]:
                 report.changes += lines
+                tied, quantized, matched = _left_apart(artifact.model.graph, config.exclude)
+                if tied:
+                    report.changes.append(
+                        f"left apart: {len(tied)} MatMul(s) whose weight is read elsewhere too (tied), e.g. {tied[0]}"
+                    )
+                if quantized:
+                    report.warnings.append(
+                        f"{len(quantized)} MatMul(s) already quantized (e.g. {quantized[0]}) are not fused: run "
+                        "fuse_matmuls before quantize_weights"
+                    )
+                report.warnings += [
+                    f"exclude pattern '{pat}' matched no node" for pat in config.exclude if pat not in matched
+                ]
             elif lines:
                 report.changes.append(f"{prefix}{len(lines)} group(s) fused as in {artifacts.artifacts[0].name}")
             if not lines:
-                report.changes.append(f"{prefix}no MatMuls sharing an input with constant weights")
+                report.changes.append(f"{prefix}no MatMuls sharing an input with their own constant float weights")
             models.append(model)
         return artifacts.with_models(models), modified
 

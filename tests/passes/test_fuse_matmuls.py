@@ -122,7 +122,31 @@ def test_fuse_matmuls_leaves_a_graph_without_groups_alone():
         proto.graph.input.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [2, 8]))
     result = FuseMatMulsPass()(ir.serde.deserialize_model(proto))
     assert not result.modified
-    assert result.report.changes == ["no MatMuls sharing an input with constant weights"]
+    assert result.report.changes == ["no MatMuls sharing an input with their own constant float weights"]
+
+
+def test_fuse_matmuls_reports_what_it_leaves_apart():
+    """A tied weight, a quantized MatMul and an exclude pattern that matches nothing are each said, not silent."""
+    proto = _shared_input_graph(17, tied=True)
+    q = numpy_helper.from_array(np.ones((8, 6), np.int8), "q")
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "scale")
+    proto.graph.initializer.extend([q, scale])
+    proto.graph.node.extend(
+        [
+            helper.make_node("DequantizeLinear", ["q", "scale"], ["dq"], name="/layer/d_proj/DequantizeLinear"),
+            helper.make_node("MatMul", ["x", "dq"], ["y_d"], name="/layer/d_proj/MatMul"),
+        ]
+    )
+    proto.graph.output.append(helper.make_tensor_value_info("y_d", TensorProto.FLOAT, [2, 6]))
+    result = FuseMatMulsPass(FuseMatMulsConfig(exclude=["*/mpl/*"]))(ir.serde.deserialize_model(proto))
+    assert "left apart: 1 MatMul(s) whose weight is read elsewhere too (tied), e.g. /layer/b_proj/MatMul" in (
+        result.report.changes
+    )
+    assert result.report.warnings == [
+        "1 MatMul(s) already quantized (e.g. /layer/d_proj/MatMul) are not fused: run fuse_matmuls before "
+        "quantize_weights",
+        "exclude pattern '*/mpl/*' matched no node",
+    ]
 
 
 def test_fused_weights_stay_readable_while_a_probe_session_links_them(tmp_path):

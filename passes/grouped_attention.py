@@ -50,7 +50,8 @@ class GroupedAttentionPass(Pass):
     Input: static graphs with a decode contract and a BHSD cache ``(B, H_kv, max_cache_len, D)``. For each
     attention MatMul that reads a buffer through Unsqueeze/Expand/Reshape (or Tile), Transpose and scalar
     Mul/Div, Q ``(B, H_q, S, D)`` (or the probabilities ``(B, H_q, S, max_cache_len)``) is reshaped to
-    ``(B, H_kv, G·S, ·)``, the scalars move onto it, and the MatMul reads the buffer (K through one
+    ``(B, H_kv, G·S, ·)`` — or, in a one-token graph with ``max_rank`` 5, to ``(G, B, H_kv, 1, ·)`` so the
+    buffer broadcasts over G — the scalars move onto it, and the MatMul reads the buffer (K through one
     Transpose); the product is reshaped back to ``(B, H_q, S, ·)``. Graph inputs, outputs and the contract
     are unchanged. An opset-23 ``Attention`` node that reads a head repeat of the cache is decomposed first
     (MatMul/scale/mask/Softmax/MatMul, shapes re-inferred); one the decomposition does not take (past inputs,
@@ -65,7 +66,10 @@ class GroupedAttentionPass(Pass):
     """
 
     name = "grouped_attention"
-    summary = "GQA head repeat (Expand/Tile of the cache) and K scale Mul -> grouped attention over (B, H_kv, G*S, D)."
+    summary = (
+        "GQA head repeat (Expand/Tile of the cache) and K scale Mul -> grouped attention over the buffer: "
+        "(G, B, H_kv, 1, D) for one token (max_rank 5), else (B, H_kv, G*S, D)."
+    )
     config_model = GroupedAttentionConfig
     in_place = False
 

@@ -108,35 +108,56 @@ def copy_type(src: ir.Value, dst: ir.Value) -> None:
         dst.shape = src.shape
 
 
+def _formal_types(schema: onnx.defs.OpSchema) -> list[tuple[str, bool, set[str]]]:
+    """Per formal input, then output: ``(name, is_output, allowed types)``.
+
+    A formal's ``type_str`` is a type parameter (``T2``, allowed types in ``type_constraints``) or one concrete
+    type (DequantizeLinear-13's ``x_scale`` is ``tensor(float)``).
+    """
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    return [
+        (p.name, is_output, allowed.get(p.type_str, {p.type_str}))
+        for is_output, formals in ((False, schema.inputs), (True, schema.outputs))
+        for p in formals
+    ]
+
+
 def _check_types(node: ir.Node, target: int) -> None:
-    """Refuse when an input or output dtype is outside the target schema's type constraints (types-only changes)."""
+    """Refuse when an input or output dtype is outside the target schema's types (types-only changes).
+
+    Raises:
+        PassError: names the value, its type and the lowest opset whose schema takes it.
+    """
     schema = _schema(node.op_type, target)
     assert schema is not None
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    params = [(p.type_str, v) for p, v in zip(schema.inputs, node.inputs, strict=False)]
-    params += [(p.type_str, v) for p, v in zip(schema.outputs, node.outputs, strict=False)]
-    if schema.inputs and schema.inputs[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
-        params += [(schema.inputs[-1].type_str, v) for v in node.inputs[len(schema.inputs) :]]
-    for type_str, value in params:
-        if value is None or type_str not in allowed or value.dtype is None:
+    formals = _formal_types(schema)
+    ins = [f for f in formals if not f[1]]
+    outs = [f for f in formals if f[1]]
+    params = list(zip(ins, node.inputs, strict=False)) + list(zip(outs, node.outputs, strict=False))
+    if ins and schema.inputs[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+        params += [(ins[-1], v) for v in node.inputs[len(ins) :]]
+    for (formal, is_output, allowed), value in params:
+        if value is None or value.dtype is None:
             continue
         name = f"tensor({_onnx_type_name(value.dtype)})"
-        if name not in allowed[type_str]:
-            newest = _lowest_with_type(node.op_type, type_str, name, target)
-            raise _refuse(node, f"opset {target}'s {node.op_type} does not take {name} ('{value.name}')", newest)
+        if name not in allowed:
+            lowest = _lowest_with_type(node.op_type, formal, is_output, name, target)
+            raise _refuse(
+                node, f"opset {target}'s {node.op_type} does not take {name} as {formal} ('{value.name}')", lowest
+            )
 
 
 def _onnx_type_name(dtype: ir.DataType) -> str:
     return onnx.helper.tensor_dtype_to_string(dtype.value).removeprefix("TensorProto.").lower()
 
 
-def _lowest_with_type(op: str, type_str: str, name: str, above: int) -> int:
+def _lowest_with_type(op: str, formal: str, is_output: bool, name: str, above: int) -> int:
+    """The lowest opset above ``above`` whose ``op`` takes type ``name`` for the formal input/output ``formal``."""
     for opset in range(above + 1, onnx.defs.onnx_opset_version() + 1):
         s = _schema(op, opset)
         if s is None:
             continue
-        allowed = {c.type_param_str: set(c.allowed_type_strs) for c in s.type_constraints}
-        if name in allowed.get(type_str, set()):
+        if any(f == formal and o == is_output and name in allowed for f, o, allowed in _formal_types(s)):
             return opset
     return onnx.defs.onnx_opset_version()
 

@@ -277,3 +277,23 @@ def test_shape_15_start_end_and_unnamed_nodes_of_one_op_lower_without_name_clash
             z = Softmax <axis = 1> (x)
         }"""
     _assert_same_at(text15, (14, 12), {"x": X}, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "scales", "target"),
+    [("float16", "14336, 13312, 12288", 17), ("bfloat16", "16128, 16000, 15872", 13)],  # 0.5, 0.25, 0.125 as bits
+)
+def test_float16_or_bfloat16_dequantize_linear_is_refused_below_19_naming_the_node(dtype, scales, target):
+    """DequantizeLinear takes float16/bfloat16 scales from opset 19 on (x_scale is tensor(float) in -10/-13)."""
+    text = f"""<ir_version: 9, opset_import: ["" : 19]>
+        g ({dtype}[2,3] x) => ({dtype}[2,3] y) {{
+            w = Constant <value = int8[3,3] {{1, 2, 3, 4, 5, 6, 7, 8, 9}}> ()
+            s = Constant <value = {dtype}[3] {{{scales}}}> ()
+            dq = DequantizeLinear <axis = 1> (w, s)
+            y = MatMul (x, dq) }}"""
+    model = ir.serde.deserialize_model(onnx.parser.parse_model(text))
+    next(n for n in model.graph if n.op_type == "DequantizeLinear").name = "w_DequantizeLinear"
+    with pytest.raises(PassError) as err:
+        PinOpsetPass(PinOpsetConfig(opset=target))(model)
+    text = str(err.value)
+    assert "'w_DequantizeLinear'" in text and f"tensor({dtype})" in text and "lowest reachable opset: 19" in text

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -283,16 +284,25 @@ class RKNNSimSession:
         self._inputs = [self._arg(v, helper) for v in header.graph.input]
         self._outputs = [self._arg(v, helper) for v in header.graph.output]
         self._dir = Path(tempfile.mkdtemp(prefix="onnxdeploy-rknn-"))
-        self._log = (self._dir / "worker.log").open("w")
-        self._proc = subprocess.Popen(
-            [str(python), "-I", str(_WORKER), "serve", str(Path(path).resolve()), target_platform],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            cwd=self._dir,  # the SDK dumps check*.onnx into its working folder
-        )
-        ready = self._reply()
+        try:
+            self._log = (self._dir / "worker.log").open("w")
+            self._proc = subprocess.Popen(
+                [str(python), "-I", str(_WORKER), "serve", str(Path(path).resolve()), target_platform],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._log,
+                text=True,
+                cwd=self._dir,  # the SDK dumps check*.onnx into its working folder
+            )
+            ready = self._reply()
+        except BaseException:  # the worker could not start or answered garbage: leave no process or folder behind
+            if hasattr(self, "_proc"):
+                self._proc.kill()
+                self._proc.wait()
+            if hasattr(self, "_log"):
+                self._log.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
         if not ready.get("ok"):
             self.close()
             raise ModelLoadError(f"{path}: RKNN-Toolkit2 cannot build/simulate the model: {ready.get('error')}")
@@ -345,7 +355,7 @@ class RKNNSimSession:
         return [outputs[n] for n in names]
 
     def close(self) -> None:
-        """Stop the worker and remove its temporary folder."""
+        """Stop the worker and remove its temporary folder (with the SDK's dumps). Safe to call twice."""
         if self._proc.poll() is None:
             if self._proc.stdin:
                 self._proc.stdin.close()
@@ -354,9 +364,7 @@ class RKNNSimSession:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
         self._log.close()
-        for f in self._dir.iterdir():
-            f.unlink()
-        self._dir.rmdir()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _MATRIX_ERROR_CODES = ("OD510", "OD511", "OD512", "OD513", "OD514")

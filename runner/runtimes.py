@@ -235,17 +235,19 @@ def compare_on_runtime(
             max_abs_logit_diff_allowed=max_abs_logit_diff,
         )
     precision = getattr(session.session, "precision", "") if session is not None else ""
-    decoder = make_decoder(session) if session is not None else open_decoder(candidate)
-    try:
+    decoder = None
+    try:  # closing the decoder or, if it was never made, the session stops rknn-sim's worker and removes its folder
+        decoder = make_decoder(session) if session is not None else open_decoder(candidate)
         decoder.reset()
         outputs = decoder.feed(tokens[: len(prompt)])
         for token in tokens[len(prompt) :]:
             outputs += decoder.feed([token])
         device = ", ".join(decoder.model_session.providers_active)
     finally:
-        decoder.close()
-        if session is not None and hasattr(session.session, "close"):
-            session.session.close()
+        if decoder is not None:
+            decoder.close()
+        if session is not None:
+            session.close()
     logits = np.stack([out for out, _ in outputs])
     diffs = np.abs(logits.astype(np.float64) - reference.astype(np.float64)).reshape(len(tokens), -1).max(axis=1)
     agree = logits.reshape(len(tokens), -1).argmax(axis=1) == reference.reshape(len(tokens), -1).argmax(axis=1)

@@ -97,8 +97,14 @@ class ModelSession:
         return [arg.name for arg in self._live().get_outputs()]
 
     def close(self) -> None:
-        """Drop the ORT session and remove the scratch copy, if any. Safe to call twice."""
-        self.session = None
+        """Drop the session and remove the scratch copy, if any. Safe to call twice.
+
+        A runtime's stand-in session that owns resources (``RKNNSimSession``: a worker process and its folder)
+        is closed through its own ``close``; ORT's session has none and is released with the last reference.
+        """
+        session, self.session = self.session, None
+        if hasattr(session, "close"):
+            session.close()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None

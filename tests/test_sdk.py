@@ -6,6 +6,8 @@ skipped otherwise.
 
 from __future__ import annotations
 
+import tempfile
+
 import onnx
 import pytest
 
@@ -115,8 +117,12 @@ def test_rk3588_matrix_agrees_with_the_sdk_build_log_node_by_node_on_every_stati
 
 
 @needs_sdk
-def test_rknn_simulator_verifies_a_static_fixture_within_its_own_tolerance(tmp_path):
-    """rknn-sim is fp16: held to 1e-2 by its verify.runtimes entry while ORT keeps 1e-4; 100% top-1 over 16 steps."""
+def test_rknn_simulator_verifies_a_static_fixture_within_its_own_tolerance(tmp_path, monkeypatch):
+    """rknn-sim is fp16: held to 1e-2 by its verify.runtimes entry while ORT keeps 1e-4; 100% top-1 over 16 steps.
+
+    The simulator's worker folder (the SDK's check*.onnx dumps) is gone once the run ends."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "p.yaml").write_text(
         f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\noutput_dir: {tmp_path / 'out'}\n"
         "passes:\n  - static_kv: {max_cache_len: 64}\n  - mask_rewrite: {}\n  - pin_opset: {opset: 19}\n"
@@ -129,3 +135,4 @@ def test_rknn_simulator_verifies_a_static_fixture_within_its_own_tolerance(tmp_p
     assert (sim.runtime, sim.passed, sim.positions, sim.top1_agreement) == ("rknn-sim", True, 22, 1.0), sim
     assert sim.max_abs_logit_diff_allowed == 1e-2 and 0 < sim.max_abs_logit_diff <= 1e-2
     assert sim.max_abs_logit_diff > 1e-4  # fp16: the fp32 tolerance would have failed it
+    assert list((tmp_path / "tmp").glob("onnxdeploy-rknn-*")) == []

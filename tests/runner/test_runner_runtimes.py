@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from onnxdeploy import sdk
 from onnxdeploy.config import load_pipeline
-from onnxdeploy.errors import ConfigError
+from onnxdeploy.errors import ConfigError, DecodeRunError
 from onnxdeploy.pipeline import run_pipeline
 from onnxdeploy.runner import runtimes
 from onnxdeploy.runner.runtimes import check_runtimes, compare_on_runtime, node_providers
@@ -62,6 +66,52 @@ def test_pipeline_reports_each_runtime_against_the_original(tmp_path):
     assert outcome.exit_code == 0, outcome.report.failures
     (ov,) = outcome.report.runtimes
     assert ov.runtime == "openvino" and ov.passed and ov.max_abs_logit_diff <= 1e-4
+
+
+_FAKE_RKNN_WORKER = """
+import json, os, sys
+import numpy as np, onnxruntime as ort
+_, mode, model, platform = sys.argv
+session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+open("check0_base_optimize.onnx", "wb").close()  # the SDK dumps its stages into its working folder
+print(json.dumps({"ok": True, "seconds": 0.0}), flush=True)
+names = [i.name for i in session.get_inputs()]
+for n, line in enumerate(sys.stdin, 1):
+    request = json.loads(line)
+    if n == int(os.environ["FAKE_RKNN_FAIL_AT"]):
+        print(json.dumps({"ok": False, "error": "simulated"}), flush=True)
+        continue
+    with np.load(request["inputs"]) as data:
+        outputs = session.run(None, {name: data[f"in{i}"] for i, name in enumerate(names)})
+    np.savez(request["outputs"], **{f"out{i}": o for i, o in enumerate(outputs)})
+    print(json.dumps({"ok": True}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("fail_at", [0, 3])
+def test_rknn_sim_verification_removes_its_folder_also_when_the_simulator_fails(tmp_path, monkeypatch, fail_at):
+    """RKNNSimSession's worker folder goes with the decoder, whatever ends the decode; the worker is a stand-in (ORT
+    behind the SDK worker's protocol, so no SDK is needed)."""
+    original, static = _static(tmp_path, "llama_gqa_optimum")
+    worker = tmp_path / "fake_rknn_worker.py"
+    worker.write_text(_FAKE_RKNN_WORKER)
+    monkeypatch.setattr(sdk, "_WORKER", worker)
+    monkeypatch.setattr(sdk, "_require_python", lambda: Path(sys.executable))
+    monkeypatch.setattr(runtimes, "rknn_python", lambda: Path(sys.executable))
+    monkeypatch.setenv("FAKE_RKNN_FAIL_AT", str(fail_at))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+    def compare():
+        return compare_on_runtime(original, static, "rknn-sim", prompt=[1, 17, 42], steps=2, max_abs_logit_diff=1e-4)
+
+    if fail_at:
+        with pytest.raises(DecodeRunError, match="RKNN simulator run failed: simulated"):
+            compare()
+    else:
+        result = compare()
+        assert result.passed and result.positions == 5 and result.device == "rknn-sim:rk3588", result
+    assert list((tmp_path / "tmp").glob("onnxdeploy-rknn-*")) == []
 
 
 def test_node_providers_names_the_provider_of_every_node_and_leaves_no_profile(tmp_path, monkeypatch):

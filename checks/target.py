@@ -213,8 +213,19 @@ def _bind(formal: list[str], actual: list[str]) -> Iterator[tuple[str, str]]:
             yield formal[min(index, len(formal) - 1)], name
 
 
-def _violations(entry: OpEntry, node: onnx.NodeProto, opset: int, types: _Types) -> list[tuple[str, str]]:
-    """``(code, reason)`` for each constraint of ``entry`` the node breaks (empty: the entry takes the node)."""
+def _violations(
+    entry: OpEntry, node: onnx.NodeProto, opset: int, types: _Types, read_as: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """``(code, reason)`` for each constraint of ``entry`` the node breaks (empty: the entry takes the node).
+
+    ``read_as`` maps element types to the one the target computes in instead (``Matrix.emulated_types``).
+    """
+    read_as = read_as or {}
+
+    def dtype_of(tensor: str) -> str:
+        name = dtype_name(types.elem[tensor])
+        return read_as.get(name, name)
+
     problems: list[tuple[str, str]] = []
     if entry.types:
         ins, outs = _formal_params(entry, node, opset)
@@ -222,14 +233,13 @@ def _violations(entry: OpEntry, node: onnx.NodeProto, opset: int, types: _Types)
             allowed = entry.types.get(param)
             if allowed is None or tensor not in types.elem:
                 continue
-            dtype = dtype_name(types.elem[tensor])
+            dtype = dtype_of(tensor)
             if dtype not in allowed:
                 problems.append(("OD512", f"'{tensor}' ({param}) is {dtype}; {param} allows {', '.join(allowed)}"))
     if entry.dtypes:
         for tensor in (*node.input, *node.output):
-            if tensor and tensor in types.elem and dtype_name(types.elem[tensor]) not in entry.dtypes:
-                dtype = dtype_name(types.elem[tensor])
-                problems.append(("OD512", f"'{tensor}' is {dtype}; allowed: {', '.join(entry.dtypes)}"))
+            if tensor and tensor in types.elem and dtype_of(tensor) not in entry.dtypes:
+                problems.append(("OD512", f"'{tensor}' is {dtype_of(tensor)}; allowed: {', '.join(entry.dtypes)}"))
     if entry.attributes:
         for attr in node.attribute:
             allowed_values = entry.attributes.get(attr.name)
@@ -245,6 +255,21 @@ def _violations(entry: OpEntry, node: onnx.NodeProto, opset: int, types: _Types)
             if tensor and shape is not None and len(shape) > entry.max_rank:
                 problems.append(("OD514", f"'{tensor}' has rank {len(shape)} > {entry.max_rank}"))
     return problems
+
+
+def _emulated_type(
+    matrix: Matrix, entries: list[OpEntry], node: onnx.NodeProto, opset: int, types: _Types
+) -> str | None:
+    """The emulated element type that lets an entry take the node, else None.
+
+    A type of ``matrix.emulated_types`` the node has a tensor of, read as the type the target computes it in.
+    """
+    present = {dtype_name(types.elem[t]) for t in (*node.input, *node.output) if t in types.elem}
+    for dtype in sorted(set(matrix.emulated_types) & present):
+        read_as = {dtype: matrix.emulated_types[dtype].computes_in}
+        if any(not _violations(entry, node, opset, types, read_as) for entry in entries):
+            return dtype
+    return None
 
 
 def _pin_hint(matrix: Matrix, domain: str, op: str, opset: int) -> str:
@@ -275,7 +300,10 @@ class TargetOpsCheck(Check):
     - ``OD513`` error: an attribute value the entry does not accept;
     - ``OD514`` error: a tensor rank above the entry's ``max_rank``;
     - ``OD515`` warning: the op is accepted but has no accelerator lowering (runs on the host CPU);
-    - ``OD516`` info: per op type, constraints stated in words by the source, with the nodes they concern.
+    - ``OD516`` info: per op type, constraints stated in words by the source, with the nodes they concern;
+    - ``OD517`` warning: per op type and element type, nodes no entry takes in that type but one takes once the
+      type is read as the one the target computes in instead (``Matrix.emulated_types``: ORT's CPU EP casts a
+      float16 node without a float16 kernel to float32); other targets keep ``OD512``.
     """
 
     name = "target_ops"
@@ -288,6 +316,7 @@ class TargetOpsCheck(Check):
         "OD514": "error: a tensor rank above the target's limit for the op.",
         "OD515": "warning: the op runs on the host CPU (no accelerator lowering).",
         "OD516": "info: constraints stated in words for an op (not machine-checked).",
+        "OD517": "warning: no kernel for the op in this dtype; the target converts it and computes in another.",
     }
 
     def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
@@ -299,10 +328,11 @@ class TargetOpsCheck(Check):
         _, types = _value_types(model)
         worded: dict[tuple[str, str], list[str]] = defaultdict(list)
         worded_entry: dict[tuple[str, str], OpEntry] = {}
+        emulated: dict[tuple[str, str], list[str]] = defaultdict(list)
         for graph, scope in iter_graphs(model.graph):
             for index, node in enumerate(graph.node):
                 ref = f"{scope}{node_ref(node, index)}"
-                finding, entry = self._node(matrix, node, ref, opsets, types)
+                finding, entry = self._node(matrix, node, ref, opsets, types, emulated)
                 if finding is not None:
                     yield finding
                 if entry is not None and entry.constraints:
@@ -320,10 +350,33 @@ class TargetOpsCheck(Check):
                 rule=f"{op}: {'; '.join(entry.constraints)}",
                 source=matrix.source_text(source),
             )
+        for (op, dtype), refs in emulated.items():
+            how = matrix.emulated_types[dtype]
+            listed = ", ".join(refs[:10]) + (f", … ({len(refs) - 10} more)" if len(refs) > 10 else "")
+            yield self.finding(
+                "OD517",
+                "warning",
+                f"{len(refs)} {op} node(s) have no {dtype} kernel on {matrix.target}: {how.how} ({listed})",
+                nodes=refs,
+                hint=f"Runs as it is; a model in {how.computes_in} avoids the conversions on {matrix.target}.",
+                rule=f"{dtype} on an op without a {dtype} kernel runs as {how.computes_in}",
+                source=matrix.source_text(how.source),
+            )
 
     def _node(
-        self, matrix: Matrix, node: onnx.NodeProto, ref: str, opsets: dict[str, int], types: _Types
+        self,
+        matrix: Matrix,
+        node: onnx.NodeProto,
+        ref: str,
+        opsets: dict[str, int],
+        types: _Types,
+        emulated: dict[tuple[str, str], list[str]],
     ) -> tuple[Finding | None, OpEntry | None]:
+        """The node's finding (None when taken) and the entry that takes it.
+
+        A node no entry takes as it is, but one takes with an element type of ``Matrix.emulated_types`` read as the
+        type the target computes in, gets no finding of its own: its ref goes to ``emulated[(op, dtype)]``.
+        """
         domain = _domain(node.domain)
         target = matrix.target
         opset = opsets.get(domain)
@@ -370,6 +423,10 @@ class TargetOpsCheck(Check):
             if best is None or len(problems) < len(best):
                 best, chosen = problems, entry
         assert best is not None
+        dtype = _emulated_type(matrix, entries, node, opset, types)
+        if dtype is not None:
+            emulated[(node.op_type, dtype)].append(ref)
+            return None, None
         code = best[0][0]
         span = f"{chosen.since}..{chosen.until or '∞'}"
         return (

@@ -7,7 +7,9 @@ reads, all from the installed wheel:
   schema version range, type constraints, provider); the CPU wheel registers CPUExecutionProvider kernels only;
 - ``get_all_operator_schema()``: ORT's own op schemas (every version), for each kernel's formal inputs/outputs
   and their type parameters, and the highest opset per domain ORT knows;
-- probes: a one-node model per IR version opened in a session, so the IR range is what this ORT accepts.
+- probes: a one-node model per IR version opened in a session, so the IR range is what this ORT accepts; a
+  float16 and a bfloat16 ``MatMul`` (no CPU kernel takes either) opened with graph optimizations off, so
+  ``emulated_types`` lists the type ORT casts to float around such a node (``InsertCastTransformer``: float16).
 
 ONNX ops that have no CPU kernel but an ONNX function body (``onnx.defs`` ``has_function`` or
 ``has_context_dependent_function``) are expanded by ORT at load; they are listed with ``via: function`` and the
@@ -30,7 +32,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from onnxdeploy.matrices.schema import Matrix
 
-__all__ = ["build_matrix", "main", "probe_max_ir_version"]
+__all__ = ["build_matrix", "main", "probe_max_ir_version", "probe_type_emulation"]
 
 _OPEN_ENDED = 2**31 - 1
 """ORT's ``version_range`` end for a kernel that covers every later version."""
@@ -78,6 +80,57 @@ def probe_max_ir_version(opset: int = 18) -> int:
             break
         best = ir_version
     return best
+
+
+_INSERT_CAST = (
+    "https://github.com/microsoft/onnxruntime/blob/05f47fa0aa39c517a7071462444d6649a9ef171d/"
+    "onnxruntime/core/optimizer/insert_cast_transformer.cc"
+)
+_EMULATION_PROBE_OP = "MatMul"
+"""An op with float CPU kernels and neither a float16 nor a bfloat16 one (checked against the registry)."""
+
+
+def probe_type_emulation() -> dict[str, dict]:
+    """The element types ORT's CPU EP runs through float on ops with no kernel for them, as ``emulated_types``.
+
+    ORT's ``InsertCastTransformer`` (onnxruntime/core/optimizer/insert_cast_transformer.cc, ``NeedInsertCast``:
+    a float16 input of a node no EP took) inserts Casts to float around such a node after partitioning, at every
+    optimization level (``inference_session.cc``, ``TransformGraph``); bfloat16 gets no such Casts. Probed here:
+    a one-node ``MatMul`` in each type is opened with graph optimizations off.
+
+    Raises:
+        RuntimeError: the registry now has a float16 or bfloat16 ``MatMul`` CPU kernel (pick another probe op).
+    """
+    registered = {
+        _tensor_type(t)
+        for k in ort_state.get_all_opkernel_def()
+        if k.provider == _PROVIDER and k.op_name == _EMULATION_PROBE_OP and not k.domain
+        for allowed in k.type_constraints.values()
+        for t in allowed
+    }
+    found = {}
+    for name, elem in (("float16", TensorProto.FLOAT16), ("bfloat16", TensorProto.BFLOAT16)):
+        if name in registered:
+            raise RuntimeError(f"ORT now has a {name} {_EMULATION_PROBE_OP} CPU kernel: choose another probe op")
+        a, b, c = (helper.make_tensor_value_info(n, elem, [2, 2]) for n in "abc")
+        node = helper.make_node(_EMULATION_PROBE_OP, ["a", "b"], ["c"])
+        model = helper.make_model(
+            helper.make_graph([node], "probe", [a, b], [c]), opset_imports=[helper.make_opsetid("", 17)]
+        )
+        model.ir_version = 8
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            ort.InferenceSession(model.SerializeToString(), options, providers=[_PROVIDER])
+        except Exception:  # noqa: BLE001 - "Could not find an implementation": not emulated
+            continue
+        found[name] = {
+            "computes_in": "float",
+            "how": "ORT inserts Casts and computes in float32 (emulated)",
+            "source": "ort-insert-cast",
+        }
+    return found
 
 
 def _schema_io(domain: str, op: str, since: int) -> tuple[list[str], list[str]] | None:
@@ -214,13 +267,14 @@ def build_matrix(today: datetime.date | None = None) -> dict:
             for name, note in (
                 ("int4", "QDQ (DequantizeLinear int4, opset 21+) and com.microsoft MatMulNBits kernels"),
                 ("int8", "QDQ, QLinear* and MatMulInteger kernels; elementwise math mostly float/int32/int64"),
-                ("fp16", "a subset of kernels (see types); ORT inserts casts for the rest only when optimizing"),
+                ("fp16", "a subset of kernels (see types); ORT casts the rest to float32 (see emulated_types)"),
                 ("bf16", "a few kernels (Cast, ...); most math ops have no bfloat16 CPU kernel"),
             )
         },
         "limits": [],
         "ops_complete": True,
         "ops": kernels + functions + _graph_entries(max_opsets["ai.onnx"]),
+        "emulated_types": probe_type_emulation(),
         "sources": {
             "ort-registry": {
                 "doc": "ONNX Runtime kernel and schema registries of the installed wheel",
@@ -235,6 +289,16 @@ def build_matrix(today: datetime.date | None = None) -> dict:
                 "Constant node per Constant schema version",
                 "version": f"onnxruntime {version}",
                 "address": "onnxdeploy.matrices.generate_ort_cpu.probe_max_ir_version",
+                "read": today.isoformat(),
+            },
+            "ort-insert-cast": {
+                "doc": "onnxruntime/core/optimizer/insert_cast_transformer.cc (InsertCastTransformer), confirmed by a "
+                "session probe of the installed wheel",
+                "section": "NeedInsertCast / ApplyImpl: a float16 input of a node no execution provider took gets a "
+                "Cast to float, the node runs on the CPU EP's float kernel; applied in inference_session.cc "
+                "TransformGraph after partitioning, at every optimization level",
+                "version": f"onnxruntime main at 05f47fa0; probed on onnxruntime {version}",
+                "address": f"{_INSERT_CAST}; onnxdeploy.matrices.generate_ort_cpu.probe_type_emulation",
                 "read": today.isoformat(),
             },
             "onnx-functions": {

@@ -33,6 +33,7 @@ __all__ = [
     "Source",
     "SourceClaim",
     "TargetDefaults",
+    "TypeEmulation",
     "VersionRange",
 ]
 
@@ -174,6 +175,19 @@ class OpEntry(_Strict):
         return self.since <= schema_version and (self.until is None or schema_version <= self.until)
 
 
+class TypeEmulation(_Strict):
+    """How the target runs an op on an element type none of its kernels for that op takes.
+
+    ONNX Runtime's CPU EP, for one: a node with a float16 input that no CPU kernel takes gets Casts to float
+    inserted around it and runs its float kernel (``InsertCastTransformer``). The node then only has to fit an
+    entry with every ``dtype`` tensor read as ``computes_in``.
+    """
+
+    computes_in: str = Field(description="ONNX element type the op runs in instead, e.g. 'float'.")
+    how: str = Field(description="What the target does, one line for the finding, e.g. 'ORT inserts Casts'.")
+    source: str = Field(description="Source id.")
+
+
 class Generated(_Strict):
     """How a generated matrix was made (so it can be regenerated and compared)."""
 
@@ -213,6 +227,11 @@ class Matrix(_Strict):
         description="true: an op not listed is unsupported (the source is the target's whole list); false: unknown."
     )
     ops: list[OpEntry] = Field(default_factory=list, description="Supported operators.")
+    emulated_types: dict[str, TypeEmulation] = Field(
+        default_factory=dict,
+        description="ONNX element type ('float16') -> how the target runs an op whose entries do not take it "
+        "(converted around the node, computed in another type); such a node is a warning, not an error.",
+    )
     sources: dict[str, Source] = Field(min_length=1, description="Source id -> where the facts come from.")
     generated: Generated | None = Field(None, description="Set for generated files.")
     gaps: list[str] = Field(default_factory=list, description="What could not be sourced and is left out.")
@@ -233,6 +252,7 @@ class Matrix(_Strict):
         refs += [
             (f"ops[{i}] ({e.op}) other_sources", c.source) for i, e in enumerate(self.ops) for c in e.other_sources
         ]
+        refs += [(f"emulated_types.{t}", e.source) for t, e in self.emulated_types.items()]
         if self.static_shapes is not None:
             if self.static_shapes_source is None:
                 raise ValueError("static_shapes is set without static_shapes_source")

@@ -64,6 +64,30 @@ def test_ort_cpu_matrix_predicts_small_cases(model, expected):
     assert predicted == expected, [e.message for e in errors]
 
 
+@pytest.mark.parametrize("name", ["llama_gqa_fp16", "llama_gqa_bf16"])
+def test_ort_cpu_matrix_predicts_session_creation_for_16_bit_float_fixtures(name):
+    """float16 nodes without a CPU kernel run through ORT's inserted Casts (a warning); bfloat16 ones do not."""
+    model = onnx.load(str(fixture_entry(name)["model_path"]), load_external_data=False)
+    predicted, errors = predict_supported(model, "ort-cpu")
+    assert predicted == _ort_opens(str(fixture_entry(name)["model_path"])), [e.message for e in errors][:3]
+    emulated = by_code(TargetOpsCheck().run(model, CheckContext(target="ort-cpu")), "OD517")
+    if name == "llama_gqa_fp16":
+        matmul = next(f for f in emulated if " MatMul node(s)" in f.message)
+        assert matmul.level == "warning" and "no float16 kernel" in matmul.message, matmul.message
+        assert "computes in float32 (emulated)" in matmul.message and "insert_cast_transformer.cc" in matmul.source
+    else:
+        assert emulated == []
+
+
+def test_float16_emulation_comes_from_the_matrix_not_the_target_name(monkeypatch):
+    """The same ort-cpu matrix without ``emulated_types`` reports the float16 nodes as OD512 errors."""
+    model = onnx.load(str(fixture_entry("llama_gqa_fp16")["model_path"]), load_external_data=False)
+    strict = Matrix.model_validate({**get_target("ort-cpu").model_dump(mode="json"), "emulated_types": {}})
+    monkeypatch.setattr("onnxdeploy.checks.target.get_target", lambda _name: strict)
+    findings = TargetOpsCheck().run(model, CheckContext(target="ort-cpu"))
+    assert by_code(findings, "OD517") == [] and len(by_code(findings, "OD512")) == 46
+
+
 def test_dtype_finding_names_node_rule_and_registry_source():
     findings = TargetOpsCheck().run(_add(TensorProto.UINT16, 13), CheckContext(target="ort-cpu"))
     (finding,) = by_code(findings, "OD512")

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.pass_cache import CacheConfig
-from onnxdeploy.passes import Pass, PipelineSettings, get_pass
+from onnxdeploy.passes import Pass, PipelineSettings, get_pass, pass_order_problem
 
 __all__ = [
     "AccuracyConfig",
@@ -352,7 +352,15 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def _check_pass_settings(cfg: PipelineConfig, where: str) -> None:
-    """Let each pass refuse, before any work, a combination with the rest of the pipeline it cannot run."""
+    """Let each pass refuse, before any work, a combination with the rest of the pipeline it cannot run.
+
+    First the order of the passes (:func:`~onnxdeploy.passes.pass_order_problem`, without the graph: the
+    pipeline re-checks it with the input graph before the first pass), then each pass's ``check_settings``.
+    """
+    problem = pass_order_problem([spec.build() for spec in cfg.passes])
+    if problem is not None:
+        i, reason = problem
+        raise ConfigError(f"{where}: key 'passes[{i}].{cfg.passes[i].name}': {reason}")
     settings = cfg.settings()
     for i, spec in enumerate(cfg.passes):
         try:

@@ -53,7 +53,7 @@ from onnxdeploy.model_io import (
 )
 from onnxdeploy.pass_bisect import first_divergent_node, verify_pass_output
 from onnxdeploy.pass_cache import PassCache
-from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
+from onnxdeploy.passes import Artifact, ArtifactSet, PassContext, pass_order_problem
 from onnxdeploy.render import render_html, render_markdown, yaml_inline
 from onnxdeploy.report import (
     AccuracyReport,
@@ -275,10 +275,15 @@ def _check_before_passes(config: PipelineConfig, artifacts: ArtifactSet) -> None
     """Everything the config and the model's graph decide, checked before the first pass (no weight read).
 
     Raises:
-        ConfigError: a pass's ``check_model`` hook refuses (prefixed with the pipeline key), or a prompt id is
-            outside the vocabulary of the model's logits output.
+        ConfigError: the passes' order keeps one from running (``pass_order_problem`` with the input graph), a
+            pass's ``check_model`` hook refuses (prefixed with the pipeline key), or a prompt id is outside the
+            vocabulary of the model's logits output.
     """
     where = str(config.source) if config.source else str(config.model)
+    problem = pass_order_problem([spec.build() for spec in config.passes], artifacts.primary)
+    if problem is not None:  # with the graph: its opset, and what a pass's minimum opset depends on
+        i, reason = problem
+        raise ConfigError(f"{where}: key 'passes[{i}].{config.passes[i].name}': {reason}")
     settings = config.settings()
     for i, spec in enumerate(config.passes):
         try:

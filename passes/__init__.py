@@ -21,6 +21,7 @@ from onnxdeploy.passes._pass_infra import (
     PassContext,
     PassResult,
     PipelineSettings,
+    pass_order_problem,
     register_pass,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "get_pass",
     "load_passes",
     "pass_modules",
+    "pass_order_problem",
     "register_pass",
 ]
 

@@ -20,7 +20,7 @@ import time
 import types
 import typing
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,6 +36,7 @@ from onnxdeploy.model_io import WeightsPolicy, proto_round_trip
 from onnxdeploy.report import PassReport
 
 __all__ = [
+    "ORDER_FACTS",
     "Artifact",
     "ArtifactSet",
     "Pass",
@@ -46,6 +47,7 @@ __all__ = [
     "PipelineSettings",
     "ScratchWriter",
     "get_pass",
+    "pass_order_problem",
     "register_pass",
 ]
 
@@ -278,6 +280,14 @@ def _snapshot(artifacts: ArtifactSet) -> list[tuple[int, ...]]:
     return [tuple(id(node) for node in model.graph) for model in artifacts.models()]
 
 
+ORDER_FACTS: dict[str, str] = {
+    "contract": "the decode contract static_kv writes",
+    "bhsd_cache": "a BHSD cache (B, H_kv, L, D)",
+}
+"""What a pass may need of the graph it is given and another pass makes or changes, for the up-front order check
+(:func:`pass_order_problem`): fact -> how a message names it."""
+
+
 class Pass:
     """A graph rewrite over an :class:`ArtifactSet`. Subclasses set the class attributes and implement :meth:`call`.
 
@@ -286,6 +296,9 @@ class Pass:
         summary: one line for ``onnxdeploy passes``.
         config_model: the pydantic config class (unknown keys are errors).
         in_place: True when the pass edits the graphs it is given; False when it returns new ones.
+        needs: facts of :data:`ORDER_FACTS` the pass's input must have (``requires`` checks them on the graph).
+        provides: facts its output has whatever its input was (``static_kv``: the contract, a BHSD cache).
+        keeps_opset: the output has the input's ``ai.onnx`` opset (False: unknown, see :meth:`output_opset`).
 
     Args:
         config: the validated config (an instance of ``config_model``).
@@ -295,9 +308,28 @@ class Pass:
     summary: ClassVar[str] = ""
     config_model: ClassVar[type[PassConfig]] = PassConfig
     in_place: ClassVar[bool] = True
+    needs: ClassVar[frozenset[str]] = frozenset()
+    provides: ClassVar[frozenset[str]] = frozenset()
+    keeps_opset: ClassVar[bool] = False
 
     def __init__(self, config: PassConfig | None = None):
         self.config = config if config is not None else self.config_model()
+
+    def removes(self) -> frozenset[str]:
+        """Facts of :data:`ORDER_FACTS` the output no longer has, with this config (``kv_layout``: a BHSD cache)."""
+        return frozenset()
+
+    def output_opset(self, opset: int | None) -> int | None:
+        """The output's ``ai.onnx`` opset given the input's (None: unknown); ``pin_opset`` sets its own."""
+        return opset if self.keeps_opset else None
+
+    def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
+        """The lowest ``ai.onnx`` opset the input may have and why (the ops the pass writes), else None.
+
+        Args:
+            model: the run's input graph when known (a requirement may depend on it), else None.
+        """
+        return None
 
     def check_settings(self, settings: PipelineSettings) -> None:
         """Validate the config against the rest of the pipeline before anything runs.
@@ -406,6 +438,65 @@ class Pass:
                 }
             )
         return rows
+
+
+def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) -> tuple[int, str] | None:
+    """The first pass the pipeline's order keeps from running, before any runs: ``(index, reason and fix)``.
+
+    Read off the passes' declarations (:attr:`Pass.needs`, :attr:`Pass.provides`, :meth:`Pass.removes`,
+    :meth:`Pass.min_opset`, :meth:`Pass.output_opset`), never off the graph's data, so it only refuses what the
+    pass's own ``requires`` would refuse later:
+
+    - a fact the pass needs was removed by an earlier pass (``grouped_attention`` after ``kv_layout`` to BHDS_K);
+    - no earlier pass provides a fact the pass needs and a later one does (``grouped_attention`` before
+      ``static_kv``: a later ``static_kv`` means the input has no contract yet);
+    - the ``ai.onnx`` opset the pass gets is known (the input's, or one ``pin_opset`` set, carried by passes that
+      keep it) and below the pass's minimum (``mask_rewrite`` after ``pin_opset: {opset: 11}``).
+
+    Args:
+        passes: the pipeline's passes, in order.
+        model: the input graph (its opset, and what a pass's minimum opset depends on), or None.
+
+    Returns:
+        None when no order problem is known; else the index into ``passes`` and one line naming the fix.
+    """
+    known: dict[str, tuple[int, bool]] = {}  # fact -> (index of the last pass that made or removed it, present)
+    opset = None if model is None else model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    opset_from: int | None = None  # index of the pass that set the opset; None: the input's
+    for i, p in enumerate(passes):
+        for fact in [f for f in ORDER_FACTS if f in p.needs]:
+            last = known.get(fact)
+            if last is not None and not last[1]:
+                j = last[0]
+                return i, (
+                    f"needs {ORDER_FACTS[fact]}, which the earlier passes[{j}].{passes[j].name} does not leave; "
+                    f"move {p.name} before {passes[j].name}"
+                )
+            later = next((j for j in range(i + 1, len(passes)) if fact in passes[j].provides), None)
+            if last is None and later is not None:
+                return i, (
+                    f"needs {ORDER_FACTS[fact]}, which only the later passes[{later}].{passes[later].name} makes; "
+                    f"move {p.name} after {passes[later].name}"
+                )
+        need = p.min_opset(model)
+        if need is not None and opset is not None and opset < need[0]:
+            if opset_from is None:
+                return i, (
+                    f"needs ai.onnx opset >= {need[0]} ({need[1]}); the input model has opset {opset}: add "
+                    f"pin_opset: {{opset: {need[0]}}} before {p.name}"
+                )
+            j = opset_from
+            return i, (
+                f"needs ai.onnx opset >= {need[0]} ({need[1]}), but passes[{j}].{passes[j].name} sets opset {opset}: "
+                f"pin opset {need[0]} or higher, or move {passes[j].name} after {p.name}"
+            )
+        for fact in p.provides:
+            known[fact] = (i, True)
+        for fact in p.removes():
+            known[fact] = (i, False)
+        if not p.keeps_opset:
+            opset, opset_from = p.output_opset(opset), i
+    return None
 
 
 PASS_REGISTRY: dict[str, type[Pass]] = {}

@@ -45,6 +45,7 @@ class ExternalizePass(Pass):
     summary = "Write weights above size_threshold bytes to one external data file shared by all graphs."
     config_model = ExternalizeConfig
     config: ExternalizeConfig
+    keeps_opset = True
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
         """Set the writer policy to external; see the class docstring."""
@@ -66,6 +67,7 @@ class EmbedExternalDataPass(Pass):
     summary = "Write every weight inline in the .onnx file (refused above the 2 GiB protobuf limit)."
     config_model = EmbedExternalDataConfig
     config: EmbedExternalDataConfig
+    keeps_opset = True
 
     def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
         """Refuse weights that cannot fit one protobuf message."""

@@ -72,6 +72,8 @@ class GroupedAttentionPass(Pass):
     )
     config_model = GroupedAttentionConfig
     in_place = False
+    needs = frozenset({"contract", "bhsd_cache"})
+    keeps_opset = True
 
     def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
         """Every graph carries a decode contract with a BHSD cache.

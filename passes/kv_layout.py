@@ -405,6 +405,12 @@ class KVLayoutPass(Pass):
     config_model = KVLayoutConfig
     config: KVLayoutConfig
     in_place = False
+    needs = frozenset({"contract", "bhsd_cache"})
+    keeps_opset = True
+
+    def removes(self) -> frozenset[str]:
+        """A layout other than BHSD leaves no BHSD cache (``grouped_attention`` reads one)."""
+        return frozenset({"bhsd_cache"}) if self.config.layout != "BHSD" else frozenset()
 
     def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
         """Every graph carries a BHSD, unpadded decode contract.

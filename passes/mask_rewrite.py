@@ -527,6 +527,18 @@ class MaskRewritePass(Pass):
     config_model = MaskRewriteConfig
     config: MaskRewriteConfig
     in_place = False
+    needs = frozenset({"contract"})
+    keeps_opset = True
+
+    def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
+        """ai.onnx opset 12 for the select mask (LessOrEqual); none for a graph whose GroupQueryAttention masks.
+
+        Unknown (None) without the graph: a ``com.microsoft::GroupQueryAttention`` cache graph is left as it is
+        (:meth:`requires` checks the opset only for the other graphs).
+        """
+        if model is None or any(f"{n.domain}::{n.op_type}" == GQA_OP for n in model.graph):
+            return None
+        return 12, "the mask it writes uses LessOrEqual-12"
 
     def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
         """Every graph carries a contract with ``cache_position``, not rewritten yet, ai.onnx opset ≥ 12.

@@ -113,6 +113,10 @@ class PinOpsetPass(Pass):
     config: PinOpsetConfig
     in_place = False
 
+    def output_opset(self, opset: int | None) -> int | None:
+        """The configured ``opset``, whatever the input's."""
+        return self.config.opset
+
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
         """Convert every graph of the set; see the class docstring."""
         converted = [self._convert(model, report) for model in artifacts.models()]

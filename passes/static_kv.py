@@ -355,6 +355,12 @@ class StaticKVCachePass(Pass):
     config_model = StaticKVConfig
     config: StaticKVConfig
     in_place = False
+    provides = frozenset({"contract", "bhsd_cache"})
+    keeps_opset = True
+
+    def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
+        """ai.onnx opset 11: the cache writes ScatterElements (:meth:`requires` refuses below)."""
+        return 11, "the cache write uses ScatterElements-11"
 
     # ------------------------------------------------------------------------------------- validation
 

@@ -284,6 +284,19 @@ CASES: dict[str, Case] = {
         run_config(passes=[*static_kv(max_cache_len=64), {"pin_opset": {"opset": onnx.defs.onnx_opset_version() + 1}}]),
         ("passes[1].pin_opset.opset", f"outside the supported range 11..{onnx.defs.onnx_opset_version()}"),
     ),
+    # pass order: refused before the first pass runs (no cache entry, no output)
+    "grouped_attention_after_kv_layout": Case(
+        run_config(passes=[*static_kv(max_cache_len=64), {"kv_layout": {"layout": "BHDS_K"}}, "grouped_attention"]),
+        ("passes[2].grouped_attention", "passes[1].kv_layout", "move grouped_attention before kv_layout"),
+    ),
+    "grouped_attention_before_static_kv": Case(
+        run_config(passes=["grouped_attention", *static_kv(max_cache_len=64)]),
+        ("passes[0].grouped_attention", "passes[1].static_kv", "move grouped_attention after static_kv"),
+    ),
+    "mask_rewrite_after_pin_opset_11": Case(
+        run_config(passes=[*static_kv(max_cache_len=64), {"pin_opset": {"opset": 11}}, "mask_rewrite"]),
+        ("passes[2].mask_rewrite", "opset >= 12", "passes[1].pin_opset", "move pin_opset after mask_rewrite"),
+    ),
     "prompt_outside_vocabulary": Case(run_config(verify={"prompt": [1, 512]}), ("verify.prompt", "vocabulary")),
     "verify_prompt_not_integers": Case(
         lambda tmp: ["verify", str(FIXTURE), str(FIXTURE), "--prompt", "1,two"], ("--prompt", "integers")

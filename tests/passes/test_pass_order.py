@@ -1,0 +1,47 @@
+"""The up-front pass-order check: what each pass declares decides, config-aware and graph-aware where it must be
+(the CLI cases, exit 2 before any pass, are in tests/cli/test_bad_input_corpus.py)."""
+
+from __future__ import annotations
+
+import onnx
+import onnx_ir as ir
+
+from onnxdeploy.passes import get_pass, pass_order_problem
+
+
+def _passes(*entries: tuple[str, dict]) -> list:
+    return [get_pass(name)(get_pass(name).config_model.model_validate(cfg)) for name, cfg in entries]
+
+
+def _graph(opset: int, gqa: bool = False) -> ir.Model:
+    op = "y = com.microsoft.GroupQueryAttention (x)" if gqa else "y = Identity (x)"
+    header = f'<ir_version: 7, opset_import: ["" : {opset}, "com.microsoft" : 1]>'
+    text = f"{header} g (float[1] x) => (float[1] y) {{ {op} }}"
+    return ir.serde.deserialize_model(onnx.parser.parse_model(text))
+
+
+STATIC = ("static_kv", {"max_cache_len": 64})
+
+
+def test_kv_layout_keeps_grouped_attention_possible_only_in_bhsd():
+    bhsd = _passes(STATIC, ("kv_layout", {"layout": "BHSD", "pad_head_dim_to": 64}), ("grouped_attention", {}))
+    assert pass_order_problem(bhsd) is None
+    i, reason = pass_order_problem(_passes(STATIC, ("kv_layout", {"layout": "BSH2D"}), ("grouped_attention", {})))
+    assert i == 2 and "passes[1].kv_layout" in reason and "move grouped_attention before kv_layout" in reason
+    i, reason = pass_order_problem(_passes(("mask_rewrite", {}), STATIC))
+    assert i == 0 and reason.startswith("needs the decode contract static_kv writes"), reason
+
+
+def test_the_opset_a_pass_gets_is_known_from_the_input_or_pin_opset_and_lost_through_other_passes():
+    mask = _passes(STATIC, ("mask_rewrite", {}))
+    i, reason = pass_order_problem(mask, _graph(11))
+    assert i == 1 and "the input model has opset 11: add pin_opset: {opset: 12} before mask_rewrite" in reason
+    assert pass_order_problem(mask) is None  # config time: the graph decides (GroupQueryAttention masks inside)
+    assert pass_order_problem(mask, _graph(11, gqa=True)) is None  # as mask_rewrite.requires lets it run
+    pinned = _passes(STATIC, ("pin_opset", {"opset": 12}), ("mask_rewrite", {}))
+    assert pass_order_problem(pinned, _graph(11)) is None
+    # quantize_weights may raise the opset (QDQ needs): what mask_rewrite gets is then unknown, not refused
+    raised = _passes(STATIC, ("pin_opset", {"opset": 11}), ("quantize_weights", {}), ("mask_rewrite", {}))
+    assert pass_order_problem(raised, _graph(17)) is None
+    i, reason = pass_order_problem(raised[:2] + raised[3:], _graph(17))
+    assert i == 2 and "passes[1].pin_opset sets opset 11" in reason

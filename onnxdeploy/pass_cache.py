@@ -9,8 +9,8 @@ Input key, by default: the size and mtime (ns) of the ``.onnx`` and of every ext
 the sha256 of the graph without its weights (initializers above 1 KiB stripped to typed stand-ins, so the
 cost does not grow with the weights). With ``full_hash`` the sha256 of every file's bytes replaces size and
 mtime (a copied or re-downloaded model then still hits; hashing 16 GB takes about a minute).
-The chain's first link also holds the versions of onnxdeploy, onnx, onnx_ir, onnxsim and onnxruntime, the
-run's target and the calibration tokens' hash (passes read both through the :class:`PassContext`).
+The chain's first link also holds the versions of onnxdeploy (and a digest of its code), onnx, onnx_ir, onnxsim
+and onnxruntime, the run's target and the calibration tokens' hash (passes read both through the :class:`PassContext`).
 
 An entry is a folder ``<cache dir>/<key>/`` holding each graph under its artifact name, one shared
 ``weights.data`` (written by :func:`onnxdeploy.model_io.stage_artifacts`, every initializer above the small
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -124,10 +125,27 @@ class CacheConfig(BaseModel):
         return self.dir if self.dir is not None else default_cache_dir()
 
 
+@functools.cache
+def code_digest() -> str:
+    """sha256 of the source of the modules a pass runs (``onnxdeploy/*.py`` and ``passes/*.py``), in path order.
+
+    The version alone does not change when the code does (an editable install, a fix without a release), and
+    a cache keyed by it served a pass's old output after the pass was fixed. Hashing ~50 files takes ~5 ms.
+    """
+    from onnxdeploy import passes  # noqa: PLC0415  (the mapped passes/ folder)
+
+    h = hashlib.sha256()
+    for folder in (Path(__file__).parent, Path(passes.__file__).parent):
+        for path in sorted(folder.glob("*.py")):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def cache_versions() -> dict[str, str]:
-    """The tool versions every key holds: onnxdeploy, onnx, onnx_ir, onnxsim, onnxruntime."""
+    """The tool versions every key holds: onnxdeploy (and its code's digest), onnx, onnx_ir, onnxsim, onnxruntime."""
     return {
         "onnxdeploy": __version__,
+        "onnxdeploy_code": code_digest(),
         "onnx": onnx.__version__,
         "onnx_ir": ir.__version__,
         "onnxsim": str(getattr(onnxsim, "__version__", "unknown")),

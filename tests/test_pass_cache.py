@@ -125,6 +125,10 @@ def test_a_changed_config_model_or_version_misses_the_cache(tmp_path, monkeypatc
     monkeypatch.setattr(pass_cache, "cache_versions", lambda: {**versions, "onnxruntime": "0.0.0"})
     assert states(two) == ["stored", "stored"]
     monkeypatch.undo()
+    assert pass_cache.cache_versions()["onnxdeploy_code"] == pass_cache.code_digest()
+    monkeypatch.setattr(pass_cache, "code_digest", lambda: "edited")  # a fixed pass, same version number
+    assert states(two) == ["stored", "stored"]
+    monkeypatch.undo()
 
     full = {"cache": {"full_hash": True}}
     assert states(two, **full) == ["stored", "stored"]  # full_hash is another key

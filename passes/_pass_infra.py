@@ -495,7 +495,9 @@ def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) ->
         for fact in p.removes():
             known[fact] = (i, False)
         if not p.keeps_opset:
-            opset, opset_from = p.output_opset(opset), i
+            out = p.output_opset(opset)
+            if out != opset:  # a pass that keeps the opset it was given (with this config) is not named
+                opset, opset_from = out, i
     return None
 
 

@@ -227,6 +227,7 @@ class FuseMatMulsPass(Pass):
     summary = "MatMuls reading one activation with their own constant weights (q/k/v, gate/up) -> one MatMul + Split."
     config_model = FuseMatMulsConfig
     in_place = False
+    keeps_opset = True  # Split takes its sizes as an input from 13, as an attribute before: the graph's own opset
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
         """Rewrite a structural copy of every graph; see the class docstring."""

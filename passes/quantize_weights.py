@@ -558,6 +558,17 @@ class QuantizeWeightsPass(Pass):
     config: QuantizeWeightsConfig
     in_place = True
 
+    def output_opset(self, opset: int | None) -> int | None:
+        """The output's ``ai.onnx`` opset given the input's (None: unknown), for the pass-order check.
+
+        Unchanged unless QDQ raises it: 21 for blocked INT4; INT8's 13 or 19 depends on the weights' dtype, so
+        unknown here.
+        """
+        cfg = self.config
+        if opset is None or (cfg.format != "qdq" and not cfg.embedding) or not cfg.raise_opset:
+            return opset
+        return max(opset, 21) if cfg.bits == 4 else None
+
     def __init__(self, config: QuantizeWeightsConfig | None = None):
         super().__init__(config)
         self._factors: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # the last GPTQ factor (one at a time)

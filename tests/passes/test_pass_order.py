@@ -45,3 +45,13 @@ def test_the_opset_a_pass_gets_is_known_from_the_input_or_pin_opset_and_lost_thr
     assert pass_order_problem(raised, _graph(17)) is None
     i, reason = pass_order_problem(raised[:2] + raised[3:], _graph(17))
     assert i == 2 and "passes[1].pin_opset sets opset 11" in reason
+    # MatMulNBits and fuse_matmuls keep the opset they get: the pass that set it is the one named
+    kept = _passes(
+        STATIC,
+        ("pin_opset", {"opset": 11}),
+        ("fuse_matmuls", {}),
+        ("quantize_weights", {"bits": 8, "format": "matmulnbits"}),
+        ("mask_rewrite", {}),
+    )
+    i, reason = pass_order_problem(kept, _graph(17))
+    assert i == 4 and "passes[1].pin_opset sets opset 11" in reason

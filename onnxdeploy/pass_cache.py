@@ -321,6 +321,7 @@ class PassCache:
         key = self.keys[n - 1]
         entry = self.folder / key
         if entry.is_dir() and key not in self._bad:
+            self._tell(f"pass cache: the artifacts after pass {n} are already stored (another run stored them)")
             return "stored"
         weight_bytes = artifacts.weight_bytes()
         if weight_bytes > self.max_bytes:

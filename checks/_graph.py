@@ -25,6 +25,7 @@ __all__ = [
     "infer",
     "iter_graphs",
     "iter_tensors",
+    "list_names",
     "node_ref",
     "serialized_size",
     "skeleton",
@@ -35,6 +36,12 @@ __all__ = [
 MAX_PROTOBUF_BYTES = PROTOBUF_LIMIT_BYTES
 # Shape-carrying constants (Reshape targets, Slice bounds) are a few bytes; weights are far above this.
 STUB_MIN_BYTES = 64 * 1024
+
+
+def list_names(names: list[str], limit: int = 10) -> str:
+    """The first ``limit`` names joined by commas, then how many more (a finding's message stays one line)."""
+    more = f", … ({len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
 
 
 def node_ref(node: onnx.NodeProto, index: int) -> str:

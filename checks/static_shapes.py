@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import onnx
 
-from onnxdeploy.checks._graph import format_dims, infer, iter_graphs, node_ref, value_type
+from onnxdeploy.checks._graph import format_dims, infer, iter_graphs, list_names, node_ref, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
 from onnxdeploy.report import Finding
 
@@ -154,7 +154,7 @@ class StaticShapesCheck(Check):
                     found[node.op_type].append(node_ref(node, index))
         for op, nodes in found.items():
             if nodes:
-                listed = ", ".join(nodes[:10]) + (f", … ({len(nodes) - 10} more)" if len(nodes) > 10 else "")
+                listed = list_names(nodes)
                 yield self.finding(
                     "OD206",
                     "warning",

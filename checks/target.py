@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto
 
-from onnxdeploy.checks._graph import dtype_name, format_dims, infer, iter_graphs, node_ref, value_type
+from onnxdeploy.checks._graph import dtype_name, format_dims, infer, iter_graphs, list_names, node_ref, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.matrices import Matrix, OpEntry, get_target, schema_version_of
@@ -340,7 +340,7 @@ class TargetOpsCheck(Check):
                     worded_entry[(node.op_type, entry.source)] = entry
         for (op, source), refs in worded.items():
             entry = worded_entry[(op, source)]
-            listed = ", ".join(refs[:10]) + (f", … ({len(refs) - 10} more)" if len(refs) > 10 else "")
+            listed = list_names(refs)
             yield self.finding(
                 "OD516",
                 "info",
@@ -352,7 +352,7 @@ class TargetOpsCheck(Check):
             )
         for (op, dtype), refs in emulated.items():
             how = matrix.emulated_types[dtype]
-            listed = ", ".join(refs[:10]) + (f", … ({len(refs) - 10} more)" if len(refs) > 10 else "")
+            listed = list_names(refs)
             yield self.finding(
                 "OD517",
                 "warning",
@@ -583,7 +583,7 @@ class TargetTensorsCheck(Check):
             if v.name not in io_names and value_type(v.type).kind == "tensor" and not value_type(v.type).is_static
         ]
         if inner:
-            listed = ", ".join(inner[:10]) + (f", … ({len(inner) - 10} more)" if len(inner) > 10 else "")
+            listed = list_names(inner)
             yield self.finding(
                 "OD524",
                 "warning",
@@ -660,7 +660,7 @@ class TargetTensorsCheck(Check):
             support = matrix.dtypes.get(dtype)  # type: ignore[call-overload]
             if support is None or support.supported is True:
                 continue
-            listed = ", ".join(names[:5]) + (f", … ({len(names) - 5} more)" if len(names) > 5 else "")
+            listed = list_names(names, 5)
             partial = support.supported == "partial"
             yield self.finding(
                 "OD523",

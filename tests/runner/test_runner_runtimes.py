@@ -165,3 +165,17 @@ def load_pipeline_text(tmp_path, text: str):
     pipeline = tmp_path / "p.yaml"
     pipeline.write_text(f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\n{text}\n")
     return load_pipeline(pipeline)
+
+
+@pytest.mark.parametrize("static", ["{step_lens: [1, 4], max_cache_len: 64}", "{step_len: 4, max_cache_len: 64}"])
+def test_a_graph_set_or_chunk_graph_on_another_runtime_is_refused_at_config_load(tmp_path, monkeypatch, static):
+    """openvino/rknn-sim drive one graph one token per call: refused before any pass (was: a traceback or an
+    'unknown execution provider' error after the whole ONNX Runtime verification)."""
+    monkeypatch.setattr(runtimes, "installed_runtimes", lambda: ["onnxruntime", "openvino", "rknn-sim"])
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(
+        f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\npasses:\n  - static_kv: {static}\n"
+        "verify: {runtimes: [onnxruntime, {name: rknn-sim, max_abs_logit_diff: 1.0e-2}]}\n"
+    )
+    with pytest.raises(ConfigError, match=r"key 'verify.runtimes\[1\]': rknn-sim decodes one graph one token per"):
+        load_pipeline(pipeline)

@@ -468,9 +468,13 @@ def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) ->
             last = known.get(fact)
             if last is not None and not last[1]:
                 j = last[0]
+                fix = (
+                    f"one {p.name} pass does it: keep only the one with the config you need"
+                    if passes[j].name == p.name
+                    else f"move {p.name} before {passes[j].name}"
+                )
                 return i, (
-                    f"needs {ORDER_FACTS[fact]}, which the earlier passes[{j}].{passes[j].name} does not leave; "
-                    f"move {p.name} before {passes[j].name}"
+                    f"needs {ORDER_FACTS[fact]}, which the earlier passes[{j}].{passes[j].name} does not leave; {fix}"
                 )
             later = next((j for j in range(i + 1, len(passes)) if fact in passes[j].provides), None)
             if last is None and later is not None:

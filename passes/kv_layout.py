@@ -409,8 +409,12 @@ class KVLayoutPass(Pass):
     keeps_opset = True
 
     def removes(self) -> frozenset[str]:
-        """A layout other than BHSD leaves no BHSD cache (``grouped_attention`` reads one)."""
-        return frozenset({"bhsd_cache"}) if self.config.layout != "BHSD" else frozenset()
+        """What ``grouped_attention`` can no longer rewrite after this pass: a plain BHSD cache.
+
+        A layout other than BHSD, or a padded head dim (attention then reads a Slice view of the buffer).
+        """
+        cfg = self.config
+        return frozenset({"bhsd_cache"}) if cfg.layout != "BHSD" or cfg.pad_head_dim_to is not None else frozenset()
 
     def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
         """Every graph carries a BHSD, unpadded decode contract.

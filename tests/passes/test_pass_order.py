@@ -24,8 +24,14 @@ STATIC = ("static_kv", {"max_cache_len": 64})
 
 
 def test_kv_layout_keeps_grouped_attention_possible_only_in_bhsd():
-    bhsd = _passes(STATIC, ("kv_layout", {"layout": "BHSD", "pad_head_dim_to": 64}), ("grouped_attention", {}))
+    bhsd = _passes(STATIC, ("kv_layout", {"layout": "BHSD", "cache_write": "where"}), ("grouped_attention", {}))
     assert pass_order_problem(bhsd) is None
+    padded = _passes(STATIC, ("kv_layout", {"layout": "BHSD", "pad_head_dim_to": 32}), ("grouped_attention", {}))
+    i, reason = pass_order_problem(padded)  # attention reads a Slice view of the padded buffer: nothing rewritten
+    assert i == 2 and "move grouped_attention before kv_layout" in reason
+    twice = _passes(STATIC, ("kv_layout", {"layout": "BHDS_K"}), ("kv_layout", {"layout": "BHSD"}))
+    i, reason = pass_order_problem(twice)
+    assert i == 2 and reason.endswith("one kv_layout pass does it: keep only the one with the config you need")
     i, reason = pass_order_problem(_passes(STATIC, ("kv_layout", {"layout": "BSH2D"}), ("grouped_attention", {})))
     assert i == 2 and "passes[1].kv_layout" in reason and "move grouped_attention before kv_layout" in reason
     i, reason = pass_order_problem(_passes(("mask_rewrite", {}), STATIC))

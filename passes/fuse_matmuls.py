@@ -108,24 +108,33 @@ def fusable_groups(graph: ir.Graph, exclude: list[str]) -> list[_Group]:
 def _left_apart(graph: ir.Graph, exclude: list[str]) -> tuple[list[str], list[str], set[str]]:
     """What the report says about MatMuls not fused: ``(tied, quantized, patterns that matched)``.
 
-    ``tied``: MatMuls with a float initializer weight that is read elsewhere too (fusing would duplicate it);
-    ``quantized``: MatMulNBits nodes and MatMuls fed by a DequantizeLinear (quantize_weights ran first).
+    Only MatMuls that share their activation with another MatMul (what fusing would have taken) are counted:
+    ``tied``, whose float initializer weight is read elsewhere too (fusing would duplicate it); ``quantized``,
+    MatMulNBits nodes and MatMuls fed by a DequantizeLinear (quantize_weights ran first).
     """
-    tied, quantized, matched = [], [], set()
+    by_input: dict[int, list[tuple[ir.Node, str | None]]] = defaultdict(list)
+    matched: set[str] = set()
     for node in graph:
         name = node.name or ""
         matched |= {pat for pat in exclude if fnmatch.fnmatchcase(name, pat)}
-        if node.op_type == "MatMulNBits":
-            quantized.append(name)
+        if node.op_type not in ("MatMul", "MatMulNBits") or not node.inputs or node.inputs[0] is None:
             continue
-        if node.op_type != "MatMul" or len(node.inputs) != 2 or node.inputs[1] is None:
+        kind = None
+        w = node.inputs[1] if len(node.inputs) > 1 else None
+        producer = w.producer() if w is not None else None
+        if node.op_type == "MatMulNBits" or (producer is not None and producer.op_type == "DequantizeLinear"):
+            kind = "quantized"
+        elif w is not None and w.const_value is not None and len(w.uses()) > 1:
+            kind = "tied"
+        elif w is None or (w.const_value is None and producer is None):
+            continue  # both operands computed (attention): never a fusion candidate
+        by_input[id(node.inputs[0])].append((node, kind))
+    tied, quantized = [], []
+    for group in by_input.values():
+        if len(group) < 2:
             continue
-        w = node.inputs[1]
-        producer = w.producer()
-        if producer is not None and producer.op_type == "DequantizeLinear":
-            quantized.append(name)
-        elif w.const_value is not None and len(w.uses()) > 1 and _constant_weight(graph, node) is None:
-            tied.append(name)
+        tied += [n.name or "" for n, kind in group if kind == "tied"]
+        quantized += [n.name or "" for n, kind in group if kind == "quantized"]
     return tied, quantized, matched
 
 

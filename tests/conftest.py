@@ -7,6 +7,7 @@ never need torch.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,6 +108,20 @@ def fixture_expectations(name: str) -> FixtureExpectations:
         attention_ops=layers if "opset23" in tags else 0,
         exporter_mask=not in_op,
     )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_pass_cache(tmp_path_factory) -> Iterator[None]:
+    """A pass cache for what runs outside a test function (module- and session-scoped fixtures), never ~/.cache."""
+    folder = tmp_path_factory.mktemp("session-pass-cache")
+    before = os.environ.get("ONNXDEPLOY_CACHE_DIR")
+    os.environ["ONNXDEPLOY_CACHE_DIR"] = str(folder)
+    yield
+    if before is None:
+        os.environ.pop("ONNXDEPLOY_CACHE_DIR", None)
+    else:
+        os.environ["ONNXDEPLOY_CACHE_DIR"] = before
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -131,7 +131,8 @@ class QuantizeWeightsConfig(PassConfig):
     gptq_damp: float = Field(0.01, gt=0, le=1, description="GPTQ dampening: this fraction of mean(diag(H)) is added.")
     raise_opset: bool = Field(
         True,
-        description="qdq: raise ai.onnx to 13 (per-axis INT8) / 21 and IR 10 (blocked INT4) when lower; false: refuse.",
+        description="qdq: raise ai.onnx to 13 (per-axis INT8; 19 for float16/bfloat16 weights) / 21 and IR 10 "
+        "(blocked INT4) when lower; false: refuse.",
     )
 
 

@@ -461,11 +461,25 @@ def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) ->
         None when no order problem is known; else the index into ``passes`` and one line naming the fix.
     """
     known: dict[str, tuple[int, bool]] = {}  # fact -> (index of the last pass that made or removed it, present)
+    if model is not None:  # what the input graph already has (index -1): its contract and cache layout
+        contract = read_contract(model)
+        known["contract"] = (-1, contract is not None)
+        if contract is not None:
+            plain = contract.kv_layout == "BHSD" and contract.head_dim_padded == contract.head_dim
+            known["bhsd_cache"] = (-1, plain)
     opset = None if model is None else model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     opset_from: int | None = None  # index of the pass that set the opset; None: the input's
     for i, p in enumerate(passes):
         for fact in [f for f in ORDER_FACTS if f in p.needs]:
             last = known.get(fact)
+            if last is not None and not last[1] and last[0] < 0:
+                later = next((j for j in range(i + 1, len(passes)) if fact in passes[j].provides), None)
+                where = (
+                    f"move {p.name} after passes[{later}].{passes[later].name}"
+                    if later is not None
+                    else ("add static_kv before it" if fact == "contract" else f"run {p.name} on a graph that has it")
+                )
+                return i, f"needs {ORDER_FACTS[fact]}, which the input model does not have; {where}"
             if last is not None and not last[1]:
                 j = last[0]
                 fix = (

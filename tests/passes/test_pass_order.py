@@ -61,3 +61,18 @@ def test_the_opset_a_pass_gets_is_known_from_the_input_or_pin_opset_and_lost_thr
     )
     i, reason = pass_order_problem(kept, _graph(17))
     assert i == 4 and "passes[1].pin_opset sets opset 11" in reason
+
+
+def test_what_the_input_graph_already_has_or_lacks_is_known_before_the_first_pass():
+    from onnxdeploy import model_io  # noqa: PLC0415
+    from tests.conftest import fixture_entry  # noqa: PLC0415
+
+    export = model_io.load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
+    i, reason = pass_order_problem(_passes(("fuse_matmuls", {}), ("mask_rewrite", {})), export)
+    assert i == 1 and reason.endswith("which the input model does not have; add static_kv before it")
+    static = _passes(STATIC, ("kv_layout", {"layout": "BHDS_K"}))
+    for p in static:
+        export = p(export).artifacts.primary
+    assert pass_order_problem(_passes(("fuse_matmuls", {}), ("mask_rewrite", {})), export) is None
+    i, reason = pass_order_problem(_passes(("fuse_matmuls", {}), ("grouped_attention", {})), export)
+    assert i == 1 and "a BHSD cache (B, H_kv, L, D), which the input model does not have" in reason

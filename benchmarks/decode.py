@@ -3,12 +3,14 @@
 A ~125M LLaMA-shaped decoder (hidden 768, 12 layers, 12 heads, 4 KV heads, head dim 64, intermediate 2048,
 vocab 32000, fp32, seeded random init) is exported once at benchmark time with the fixtures' TorchScript
 flat-KV path (``benchmarks/scale.py``'s :func:`ensure_export`, ``fixtures/_export_scale.py`` in the fixtures'
-``torchscript`` venv) into ``WORK_DIR/models/125m/`` and cached there. From it, with the library's passes, two
+``torchscript`` venv) into ``WORK_DIR/models/125m/`` and cached there. From it, with the library's passes, four
 graph sets are written (one shared weights file each):
 
 * ``static``: ``static_kv {max_cache_lens: [128, 512, 1024], step_lens: [1, 64]}`` → ``mask_rewrite`` →
   ``grouped_attention`` → ``fuse_matmuls`` (the pipeline the README recommends for a fast static step);
 * ``unfused``: the same without ``fuse_matmuls`` (decode graphs only), to show what the fusion buys;
+* ``rank5``: the same as ``static`` with ``grouped_attention {max_rank: 5}`` (decode graphs only): the query
+  groups leading ``(G, B, H_kv, 1, D)`` with the buffer broadcast, instead of folded into rows ``(B, H_kv, G, D)``;
 * ``ungrouped``: without ``grouped_attention`` and ``fuse_matmuls`` (decode graphs only).
 
 Then, in one process and one run, interleaving the variants call by call (the order rotates every round so
@@ -18,7 +20,7 @@ no variant always follows the same one), at contexts 64, 256 and 1000 (tokens al
 * ``static numpy`` / ``static bound``: the decode graph of the set that fits (smallest ``max_cache_len`` >
   ctx) driven by the runner's :class:`ContractDecoder` with numpy feeds / with past and present bound to one
   buffer (ORT IOBinding); the position is rewound to ctx before every call, so every call sees the same context;
-* ``unfused bound`` / ``ungrouped bound``: the ``unfused`` / ``ungrouped`` decode graph that fits, bound buffers;
+* ``unfused bound`` / ``rank5 bound`` / ``ungrouped bound``: that set's decode graph that fits, bound buffers;
 * ``matvec``: an ORT MatMul ``(1, 4096) × (4096, 32768)`` fp32 (512 MiB matrix, fed as an input), whose
   bytes / time is the memory bandwidth the step is held to;
 * ``matmuls only``: the model's weight MatMuls alone, shaped as in the static set (q/k/v and gate/up fused, o,
@@ -91,6 +93,12 @@ def build_sets(model_path: Path, work: Path) -> dict[str, dict[tuple[int, int], 
             ("fuse_matmuls", {}),
         ],
         "unfused": [("static_kv", {"max_cache_lens": CACHE_LENS}), *base, ("grouped_attention", {})],
+        "rank5": [
+            ("static_kv", {"max_cache_lens": CACHE_LENS}),
+            *base,
+            ("grouped_attention", {"max_rank": 5}),
+            ("fuse_matmuls", {}),
+        ],
         "ungrouped": [("static_kv", {"max_cache_lens": CACHE_LENS}), *base],
     }
     for name, passes in plans.items():
@@ -360,18 +368,21 @@ def main() -> int:
     floor = MatmulsOnly(entries)
     results: dict[str, Any] = {"contexts": {}, "matvec_bytes": matvec.nbytes}
     header = (f"{'ctx':>5} {'L':>5} {'original':>9} {'static np':>9} {'static bd':>9} {'unfus bd':>9} "
-              f"{'ungrp bd':>9} {'np/orig':>7} {'bd/orig':>7} {'unfus/orig':>10} {'ungrp/orig':>10} {'GB/s':>6} "
+              f"{'rank5 bd':>9} {'ungrp bd':>9} {'np/orig':>7} {'bd/orig':>7} {'unfus/orig':>10} "
+              f"{'rank5/orig':>10} {'ungrp/orig':>10} {'GB/s':>6} "
               f"{'bound':>7} {'bd/bound':>8} {'mm only':>8} {'mm/bound':>8} {'bd/mm':>6}")  # fmt: skip
     rows = []
     for ctx in CONTEXTS:
         length, path = fits(sets["static"], ctx)
         _, unfused = fits(sets["unfused"], ctx)
+        _, rank5 = fits(sets["rank5"], ctx)
         _, ungrouped = fits(sets["ungrouped"], ctx)
         variants = {
             "original": Original(original, ctx, entries),
             "static numpy": Static(path, ctx, entries, bind=False),
             "static bound": Static(path, ctx, entries, bind=True),
             "unfused bound": Static(unfused, ctx, entries, bind=True),
+            "rank5 bound": Static(rank5, ctx, entries, bind=True),
             "ungrouped bound": Static(ungrouped, ctx, entries, bind=True),
             "matvec": matvec,
             "matmuls only": floor,
@@ -390,6 +401,7 @@ def main() -> int:
             "static_numpy_over_original": med["static numpy"] / med["original"],
             "static_bound_over_original": med["static bound"] / med["original"],
             "unfused_bound_over_original": med["unfused bound"] / med["original"],
+            "rank5_bound_over_original": med["rank5 bound"] / med["original"],
             "ungrouped_bound_over_original": med["ungrouped bound"] / med["original"],
             "bandwidth_gb_s": bandwidth / 1e9,
             "bytes_read_per_step": read,
@@ -412,9 +424,10 @@ def main() -> int:
         m = r["median_ms"]
         print(
             f"{r['context']:5d} {r['max_cache_len']:5d} {m['original']:9.2f} {m['static numpy']:9.2f} "
-            f"{m['static bound']:9.2f} {m['unfused bound']:9.2f} {m['ungrouped bound']:9.2f} "
+            f"{m['static bound']:9.2f} {m['unfused bound']:9.2f} {m['rank5 bound']:9.2f} {m['ungrouped bound']:9.2f} "
             f"{r['static_numpy_over_original']:7.2f} {r['static_bound_over_original']:7.2f} "
-            f"{r['unfused_bound_over_original']:10.2f} {r['ungrouped_bound_over_original']:10.2f} "
+            f"{r['unfused_bound_over_original']:10.2f} {r['rank5_bound_over_original']:10.2f} "
+            f"{r['ungrouped_bound_over_original']:10.2f} "
             f"{r['bandwidth_gb_s']:6.1f} {r['bound_ms']:7.2f} {r['static_bound_over_bound']:8.2f} "
             f"{m['matmuls only']:8.2f} {r['matmuls_only_over_bound']:8.2f} {r['static_bound_over_matmuls_only']:6.2f}"
         )

@@ -347,14 +347,15 @@ def _typed(node: ir.Node, name: str, shape: list[int], dtype: ir.DataType) -> ir
     return out
 
 
-def _rewrite(graph: ir.Graph, read: AttentionRead, index: int, max_rank: int = 5) -> str | None:
+def _rewrite(graph: ir.Graph, read: AttentionRead, index: int, max_rank: int = 4) -> str | None:
     """Replace one classified read by grouped attention; None (nothing changed) when shapes do not fit.
 
     With one query position (``S == 1``), ``G > 1`` and ``max_rank`` 5, the query heads of a group lead:
     ``(G, B, H_kv, 1, ·) @ buffer (B, H_kv, ·, ·)`` broadcasts the buffer over G, so each query head is a
-    one-row product (ONNX Runtime's CPU MatMul then takes its matrix-vector path and never packs the cache:
-    measured 1.6× faster attention at ``max_cache_len`` 1024 than the ``(B, H_kv, G·S, ·)`` fold, which packs
-    the buffer into panels every call). Otherwise G folds into the rows, rank 4.
+    one-row product: ONNX Runtime's CPU MatMul then takes its matrix-vector path and never packs the cache
+    (an attention-only microbenchmark of 12 layers at ``max_cache_len`` 1024 ran 1.6× faster than the fold,
+    which packs the buffer into panels every call), but the whole decode step of ``benchmarks/decode.py``'s
+    125M model is the same within noise either way, so rank 4 is the default. Otherwise G folds into the rows.
     """
     matmul, buffer, group = read.matmul, read.buffer, read.group
     b, h_kv, length, d = _static(buffer) or (0, 0, 0, 0)
@@ -440,7 +441,7 @@ def _rewrite(graph: ir.Graph, read: AttentionRead, index: int, max_rank: int = 5
     )
 
 
-def group_query_heads(model: ir.Model, max_rank: int = 5) -> tuple[list[str], list[str]]:
+def group_query_heads(model: ir.Model, max_rank: int = 4) -> tuple[list[str], list[str]]:
     """Replace every recognised head repeat / transpose / scale chain on a cache buffer by grouped attention.
 
     Edits ``model.graph`` in place (new nodes and int64 shape initializers; weights untouched). Recognised

@@ -36,10 +36,11 @@ class GroupedAttentionConfig(PassConfig):
     """Config of ``grouped_attention`` (the rewrite is exact; only the rank of the grouped products is chosen)."""
 
     max_rank: Literal[4, 5] = Field(
-        5,
-        description="5: a one-token graph multiplies each query head by the buffer broadcast over the group "
-        "((G, B, H_kv, 1, D) @ (B, H_kv, D, L): ORT CPU's matrix-vector path, no packing of the cache); "
-        "4: always fold the group into the query rows ((B, H_kv, G*S, D)), for targets limited to rank 4",
+        4,
+        description="4: fold the query group into the rows ((B, H_kv, G*S, D)), one product per KV head; 5: a "
+        "one-token graph multiplies each query head by the buffer broadcast over the group ((G, B, H_kv, 1, D) "
+        "@ (B, H_kv, D, L); ORT CPU's matrix-vector path, no packing of the cache; the same decode step time on "
+        "benchmarks/decode.py)",
     )
 
 
@@ -68,7 +69,7 @@ class GroupedAttentionPass(Pass):
     name = "grouped_attention"
     summary = (
         "GQA head repeat (Expand/Tile of the cache) and K scale Mul -> grouped attention over the buffer: "
-        "(G, B, H_kv, 1, D) for one token (max_rank 5), else (B, H_kv, G*S, D)."
+        "(B, H_kv, G*S, D), or (G, B, H_kv, 1, D) for one token with max_rank 5."
     )
     config_model = GroupedAttentionConfig
     in_place = False

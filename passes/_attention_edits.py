@@ -353,9 +353,9 @@ def _rewrite(graph: ir.Graph, read: AttentionRead, index: int, max_rank: int = 4
     With one query position (``S == 1``), ``G > 1`` and ``max_rank`` 5, the query heads of a group lead:
     ``(G, B, H_kv, 1, ·) @ buffer (B, H_kv, ·, ·)`` broadcasts the buffer over G, so each query head is a
     one-row product: ONNX Runtime's CPU MatMul then takes its matrix-vector path and never packs the cache
-    (an attention-only microbenchmark of 12 layers at ``max_cache_len`` 1024 ran 1.6× faster than the fold,
-    which packs the buffer into panels every call), but the whole decode step of ``benchmarks/decode.py``'s
-    125M model is the same within noise either way, so rank 4 is the default. Otherwise G folds into the rows.
+    (the fold packs the buffer into panels every call), but the whole decode step of ``benchmarks/decode.py``'s
+    125M model is the same within noise either way (its ``rank5`` column), so rank 4 is the default.
+    Otherwise G folds into the rows.
     """
     matmul, buffer, group = read.matmul, read.buffer, read.group
     b, h_kv, length, d = _static(buffer) or (0, 0, 0, 0)

@@ -3,12 +3,11 @@
 A decoder layer multiplies one normalised activation by several weights: q/k/v projections (LLaMA, Mistral,
 dynamo exports keep them apart; GPT-2's ``c_attn`` is already one) and the MLP's gate/up. One token per step
 makes each of these a matrix-vector product whose time is the bytes of its weight over the memory bandwidth
-the kernel reaches, and narrow weights reach less of it, with a dispatch per call. Measured on ONNX Runtime
-1.32's CPU EP (one intra-op thread, no prepacking, 2-core AMD EPYC) on the weights of the 125M LLaMA shape of
-``benchmarks/decode.py``, the weight MatMuls alone take 1.50× the time of reading their bytes at the bandwidth
-of one ``(4096, 32768)`` matrix-vector product unfused and 1.37× fused (q/k/v into ``(768, 1280)``, gate/up into
-``(768, 4096)``: 4 MatMuls per layer instead of 7); the whole decode step gains 4–6 %. NPU compilers prefer the
-wider MatMul for the same reasons.
+the kernel reaches, and narrow weights reach less of it, with a dispatch per call. Fused (q/k/v into
+``(768, 1280)``, gate/up into ``(768, 4096)``: 4 MatMuls per layer instead of 7), the decode step of
+``benchmarks/decode.py``'s 125M LLaMA-shaped model is 4–6 % faster on ONNX Runtime 1.32's CPU EP (one intra-op
+thread, no prepacking, 2-core AMD EPYC; its ``unfus bd`` column against ``static bd``). NPU compilers prefer
+the wider MatMul for the same reasons.
 
 The rewrite is exact in arithmetic: every output column is the same dot product over K of the same weight
 column, and the Split hands each consumer its own columns (the kernel may order its accumulation differently

@@ -60,10 +60,11 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxdeploy.artifacts import Artifact
 from onnxdeploy.contract import read_contract
 from onnxdeploy.model_io import load_model, stage_artifacts
-from onnxdeploy.passes import ArtifactSet, PassContext, get_pass
-from onnxdeploy.passes._pass_infra import Artifact
+from onnxdeploy.pass_context import make_pass_context
+from onnxdeploy.passes import ArtifactSet, get_pass
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.session import ModelSession, open_session, read_header, session_options
 
@@ -105,7 +106,7 @@ def build_sets(model_path: Path, work: Path) -> dict[str, dict[tuple[int, int], 
         out = work / "sets" / name
         loaded = load_model(model_path)
         artifacts = ArtifactSet([Artifact("model.onnx", loaded.model)], input_was_external=True)
-        context = PassContext()  # lives until the set is written: fuse_matmuls' weights are in its scratch folder
+        context = make_pass_context()  # lives until the set is written: fuse_matmuls' weights are in its scratch folder
         for pass_name, cfg in passes:
             cls = get_pass(pass_name)
             start = time.perf_counter()

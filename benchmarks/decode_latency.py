@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxdeploy.model_io import load_model, write_for_ort
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import open_decoder
 
@@ -58,7 +59,7 @@ def main() -> None:
                     continue
                 for update in ("full_buffer", "new_token_only"):
                     cfg = StaticKVConfig(max_cache_len=length, cache_update=update)
-                    static = StaticKVCachePass(cfg)(load_model(original).model).artifacts.primary
+                    static = StaticKVCachePass(cfg)(load_model(original).model, make_pass_context()).artifacts.primary
                     folder = Path(tmp) / f"{entry['name']}_{length}_{update}"
                     folder.mkdir()
                     path = write_for_ort(static, folder)

@@ -374,8 +374,8 @@ def verify_cmd(
 
     A candidate whose contract lists a graph set (prefill buckets, several cache lengths) is driven as a set.
     """
+    from onnxdeploy.artifacts import write_text_atomic
     from onnxdeploy.model_io import check_not_an_input, input_files
-    from onnxdeploy.pipeline import write_text_atomic
     from onnxdeploy.report import SCHEMA_VERSION, summarise_verify
     from onnxdeploy.runner import verify
 

@@ -1,6 +1,10 @@
-"""Shared graph helpers: op histograms, dims, opsets, and the float32 shadow of a bfloat16 graph.
+"""The one home for *reading* graphs: opsets, constants, node labels, walks, dims, dtypes, op histograms.
 
-Helpers take ``onnx_ir`` models and, where they only read, header protos.
+Every layer reads graphs through these helpers (the passes, checks, runner and core): the default opset,
+a value's constant array, a node's label in messages, upstream/downstream walks, a tensor's dims, the one
+dtype table (ONNX element type <-> numpy <-> ORT type string) and the float-type sets. Helpers take
+``onnx_ir`` models and, where they only read, header protos. Writing graphs inside passes is
+:mod:`onnxdeploy.passes._edit`'s.
 
 Model files (loading, saving, external data, the protobuf limit) live in :mod:`onnxdeploy.model_io`.
 """
@@ -16,7 +20,143 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-__all__ = ["float32_shadow_graph", "op_histogram", "opset_imports", "tensor_dims", "io_dims", "value_dims"]
+__all__ = [
+    "FLOAT_ELEM_TYPES",
+    "FLOAT_TYPES",
+    "ORT_NUMPY_TYPES",
+    "const_array",
+    "const_ints",
+    "consumers",
+    "default_opset",
+    "downstream_nodes",
+    "float32_shadow_graph",
+    "io_dims",
+    "node_label",
+    "numpy_dtype_of",
+    "op_histogram",
+    "opset_imports",
+    "ort_numpy_dtype",
+    "static_dims",
+    "tensor_dims",
+    "upstream_nodes",
+    "value_dims",
+]
+
+FLOAT_TYPES: frozenset[ir.DataType] = frozenset(
+    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+)
+"""The floating element types a decoder computes, caches or stores weights in (float8 types are not among them)."""
+
+FLOAT_ELEM_TYPES: frozenset[int] = frozenset(int(t) for t in FLOAT_TYPES)
+""":data:`FLOAT_TYPES` as ``onnx.TensorProto`` element type numbers, for readers of header protos."""
+
+ORT_NUMPY_TYPES: dict[str, np.dtype] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(double)": np.dtype(np.float64),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(bool)": np.dtype(np.bool_),
+}
+"""ONNX Runtime's type strings (``NodeArg.type``) of the element types its Python API feeds and returns, as numpy
+dtypes; bfloat16 is absent (ORT 1.32's Python API feeds no bfloat16 arrays)."""
+
+
+def default_opset(model: ir.Model | ir.Graph | onnx.ModelProto, default: int = 0) -> int:
+    """The ``ai.onnx`` opset a model or graph imports (the ``""`` or ``"ai.onnx"`` entry), else ``default``."""
+    if isinstance(model, onnx.ModelProto):
+        return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default)
+    imports = model.opset_imports
+    return imports.get("", imports.get("ai.onnx", default))
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The constant a value holds (an initializer, or a ``Constant`` node's output), as a numpy array, else None.
+
+    Reads through onnx_ir's :func:`onnx_ir.convenience.get_const_tensor` (which also reads ``value_ints`` /
+    ``value_float`` Constants); an external initializer is memory-mapped, not copied.
+    """
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    return None if tensor is None else tensor.numpy()
+
+
+def const_ints(value: ir.Value | None) -> list[int] | None:
+    """The values of a constant integer (or boolean) input, flattened, as Python ints; None when not constant."""
+    array = const_array(value)
+    if array is None or not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+        return None
+    return [int(v) for v in np.asarray(array).reshape(-1)]
+
+
+def node_label(node: ir.Node) -> str:
+    """How a message names a node: ``Op 'name'``, or ``Op 'first output'`` for an unnamed node."""
+    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    who = node.name or (node.outputs[0].name if node.outputs else None) or "?"
+    return f"{op} '{who}'"
+
+
+def consumers(value: ir.Value) -> list[ir.Node]:
+    """Distinct nodes reading ``value``, in use order."""
+    seen: dict[int, ir.Node] = {}
+    for use in value.uses():
+        seen.setdefault(id(use.node), use.node)
+    return list(seen.values())
+
+
+def upstream_nodes(value: ir.Value, max_depth: int) -> list[ir.Node]:
+    """The nodes within ``max_depth`` hops upstream of ``value`` (its producer first), each once."""
+    found: dict[int, ir.Node] = {}
+    frontier = [value]
+    for _ in range(max_depth):
+        nxt = []
+        for v in frontier:
+            p = v.producer()
+            if p is not None and id(p) not in found:
+                found[id(p)] = p
+                nxt.extend(i for i in p.inputs if i is not None)
+        frontier = nxt
+    return list(found.values())
+
+
+def downstream_nodes(value: ir.Value, max_depth: int) -> list[ir.Node]:
+    """The nodes within ``max_depth`` hops downstream of ``value`` (its readers first), each once."""
+    found: dict[int, ir.Node] = {}
+    frontier = [value]
+    for _ in range(max_depth):
+        nxt = []
+        for v in frontier:
+            for c in consumers(v):
+                if id(c) not in found:
+                    found[id(c)] = c
+                    nxt.extend(c.outputs)
+        frontier = nxt
+    return list(found.values())
+
+
+def static_dims(value: ir.Value) -> list[int] | None:
+    """A value's dims when every one is a known int, else None (no shape, a symbolic or an unknown dim)."""
+    dims = value_dims(value)
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return [int(d) for d in dims]  # type: ignore[arg-type]
+
+
+def numpy_dtype_of(dtype: ir.DataType) -> np.dtype:
+    """The numpy dtype of an ONNX element type (bfloat16, float8 and int4 as ml_dtypes' types).
+
+    Raises:
+        TypeError: the element type has no numpy equivalent (e.g. STRING, UNDEFINED).
+    """
+    return np.dtype(dtype.numpy())
+
+
+def ort_numpy_dtype(ort_type: str) -> np.dtype | None:
+    """The numpy dtype of an ORT type string such as ``tensor(float16)`` (:data:`ORT_NUMPY_TYPES`), else None."""
+    return ORT_NUMPY_TYPES.get(ort_type)
 
 
 def op_histogram(model: ir.Model | onnx.ModelProto) -> dict[str, int]:

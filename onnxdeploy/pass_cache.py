@@ -10,7 +10,9 @@ the sha256 of the graph without its weights (initializers above 1 KiB stripped t
 cost does not grow with the weights). With ``full_hash`` the sha256 of every file's bytes replaces size and
 mtime (a copied or re-downloaded model then still hits; hashing 16 GB takes about a minute).
 The chain's first link also holds the versions of onnxdeploy (and a digest of its code), onnx, onnx_ir, onnxsim
-and onnxruntime, the run's target and the calibration tokens' hash (passes read both through the :class:`PassContext`).
+and onnxruntime, what the :class:`~onnxdeploy.passes.PassContext` supplies (the target, its matrix file's
+``defaults``, the digest of the runner's decode code that calibration runs: :meth:`PassContext.provenance`) and
+the calibration tokens' hash.
 
 An entry is a folder ``<cache dir>/<key>/`` holding each graph under its artifact name, one shared
 ``weights.data`` (written by :func:`onnxdeploy.model_io.stage_artifacts`, every initializer above the small
@@ -228,7 +230,7 @@ class PassCache:
         loaded: LoadedModel,
         passes: list[tuple[str, dict[str, Any]]],
         *,
-        target: str | None,
+        supplied: dict[str, Any],
         calibration: list[list[int]],
     ) -> PassCache:
         """Key every pass prefix of a run.
@@ -237,7 +239,9 @@ class PassCache:
             config: the ``cache`` section.
             loaded: the loaded input model.
             passes: ``(name, config as JSON)`` per pass, in order.
-            target: the run's target id (passes may read it).
+            supplied: what the pass context supplies beyond graph and config
+                (:meth:`~onnxdeploy.passes.PassContext.provenance`: the target, its matrix defaults, the digest of
+                the runner's decode code that calibration runs).
             calibration: the calibration token ids (passes may read them).
         """
         key = _digest(
@@ -245,7 +249,7 @@ class PassCache:
                 "format": CACHE_FORMAT,
                 "input": input_key(loaded, full_hash=config.full_hash),
                 "versions": cache_versions(),
-                "target": target,
+                "supplied": supplied,
                 "calibration": _digest(calibration),
             }
         )

@@ -13,7 +13,6 @@ import os
 import platform
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import onnxruntime
 import onnxsim
 
 from onnxdeploy import __version__
+from onnxdeploy.artifacts import Artifact, ArtifactSet
 from onnxdeploy.checks import CheckContext, get_check
 from onnxdeploy.checks.target import TARGET_CHECKS
 from onnxdeploy.config import PipelineConfig, default_checks
@@ -42,7 +42,6 @@ from onnxdeploy.model_io import (
     LoadedModel,
     StagedArtifacts,
     check_not_an_input,
-    default_file_mode,
     input_files,
     load_model,
     read_model_header,
@@ -53,7 +52,8 @@ from onnxdeploy.model_io import (
 )
 from onnxdeploy.pass_bisect import first_divergent_node, verify_pass_output
 from onnxdeploy.pass_cache import PassCache
-from onnxdeploy.passes import Artifact, ArtifactSet, PassContext, pass_order_problem
+from onnxdeploy.pass_context import make_pass_context
+from onnxdeploy.passes import PassContext, pass_order_problem
 from onnxdeploy.render import render_html, render_markdown, yaml_inline
 from onnxdeploy.report import (
     AccuracyReport,
@@ -69,12 +69,12 @@ from onnxdeploy.report import (
     summarise_verify,
 )
 from onnxdeploy.resources import peak_rss_bytes, rss_bytes
-from onnxdeploy.runner import check_header, open_session, verify
+from onnxdeploy.runner import check_header, verify
 from onnxdeploy.runner.accuracy import evaluate_accuracy
 from onnxdeploy.runner.runtimes import compare_on_runtime
 from onnxdeploy.token_ids import load_token_ids
 
-__all__ = ["RunOutcome", "run_pipeline", "write_text_atomic"]
+__all__ = ["RunOutcome", "run_pipeline"]
 
 Progress = Callable[[str], None]
 StepProgress = Callable[[str, int, int], None]
@@ -94,38 +94,6 @@ class RunOutcome:
     report_json: Path
     report_md: Path
     report_html: Path
-
-
-def _write_temp(path: Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to a new temporary file beside ``path`` and return the temporary path."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, default_file_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return Path(tmp)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename.
-
-    Raises:
-        OutputError: ``path`` is a folder, or its folder cannot be written (the temporary file is removed).
-    """
-    if path.is_dir():
-        raise OutputError(f"cannot write {path}: it is a folder")
-    try:
-        tmp = _write_temp(path, text)
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    try:
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def _versions() -> dict[str, str]:
@@ -379,9 +347,7 @@ def run_pipeline(
         raise
     staged: StagedArtifacts | None = None
     cache: PassCache | None = None
-    context = PassContext(
-        model_path=model_in, target=config.target, session_factory=open_session, calibration=calibration
-    )
+    context = make_pass_context(model_path=model_in, target=config.target, calibration=calibration)
     clock = _PhaseClock()
     try:
         say(f"loading {model_in}")
@@ -415,7 +381,7 @@ def run_pipeline(
 
         pass_reports: list[PassReport] = []
         findings: list[Finding] = []
-        cache = _pass_cache(config, loaded, calibration)
+        cache = _pass_cache(config, loaded, calibration, context)
         first = 0
         if cache is not None:
             cache.say = say  # misses, stores, evictions on the console; problems also in the report's notes
@@ -431,7 +397,7 @@ def run_pipeline(
         step("passes", first, len(config.passes))
         for i, spec in enumerate(config.passes[first:], start=first):
             say(f"pass {spec.name} {yaml_inline(spec.config.model_dump(mode='json', exclude_defaults=True))}")
-            before = artifacts.copy_graph(artifacts.primary) if each_pass.wants_input() else None
+            before = artifacts.primary.clone() if each_pass.wants_input() else None
             result = spec.build()(artifacts, context)
             artifacts = result.artifacts
             pass_reports.append(result.report)
@@ -704,7 +670,9 @@ def _file_records(
     return records
 
 
-def _pass_cache(config: PipelineConfig, loaded: LoadedModel, calibration: list[list[int]]) -> PassCache | None:
+def _pass_cache(
+    config: PipelineConfig, loaded: LoadedModel, calibration: list[list[int]], context: PassContext
+) -> PassCache | None:
     """The run's pass cache, or None when the pipeline has no passes or ``cache: null`` (``--no-cache``).
 
     ``verify_each_pass`` and ``bisect`` decode every pass's output, so they run every pass: no cache then (a
@@ -716,7 +684,7 @@ def _pass_cache(config: PipelineConfig, loaded: LoadedModel, calibration: list[l
         config.cache,
         loaded,
         [(spec.name, spec.config.model_dump(mode="json")) for spec in config.passes],
-        target=config.target,
+        supplied=context.provenance(),
         calibration=calibration,
     )
 

@@ -12,29 +12,26 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from onnxdeploy.artifacts import Artifact, ArtifactSet
 from onnxdeploy.passes import _pass_infra
-from onnxdeploy.passes._pass_infra import (
-    Artifact,
-    ArtifactSet,
-    Pass,
-    PassConfig,
-    PassContext,
-    PassResult,
-    PipelineSettings,
-    pass_order_problem,
-    register_pass,
-)
+from onnxdeploy.passes._context import PassContext, TargetDefaults
+from onnxdeploy.passes._order import ORDER_FACTS, OrderFact, pass_order_problem
+from onnxdeploy.passes._pass_infra import Pass, PassConfig, PassResult, register_pass
+from onnxdeploy.settings import PipelineSettings
 
 __all__ = [
+    "ORDER_FACTS",
     "PASSES",
     "PASS_REGISTRY",
     "Artifact",
     "ArtifactSet",
+    "OrderFact",
     "Pass",
     "PassConfig",
     "PassContext",
     "PassResult",
     "PipelineSettings",
+    "TargetDefaults",
     "get_pass",
     "load_passes",
     "pass_modules",

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from typing import Literal
 
@@ -40,7 +38,8 @@ from onnxdeploy.contract import KV_DTYPES, CacheBinding, CacheWrite, ContractInp
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.graph import float32_shadow_graph
 from onnxdeploy.kv_cache import KVCache, find_logits_output, upstream_nodes
-from onnxdeploy.passes._pass_infra import PassContext
+from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._probe import open_probe, pruned_copy
 
 __all__ = [
     "CACHE_POSITION",
@@ -122,17 +121,6 @@ def add_cache_position(graph: ir.Graph, step_len: int, *, who: str = "static_kv"
     return value
 
 
-def _session_options() -> ort.SessionOptions:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    # map external weights instead of copying them into prepacked buffers (DESIGN.md, "Models of any size")
-    opts.add_session_config_entry("session.disable_prepacking", "1")
-    return opts
-
-
 def _int64_rank1_values(model: ir.Model) -> set[str]:
     """Names of values shape inference types as int64 of rank 1 (or of unknown rank), on a stand-in proto."""
     inferred = onnx.shape_inference.infer_shapes(model_io.stand_in_proto(model), strict_mode=False)
@@ -182,7 +170,7 @@ def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, 
     Args:
         model: the exporter-convention decoder (dynamic past length); unchanged.
         kv: its cache, from :func:`onnxdeploy.kv_cache.find_kv_cache`.
-        context: gives the scratch folder and, when set, the session factory.
+        context: gives the scratch folder and the session factory.
         who: the pass named in errors.
 
     Returns:
@@ -206,36 +194,14 @@ def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, 
         return []
     # A structural copy that computes the candidates only: the rest of the graph and its weights are removed,
     # so the probe maps and reads next to nothing of the model's weights.
-    probe = model_io.proto_round_trip(model, lambda proto: proto, threshold=-1)
-    values = ir.convenience.create_value_mapping(probe.graph)
-    probe.graph.outputs.clear()
-    for name in candidates:
-        value = values[name]
+    probe = pruned_copy(model, candidates, keep_inputs=True, shadow=False)
+    for value in probe.graph.outputs:
         value.dtype = ir.DataType.INT64
-        probe.graph.outputs.append(value)
-    ir_common.RemoveUnusedNodesPass()(probe)
     # a bfloat16 export: ORT's CPU EP has no bfloat16 kernels and its Python API feeds no bfloat16 arrays
     cache_dtype = np.dtype(np.float32) if float32_shadow_graph(probe) else np.dtype(kv.numpy_dtype)
-    folder = tempfile.mkdtemp(prefix="static_kv-probe-", dir=context.scratch())
-    try:
-        path = model_io.write_for_ort(probe, folder)
-        del probe, values
-        try:
-            if context.session_factory is not None:
-                opened = context.session_factory(path)
-            else:
-                opened = ort.InferenceSession(str(path), _session_options(), providers=["CPUExecutionProvider"])
-        except Exception as exc:  # ORT raises several unrelated exception types
-            raise PreconditionError(who, f"ONNX Runtime cannot load the original model: {exc}") from exc
-        try:
-            matches = _probe(getattr(opened, "session", opened), model, kv, candidates, who, cache_dtype)
-        finally:
-            close = getattr(opened, "close", None)  # the runner's ModelSession removes its scratch on close
-            if close is not None:
-                close()
-            del opened
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with open_probe(probe, context, who=who, what="the original model") as opened:
+        del probe
+        matches = _probe(opened.session, model, kv, candidates, who, cache_dtype)
     if not matches:
         return []
     by_name = ir.convenience.create_value_mapping(graph)

@@ -14,9 +14,11 @@ import dataclasses
 
 from pydantic import Field
 
+from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.model_io import PROTOBUF_LIMIT_BYTES
-from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
+from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["EmbedExternalDataConfig", "EmbedExternalDataPass", "ExternalizeConfig", "ExternalizePass"]

@@ -29,15 +29,11 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import Field
 
+from onnxdeploy.artifacts import ArtifactSet, ScratchWriter
 from onnxdeploy.errors import PostconditionError
-from onnxdeploy.passes._pass_infra import (
-    ArtifactSet,
-    Pass,
-    PassConfig,
-    PassContext,
-    ScratchWriter,
-    register_pass,
-)
+from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["FuseMatMulsConfig", "FuseMatMulsPass"]
@@ -245,7 +241,7 @@ class FuseMatMulsPass(Pass):
         models: list[ir.Model] = []
         modified = False
         for artifact in artifacts.artifacts:
-            model = artifacts.copy_graph(artifact.model)
+            model = clone(artifact.model)
             groups = fusable_groups(model.graph, config.exclude)
             if groups and writer is None:
                 writer = ScratchWriter(context.scratch() / f"fuse_matmuls_{id(self):x}")

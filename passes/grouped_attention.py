@@ -16,7 +16,7 @@ from typing import Literal
 import onnx_ir as ir
 from pydantic import Field
 
-from onnxdeploy.errors import PreconditionError
+from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.passes._attention_edits import (
     decompose_attention,
     decompose_refusal,
@@ -26,7 +26,10 @@ from onnxdeploy.passes._attention_edits import (
     repeating_attention_nodes,
 )
 from onnxdeploy.passes._cache_edits import infer_shapes
-from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
+from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
+from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["GroupedAttentionConfig", "GroupedAttentionPass"]
@@ -73,29 +76,15 @@ class GroupedAttentionPass(Pass):
     )
     config_model = GroupedAttentionConfig
     in_place = False
-    needs = frozenset({"contract", "bhsd_cache"})
+    needs = frozenset({CONTRACT, BHSD_CACHE})  # Pass.requires checks both on every graph
     keeps_opset = True
-
-    def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
-        """Every graph carries a decode contract with a BHSD cache.
-
-        Raises:
-            PreconditionError: naming the graph.
-        """
-        for artifact, contract in artifacts.contracts(self.name):
-            if contract.kv_layout != "BHSD":
-                raise PreconditionError(
-                    self.name,
-                    f"graph '{artifact.name}' has kv_layout {contract.kv_layout}; run grouped_attention before "
-                    "kv_layout",
-                )
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
         """Rewrite a structural copy of every graph; see the class docstring."""
         models: list[ir.Model] = []
         modified = False
         for artifact in artifacts.artifacts:
-            model = artifacts.copy_graph(artifact.model)
+            model = clone(artifact.model)
             split, warnings = [], []
             for node in repeating_attention_nodes(model):
                 why = decompose_refusal(node)

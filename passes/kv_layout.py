@@ -35,6 +35,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as ir_common
 from pydantic import Field
 
+from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.contract import (
     LAYOUT_VERSIONS,
     CacheBinding,
@@ -45,7 +46,10 @@ from onnxdeploy.contract import (
 )
 from onnxdeploy.errors import PostconditionError, PreconditionError
 from onnxdeploy.passes._cache_edits import build_cache_write, infer_shapes
-from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
+from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, OrderFact
+from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["KVLayoutConfig", "KVLayoutPass", "padded_head_dim"]
@@ -405,36 +409,22 @@ class KVLayoutPass(Pass):
     config_model = KVLayoutConfig
     config: KVLayoutConfig
     in_place = False
-    needs = frozenset({"contract", "bhsd_cache"})
+    needs = frozenset({CONTRACT, BHSD_CACHE})  # Pass.requires checks both on every graph
     keeps_opset = True
 
-    def removes(self) -> frozenset[str]:
+    def removes(self) -> frozenset[OrderFact]:
         """What ``grouped_attention`` can no longer rewrite after this pass: a plain BHSD cache.
 
         A layout other than BHSD, or a padded head dim (attention then reads a Slice view of the buffer).
         """
         cfg = self.config
-        return frozenset({"bhsd_cache"}) if cfg.layout != "BHSD" or cfg.pad_head_dim_to is not None else frozenset()
-
-    def requires(self, artifacts: ArtifactSet, context: PassContext) -> None:
-        """Every graph carries a BHSD, unpadded decode contract.
-
-        Raises:
-            PreconditionError: naming the graph.
-        """
-        for artifact, contract in artifacts.contracts(self.name):
-            if contract.kv_layout != "BHSD" or contract.head_dim_padded != contract.head_dim:
-                raise PreconditionError(
-                    self.name,
-                    f"graph '{artifact.name}' already has kv_layout {contract.kv_layout}, head_dim_padded "
-                    f"{contract.head_dim_padded}; run kv_layout once, on the BHSD graph static_kv made",
-                )
+        return frozenset({BHSD_CACHE}) if cfg.layout != "BHSD" or cfg.pad_head_dim_to is not None else frozenset()
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
         """Rewrite a structural copy of every graph (no weight copied)."""
         models = []
         for artifact in artifacts.artifacts:
-            model = artifacts.copy_graph(artifact.model)
+            model = clone(artifact.model)
             contract = read_contract(model, source=artifact.name)
             assert contract is not None  # requires() checked
             try:

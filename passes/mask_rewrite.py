@@ -38,8 +38,6 @@ buffer once when it allocates it (``cache_init: zeros``); stale finite values fr
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -48,17 +46,19 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_common
-import onnxruntime as ort
 from pydantic import Field
 
-from onnxdeploy import model_io
+from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.contract import DecodeContract, read_contract, write_contract
 from onnxdeploy.errors import PostconditionError, PreconditionError
-from onnxdeploy.graph import float32_shadow_graph
 from onnxdeploy.kv_cache import GQA_OP
 from onnxdeploy.passes._attention_edits import decompose_attention
 from onnxdeploy.passes._cache_edits import infer_shapes, refold_and_infer
-from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
+from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._order import CONTRACT
+from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._probe import open_probe, pruned_copy
 from onnxdeploy.report import PassReport
 
 __all__ = [
@@ -416,38 +416,10 @@ def _probe_session(model: ir.Model, outputs: list[ir.Value], context: PassContex
     Raises:
         PreconditionError: ONNX Runtime cannot load the probe.
     """
-    names = [str(v.name) for v in outputs]
-    probe = model_io.proto_round_trip(model, lambda proto: proto, threshold=-1)
-    values = ir.convenience.create_value_mapping(probe.graph)
-    probe.graph.outputs.clear()
-    for name in names:
-        probe.graph.outputs.append(values[name])
-    ir_common.RemoveUnusedNodesPass()(probe)
-    used = {id(v) for node in probe.graph for v in node.inputs if v is not None} | {id(v) for v in probe.graph.outputs}
-    for value in list(probe.graph.inputs):
-        if id(value) not in used:
-            probe.graph.inputs.remove(value)
-    float32_shadow_graph(probe)  # a bfloat16 mask runs on ORT's CPU EP as its float32 shadow (same 0/lowest pattern)
-    folder = tempfile.mkdtemp(prefix="mask_rewrite-probe-", dir=context.scratch())
-    opened: Any = None
-    try:
-        path = model_io.write_for_ort(probe, folder)
-        try:
-            if context.session_factory is not None:
-                opened = context.session_factory(path)
-            else:
-                opts = ort.SessionOptions()
-                opts.intra_op_num_threads = 1
-                opts.log_severity_level = 3
-                opened = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # ORT raises several unrelated exception types
-            raise PreconditionError(who, f"ONNX Runtime cannot load the mask probe: {exc}") from exc
-        yield getattr(opened, "session", opened)
-    finally:
-        close = getattr(opened, "close", None)
-        if close is not None:
-            close()
-        shutil.rmtree(folder, ignore_errors=True)
+    # a bfloat16 mask runs on ORT's CPU EP as its float32 shadow (same 0/lowest pattern)
+    probe = pruned_copy(model, [str(v.name) for v in outputs])
+    with open_probe(probe, context, who=who, what="the mask probe") as opened:
+        yield opened.session
 
 
 def _probe_starts(S: int, L: int) -> list[int]:
@@ -527,7 +499,7 @@ class MaskRewritePass(Pass):
     config_model = MaskRewriteConfig
     config: MaskRewriteConfig
     in_place = False
-    needs = frozenset({"contract"})
+    needs = frozenset({CONTRACT})
     keeps_opset = True
 
     def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
@@ -577,7 +549,7 @@ class MaskRewritePass(Pass):
                     "computed from cache_position (no exporter mask, no attention_mask input)"
                 )
                 continue
-            result = self._rewrite(artifacts.copy_graph(artifact.model), artifact.name, context)
+            result = self._rewrite(clone(artifact.model), artifact.name, context)
             models.append(result.model)
             report.changes += [f"{artifact.name}: {line}" for line in result.decomposed]
             windows = sorted(w for w in result.windows if w is not None)

@@ -25,9 +25,11 @@ import onnx_ir as ir
 from onnx import version_converter
 from pydantic import Field, field_validator
 
+from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.errors import PassError
 from onnxdeploy.model_io import proto_round_trip, stand_in_proto
 from onnxdeploy.passes._cache_edits import fold_constants, infer_shapes
+from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._opset_adapters import (
     expand_function_ops,
     fold_empty_tensors,
@@ -36,7 +38,7 @@ from onnxdeploy.passes._opset_adapters import (
     name_created_nodes,
     restore_held,
 )
-from onnxdeploy.passes._pass_infra import ArtifactSet, Pass, PassConfig, PassContext, register_pass
+from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["PinOpsetConfig", "PinOpsetPass"]

@@ -49,18 +49,13 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import Field
 
+from onnxdeploy.artifacts import ArtifactSet, ScratchWriter
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import ConfigError, PreconditionError
-from onnxdeploy.model_io import proto_round_trip, release_weights, stand_in_proto, write_for_ort
-from onnxdeploy.passes._pass_infra import (
-    ArtifactSet,
-    Pass,
-    PassConfig,
-    PassContext,
-    PipelineSettings,
-    ScratchWriter,
-    register_pass,
-)
+from onnxdeploy.model_io import release_weights, stand_in_proto
+from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._probe import calibration_decoder, open_probe, pruned_copy
 from onnxdeploy.passes._value_fold import PROBES, ValueFold, concrete_dims, plan_value_fold
 from onnxdeploy.passes._weight_quant import (
     act_order_permutation,
@@ -73,6 +68,7 @@ from onnxdeploy.passes._weight_quant import (
     quantize_rtn_stored,
 )
 from onnxdeploy.report import PassReport
+from onnxdeploy.settings import PipelineSettings
 
 __all__ = ["QuantizeWeightsConfig", "QuantizeWeightsPass"]
 
@@ -440,7 +436,7 @@ def _collect_statistics(
 ) -> dict[str, np.ndarray]:
     """``X^T X`` (``full``) or ``diag(X^T X)`` float64 per activation, over the calibration tokens.
 
-    The model is run through the runner's decode loop (its contract, or the exporter convention) with the
+    The model is run through the context's decode loop (its contract, or the exporter convention) with the
     activations added as graph outputs; batch row 0 of every position fed is used.
 
     Args:
@@ -453,26 +449,16 @@ def _collect_statistics(
     Returns:
         Activation name -> float64 ``(K, K)`` or ``(K,)``.
     """
-    from onnxdeploy.runner import ContractDecoder, ExporterDecoder, open_session  # noqa: PLC0415
-
     names = [str(v.name) for v in activations]
-    probe = proto_round_trip(model, lambda proto: proto, threshold=-1)
-    by_name = {str(o.name): o for node in probe.graph for o in node.outputs}
-    for name in names:
-        probe.graph.outputs.append(by_name[name])
-    folder = context.scratch() / "calibration"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = write_for_ort(probe, folder)
+    probe = pruned_copy(model, names, keep_outputs=True, shadow=False)
     header = stand_in_proto(model)
-    factory = context.session_factory or open_session
+    contract = read_contract(model)
     stats: dict[str, np.ndarray] = {}
     count = 0
-    model_session = factory(path)
-    try:
+    with open_probe(probe, context, who="quantize_weights", what="the calibration model") as model_session:
         model_session.model = header  # the decode loop reads the graph's own outputs, not the probes
-        contract = read_contract(model)
         # This graph alone (a graph set's siblings are not written here): its contract, or the exporter convention.
-        decoder = ContractDecoder(model_session, contract) if contract is not None else ExporterDecoder(model_session)
+        decoder = calibration_decoder(context, model_session, contract, who="quantize_weights")
         decoder.extra_outputs = names
         chunk = contract.max_cache_len if contract is not None else CALIBRATION_CHUNK
         step = contract.step_len if contract is not None else 1
@@ -492,9 +478,7 @@ def _collect_statistics(
                         x = (x[0] if x.ndim >= 3 else x).reshape(-1, x.shape[-1])
                         part = x.T @ x if full else np.einsum("tk,tk->k", x, x)
                         stats[name] = stats[name] + part if name in stats else part
-    finally:
-        model_session.close()
-        release_weights(probe)
+    release_weights(probe)
     report.changes.append(f"calibration: {count} tokens through {len(names)} activation(s)")
     return stats
 

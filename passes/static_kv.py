@@ -19,7 +19,7 @@ What the pass does (DESIGN.md, "Passes" → ``static_kv``), each step a function
   contract is written to ``metadata_props`` (DESIGN.md, "The decode contract").
 
 A graph set (``step_lens`` and/or ``max_cache_lens`` lists): one graph per (step length S, cache length L),
-each the rewrite above of its own structural copy of the input (:meth:`ArtifactSet.copy_graph`: the copies
+each the rewrite above of its own structural copy of the input (:func:`onnxdeploy.passes._edit.clone`: the copies
 hold the very same weight tensors, so the writer puts each weight once into one data file). The primary
 graph (smallest S, largest L) keeps the pipeline's file name; the others are ``<stem>.s<S>.c<L>.onnx``.
 A prefill graph (S > 1) with ``prefill_logits: last`` gathers the hidden state of the position named by the
@@ -37,6 +37,7 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import Field, model_validator
 
+from onnxdeploy.artifacts import Artifact, ArtifactSet
 from onnxdeploy.contract import CONTRACT_KEY, CacheWrite, DecodeContract, GraphSetEntry, write_contract
 from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
 from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output, genai_head_size
@@ -55,17 +56,13 @@ from onnxdeploy.passes._cache_edits import (
     replace_neg_inf,
     rewrite_cache_writes,
 )
-from onnxdeploy.passes._pass_infra import (
-    Artifact,
-    ArtifactSet,
-    Pass,
-    PassConfig,
-    PassContext,
-    PipelineSettings,
-    register_pass,
-)
+from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
+from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes, format_bytes
+from onnxdeploy.settings import PipelineSettings
 
 __all__ = [
     "LAST_TOKEN_INDEX",
@@ -336,7 +333,7 @@ class StaticKVCachePass(Pass):
     ``[step_len]`` input, ``attention_mask`` int64 ``(B, max_cache_len)``, past K/V
     ``(B, H_kv, max_cache_len, D)``, and the decode contract in ``metadata_props``; with several step or
     cache lengths, one such graph per ``(step_len, max_cache_len)`` (module docstring). The pass is
-    functional: it rewrites structural copies of the graph (:meth:`ArtifactSet.copy_graph`: no weight copied,
+    functional: it rewrites structural copies of the graph (:func:`onnxdeploy.passes._edit.clone`: no weight copied,
     the rewritten graphs hold the same weight tensors) and returns a new set; the graph it was given is left
     as it was.
 
@@ -355,7 +352,7 @@ class StaticKVCachePass(Pass):
     config_model = StaticKVConfig
     config: StaticKVConfig
     in_place = False
-    provides = frozenset({"contract", "bhsd_cache"})
+    provides = frozenset({CONTRACT, BHSD_CACHE})
     keeps_opset = True
 
     def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
@@ -526,9 +523,7 @@ class StaticKVCachePass(Pass):
         built: list[tuple[str, ir.Model, DecodeContract]] = []
         for i, ((S, L), name) in enumerate(zip(pairs, names, strict=True)):
             graph_report = report if i == 0 else PassReport(name=self.name)
-            model, contract = self._rewrite(
-                artifacts.copy_graph(original), query_positions, S, L, graph_report, head_dim
-            )
+            model, contract = self._rewrite(clone(original), query_positions, S, L, graph_report, head_dim)
             built.append((name, model, contract))
             if i > 0:
                 report.warnings += [f"{name}: {w}" for w in graph_report.warnings]
@@ -569,10 +564,9 @@ class StaticKVCachePass(Pass):
         """
         cfg = self.config
         write, source = cfg.cache_write, "config"
-        if write is None and context.target is not None:
-            from onnxdeploy.matrices import get_target  # noqa: PLC0415  (matrices load lazily: package data)
-
-            write, source = get_target(context.target).defaults.cache_write, f"target {context.target} default"
+        defaults = context.target_defaults
+        if write is None and defaults is not None:
+            write, source = defaults.cache_write, f"target {defaults.target} default"
         update = cfg.cache_update
         if kv.attention_op is not None:
             if write not in (None, "scatter_elements") and source == "config":

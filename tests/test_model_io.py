@@ -30,6 +30,7 @@ from onnxdeploy.model_io import (
     stage_artifacts,
     write_for_ort,
 )
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes import Artifact, ArtifactSet
 from onnxdeploy.passes.external_data import EmbedExternalDataPass, ExternalizePass
 from tests.conftest import fixture_entry
@@ -465,8 +466,7 @@ def external_locations(path: Path) -> set[str]:
 
 def test_two_graphs_of_one_model_share_one_data_file(tmp_path, fixture_logits):
     loaded = load_model(save_external(FIXTURE, tmp_path / "in"))
-    artifacts = ArtifactSet([Artifact("model.onnx", loaded.model)], input_was_external=True)
-    copy = artifacts.copy_graph(loaded.model)
+    copy = loaded.model.clone()
     assert copy is not loaded.model
     for name, value in copy.graph.initializers.items():
         assert value.const_value is loaded.model.graph.initializers[name].const_value, name
@@ -486,7 +486,7 @@ def test_two_graphs_of_one_model_share_one_data_file(tmp_path, fixture_logits):
 
 def test_a_copied_graph_shares_its_small_initializers_too(tmp_path):
     model = load_model(FIXTURE).model
-    copy = ArtifactSet([Artifact("model.onnx", model)]).copy_graph(model)
+    copy = model.clone()
     out = tmp_path / "out"
     out.mkdir()
     stage_artifacts(
@@ -561,7 +561,7 @@ def test_a_commit_stopped_between_renames_leaves_no_new_file(tmp_path, monkeypat
 def test_externalize_then_embed_gives_the_fixture_weights(tmp_path, fixture_weights, fixture_logits):
     artifacts = ArtifactSet([Artifact("model.onnx", load_model(FIXTURE).model)])
     assert not artifacts.external()
-    artifacts = ExternalizePass()(artifacts).artifacts
+    artifacts = ExternalizePass()(artifacts, make_pass_context()).artifacts
     assert artifacts.external()
     (ext,) = [
         p for p in _stage(artifacts.primary, tmp_path / "ext", external=artifacts.external()) if p.suffix == ".onnx"
@@ -573,7 +573,7 @@ def test_externalize_then_embed_gives_the_fixture_weights(tmp_path, fixture_weig
 
     back = ArtifactSet([Artifact("model.onnx", reloaded.model)], input_was_external=True)
     assert back.external()  # auto keeps an external input external
-    back = EmbedExternalDataPass()(back).artifacts
+    back = EmbedExternalDataPass()(back, make_pass_context()).artifacts
     assert not back.external()
     written = _stage(back.primary, tmp_path / "inline", external=back.external())
     assert [p.name for p in written] == ["model.onnx"]
@@ -627,7 +627,9 @@ def test_externalize_with_threshold_0_keeps_small_integer_tensors_inline_and_run
     from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 
     # folding leaves the shape arithmetic as small int64 initializers (Reshape shapes, Unsqueeze axes)
-    model = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(load_model(FIXTURE).model).artifacts.primary
+    model = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(
+        load_model(FIXTURE).model, make_pass_context()
+    ).artifacts.primary
     staged = stage_artifacts([("model.onnx", model)], tmp_path, external=True, data_name="model.onnx.data",
                              size_threshold_bytes=0)  # fmt: skip
     staged.commit()

@@ -18,6 +18,7 @@ import onnxdeploy.pass_cache as pass_cache
 from onnxdeploy.cli import app
 from onnxdeploy.config import load_pipeline
 from onnxdeploy.model_io import load_model
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.pipeline import _pass_cache
 from tests.conftest import PROMPT, fixture_entry
 
@@ -227,7 +228,9 @@ def test_an_entry_another_run_is_reading_is_not_evicted_until_it_lets_go(tmp_pat
     cache = {"dir": str(tmp_path / "cache")}
     _run(_pipeline(tmp_path / "a", passes=one, cache=cache), tmp_path / "a" / "out")
     (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
-    reader = _pass_cache(load_pipeline(_pipeline(tmp_path / "r", passes=one, cache=cache)), load_model(FIXTURE), [])
+    reader = _pass_cache(
+        load_pipeline(_pipeline(tmp_path / "r", passes=one, cache=cache)), load_model(FIXTURE), [], make_pass_context()
+    )
     assert reader is not None and reader.lookup() is not None  # the other run, still going
     small = {**cache, "max_bytes": 1_000_000}  # about 0.6 MB an entry: one entry fits
     other = _run(_pipeline(tmp_path / "b", passes=[{"static_kv": {"max_cache_len": 48}}], cache=small), tmp_path / "b")
@@ -266,9 +269,30 @@ def test_a_pass_that_keeps_every_weight_adds_no_copy_of_the_weights(tmp_path):
     pipeline = _pipeline(tmp_path, passes=passes)
     cold = runner.invoke(app, ["run", str(pipeline), "-o", str(tmp_path / "a"), "--cache-dir", str(cache)])
     assert cold.exit_code == 0 and "weights.data hard-linked to pass 1's" in cold.stderr, cold.stderr
-    keys = _pass_cache(load_pipeline(pipeline), load_model(FIXTURE), []).keys
+    keys = _pass_cache(load_pipeline(pipeline), load_model(FIXTURE), [], make_pass_context()).keys
     first, second = (cache / key / "weights.data" for key in keys)
     assert first.stat().st_ino == second.stat().st_ino and first.stat().st_nlink == 2
     apparent = sum(p.stat().st_size for key in keys for p in (cache / key).iterdir())
     assert pass_cache._usage(cache)[0] == apparent - first.stat().st_size, "the size bound counts one copy"
     assert [p["cache"] for p in _run(pipeline, tmp_path / "b", "--cache-dir", str(cache))["passes"]] == ["hit", "hit"]
+
+
+def test_a_changed_target_default_misses(tmp_path, monkeypatch):
+    """static_kv reads the target's cache_write default through the pass context: a changed matrix file must miss."""
+    import onnxdeploy.matrices as matrices  # noqa: PLC0415
+
+    cache = tmp_path / "cache"
+    pipeline = _pipeline(tmp_path, passes=[{"static_kv": {"max_cache_len": 32}}], target="rknn-rk3588")
+    cold = runner.invoke(app, ["run", str(pipeline), "-o", str(tmp_path / "a"), "--cache-dir", str(cache)])
+    assert cold.exit_code in (0, 1), cold.stderr
+    config = load_pipeline(pipeline)
+    config.cache.dir = cache
+    same = _pass_cache(config, load_model(FIXTURE), [], make_pass_context(target="rknn-rk3588"))
+    assert same.lookup() is not None, "the unchanged target is served from the cache"
+    same.close()
+    real = matrices.get_target("rknn-rk3588")
+    assert real.defaults.cache_write == "where"
+    changed = real.model_copy(update={"defaults": real.defaults.model_copy(update={"cache_write": "scatter_nd"})})
+    monkeypatch.setattr(matrices, "get_target", lambda name: changed if name == "rknn-rk3588" else real)
+    other = _pass_cache(config, load_model(FIXTURE), [], make_pass_context(target="rknn-rk3588"))
+    assert other.keys != same.keys and other.lookup() is None, "a changed default is a miss"

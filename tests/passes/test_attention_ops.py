@@ -22,7 +22,7 @@ import pytest
 
 from onnxdeploy import model_io
 from onnxdeploy.errors import PreconditionError
-from onnxdeploy.passes._pass_infra import PassContext
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.mask_rewrite import MaskRewriteConfig, MaskRewritePass, lowest_finite
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
@@ -35,7 +35,7 @@ PROMPT8 = [1, 17, 42, 99, 7, 3, 5, 9]
 def _gqa_static(tmp_path: Path, **cfg) -> tuple[ort.InferenceSession, ort.InferenceSession]:
     entry = fixture_entry("llama_gqa_genai")
     model = model_io.load_model(entry["model_path"]).model
-    static = StaticKVCachePass(StaticKVConfig(**cfg))(model, PassContext(model_path=entry["model_path"]))
+    static = StaticKVCachePass(StaticKVConfig(**cfg))(model, make_pass_context(model_path=entry["model_path"]))
     path = model_io.write_for_ort(static.artifacts.primary, tmp_path)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
@@ -75,7 +75,7 @@ def test_gqa_static_cache_is_exact_with_nan_in_unused_slots(tmp_path, step_len):
 def test_gqa_refusals_name_the_op_and_node():
     entry = fixture_entry("llama_gqa_genai")
     model = model_io.load_model(entry["model_path"]).model
-    context = PassContext(model_path=entry["model_path"])
+    context = make_pass_context(model_path=entry["model_path"])
     node = "'/model/layers.0/attn/GroupQueryAttention'"
     cases = {
         "new_token_only": {"max_cache_len": 64, "cache_update": "new_token_only"},
@@ -102,7 +102,7 @@ def test_gqa_head_dim_from_genai_config_must_agree_with_the_weights(tmp_path):
     (folder / "genai_config.json").write_text(config.read_text().replace('"head_size": 16', '"head_size": 32'))
     model = model_io.load_model(folder / "model.onnx").model
     with pytest.raises(PreconditionError, match="head dim 32 .* the weights give 16"):
-        StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model, PassContext(model_path=folder / "model.onnx"))
+        StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model, make_pass_context(model_path=folder / "model.onnx"))
 
 
 def test_attention_23_with_past_key_is_refused_naming_op_and_node():
@@ -119,7 +119,7 @@ def test_attention_23_with_past_key_is_refused_naming_op_and_node():
     )
     expected = "input 'pk' enters ai.onnx::Attention #0 \\(Attention\\) as past_key: the op concatenates"
     with pytest.raises(PreconditionError, match=expected):
-        StaticKVCachePass(StaticKVConfig(max_cache_len=8))(model)
+        StaticKVCachePass(StaticKVConfig(max_cache_len=8))(model, make_pass_context())
 
 
 def test_fully_masked_float16_row_stays_finite_under_onnx_reference():

@@ -23,7 +23,8 @@ from onnxdeploy.passes._cache_edits import (
     replace_neg_inf,
     rewrite_cache_writes,
 )
-from onnxdeploy.passes._pass_infra import PassContext
+from onnxdeploy.passes._context import PassContext
+from onnxdeploy.runner import open_session
 from tests.conftest import REPO
 
 VOCAB_OUT = 80  # the weight W is (4, 80) float32 = 1280 bytes: above the 1 KiB stand-in threshold
@@ -180,9 +181,7 @@ def test_find_query_positions_probes_with_the_exports_batch(tmp_path, batch):
 
     def factory(path):
         calls.append(path)
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        return open_session(path)
 
     context = PassContext(scratch_dir=tmp_path, session_factory=factory)
     assert find_query_positions(model, kv, context) == ["qpos"]
@@ -201,9 +200,7 @@ def test_the_probe_carries_no_weight_but_the_embedding_table(tmp_path):
     def factory(path):
         header = onnx.load(str(path), load_external_data=False)
         kept.extend(t.name for t in header.graph.initializer if model_io.tensor_nbytes(t) > 1024)
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        return open_session(path)
 
     assert find_query_positions(model, kv, PassContext(scratch_dir=tmp_path, session_factory=factory))
     assert kept == ["model.embed_tokens.weight"]

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxdeploy import model_io
 from onnxdeploy.contract import read_contract
-from onnxdeploy.passes import PassContext
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.fuse_matmuls import FuseMatMulsConfig, FuseMatMulsPass, fusable_groups
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
@@ -30,8 +30,10 @@ def test_fuse_matmuls_on_a_graph_set_shares_the_fused_weights_and_decodes_the_sa
     entry = fixture_entry(name)
     layers = entry["config"]["layers"]
     model = model_io.load_model(entry["model_path"]).model
-    static = StaticKVCachePass(StaticKVConfig(step_lens=[1, 4], max_cache_lens=[32]))(model).artifacts
-    context = PassContext()  # its scratch folder holds the fused weights until they are written
+    static = StaticKVCachePass(StaticKVConfig(step_lens=[1, 4], max_cache_lens=[32]))(
+        model, make_pass_context()
+    ).artifacts
+    context = make_pass_context()  # its scratch folder holds the fused weights until they are written
     result = FuseMatMulsPass()(static, context)
     fused = result.artifacts
 
@@ -103,7 +105,7 @@ def test_fuse_matmuls_small_cases(opset, tied, exclude, fused_names):
     feeds = {"x": np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)}
     if tied:
         feeds["z"] = np.ones((8, 5), np.float32)
-    result = FuseMatMulsPass(FuseMatMulsConfig(exclude=exclude))(ir.serde.deserialize_model(proto))
+    result = FuseMatMulsPass(FuseMatMulsConfig(exclude=exclude))(ir.serde.deserialize_model(proto), make_pass_context())
     model = result.artifacts.primary
     assert [n.name for n in model.graph if n.op_type == "MatMul" and n.name.count("+")] == fused_names
     split = next(n for n in model.graph if n.op_type == "Split")
@@ -120,7 +122,7 @@ def test_fuse_matmuls_leaves_a_graph_without_groups_alone():
     for i, node in enumerate(proto.graph.node[1:], start=2):  # every MatMul reads its own input
         node.input[0] = f"x{i}"
         proto.graph.input.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [2, 8]))
-    result = FuseMatMulsPass()(ir.serde.deserialize_model(proto))
+    result = FuseMatMulsPass()(ir.serde.deserialize_model(proto), make_pass_context())
     assert not result.modified
     assert result.report.changes == ["no MatMuls sharing an input with their own constant float weights"]
 
@@ -138,7 +140,9 @@ def test_fuse_matmuls_reports_what_it_leaves_apart():
         ]
     )
     proto.graph.output.append(helper.make_tensor_value_info("y_d", TensorProto.FLOAT, [2, 6]))
-    result = FuseMatMulsPass(FuseMatMulsConfig(exclude=["*/mpl/*"]))(ir.serde.deserialize_model(proto))
+    result = FuseMatMulsPass(FuseMatMulsConfig(exclude=["*/mpl/*"]))(
+        ir.serde.deserialize_model(proto), make_pass_context()
+    )
     assert "left apart: 1 MatMul(s) whose weight is read elsewhere too (tied), e.g. /layer/b_proj/MatMul" in (
         result.report.changes
     )
@@ -153,7 +157,7 @@ def test_fused_weights_stay_readable_while_a_probe_session_links_them(tmp_path):
     """quantize_weights' calibration probe hard-links the scratch data file (write_for_ort); reading a fused
     weight afterwards must not trip onnx_ir's hard-link check (it did: 'has multiple hard links')."""
     model = model_io.load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
-    context = PassContext(scratch_dir=tmp_path / "scratch")
+    context = make_pass_context(scratch_dir=tmp_path / "scratch")
     fused = FuseMatMulsPass()(model, context).artifacts.primary
     (tmp_path / "probe").mkdir()
     probe = model_io.write_for_ort(fused, tmp_path / "probe")

@@ -12,6 +12,7 @@ import pytest
 from onnxdeploy import model_io
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import PreconditionError
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes._attention_edits import cache_buffers, find_cache_reads, head_repeats
 from onnxdeploy.passes.grouped_attention import GroupedAttentionConfig, GroupedAttentionPass
 from onnxdeploy.passes.mask_rewrite import MaskRewriteConfig, MaskRewritePass
@@ -26,7 +27,7 @@ L = 128
 
 def _static(name: str, **cfg) -> ir.Model:
     model = model_io.load_model(fixture_entry(name)["model_path"]).model
-    return StaticKVCachePass(StaticKVConfig(**cfg))(model).artifacts.primary
+    return StaticKVCachePass(StaticKVConfig(**cfg))(model, make_pass_context()).artifacts.primary
 
 
 def _assert_same_outputs(static: ir.Model, grouped: ir.Model, tokens: list[int], start: int, tmp_path) -> None:
@@ -86,7 +87,7 @@ def test_grouped_attention_removes_the_head_repeat_and_decodes_the_same(tmp_path
     static = _static(name, max_cache_len=L)
     assert _cache_sized_copies(static, heads), "the exporter's attention should copy the cache before the rewrite"
 
-    result = GroupedAttentionPass()(static)
+    result = GroupedAttentionPass()(static, make_pass_context())
     grouped = result.artifacts.primary
     layers = entry["config"]["layers"]
     assert result.modified and result.report.warnings == []
@@ -120,7 +121,7 @@ def test_grouped_attention_removes_the_head_repeat_and_decodes_the_same(tmp_path
 def test_grouped_attention_on_a_prefill_graph_matches_the_static_graph(tmp_path):
     """S = 4 query positions per head: the (G, S) order of the grouped Q must match the scores' (H_q, S)."""
     static = _static("llama_gqa_optimum", step_len=4, max_cache_len=32, prefill_logits="all")
-    grouped = GroupedAttentionPass()(static).artifacts.primary
+    grouped = GroupedAttentionPass()(static, make_pass_context()).artifacts.primary
     assert head_repeats(grouped) == [] and head_repeats(static)
     _assert_same_outputs(static, grouped, [5, 9, 11, 2], 6, tmp_path)
 
@@ -131,7 +132,7 @@ def test_a_head_repeat_left_unrewritten_is_named_in_a_warning():
     value_read = next(r for r in find_cache_reads(static) if r.form == "value")
     repeat = next(n for n in value_read.nodes if n.op_type == "Expand")
     static.graph.outputs.append(repeat.outputs[0])  # read by a graph output too: not attention's alone
-    result = GroupedAttentionPass()(static)
+    result = GroupedAttentionPass()(static, make_pass_context())
     assert [n.name for n in head_repeats(result.artifacts.primary)] == [repeat.name]
     assert [w for w in result.report.warnings if f"Expand '{repeat.name}'" in w], result.report.warnings
     assert len(result.report.changes) == 3  # the other V read and both K reads are rewritten
@@ -140,14 +141,14 @@ def test_a_head_repeat_left_unrewritten_is_named_in_a_warning():
 def test_grouped_attention_requires_a_static_graph():
     model = model_io.load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
     with pytest.raises(PreconditionError, match="run static_kv before grouped_attention"):
-        GroupedAttentionPass()(model)
+        GroupedAttentionPass()(model, make_pass_context())
 
 
 def test_grouped_attention_then_mask_rewrite_on_opset_23_attention_decodes_the_same(tmp_path):
     """Either order works: after grouped_attention split Attention-23, mask_rewrite finds its Softmax and mask."""
     entry = fixture_entry("llama_gqa_dynamo23")
-    grouped = GroupedAttentionPass()(_static("llama_gqa_dynamo23", max_cache_len=L)).artifacts
-    masked = MaskRewritePass(MaskRewriteConfig())(grouped)
+    grouped = GroupedAttentionPass()(_static("llama_gqa_dynamo23", max_cache_len=L), make_pass_context()).artifacts
+    masked = MaskRewritePass(MaskRewriteConfig())(grouped, make_pass_context())
     assert not [c for c in masked.report.changes if "decomposed" in c]  # split once, by grouped_attention
     model = masked.artifacts.primary
     assert head_repeats(model) == [] and "attention_mask" not in {v.name for v in model.graph.inputs}
@@ -161,7 +162,7 @@ def test_grouped_attention_then_mask_rewrite_on_opset_23_attention_decodes_the_s
 def test_grouped_attention_rank_of_the_one_token_products(tmp_path, max_rank):
     """Rank 5 leads with the query groups (G, B, H_kv, 1, ·) and reads the buffer broadcast; rank 4 folds G·S."""
     static = _static("llama_gqa_optimum", max_cache_len=32)
-    result = GroupedAttentionPass(GroupedAttentionConfig(max_rank=max_rank))(static)
+    result = GroupedAttentionPass(GroupedAttentionConfig(max_rank=max_rank))(static, make_pass_context())
     grouped = result.artifacts.primary
     added = [n for n in grouped.graph if (n.name or "").startswith("onnxdeploy/grouped_attention/")]
     ranks = {len(v.shape) for n in added for v in n.outputs if v.shape is not None}

@@ -16,10 +16,11 @@ import onnx_ir as ir
 import pytest
 from pydantic import ValidationError
 
+from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.contract import CACHE_WRITES, DecodeContract, read_contract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.model_io import load_model, stage_artifacts
-from onnxdeploy.passes._pass_infra import ArtifactSet, PassContext
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.grouped_attention import GroupedAttentionPass
 from onnxdeploy.passes.kv_layout import KVLayoutConfig, KVLayoutPass
 from onnxdeploy.passes.mask_rewrite import MaskRewritePass
@@ -39,7 +40,7 @@ def _static(name: str, cache_write: str, graph_set: bool) -> ArtifactSet:
     """static_kv on the fixture (cached: the layout cases share it; kv_layout never edits its input)."""
     shape = {"step_lens": [1, 4], "max_cache_lens": [16, 48]} if graph_set else {"max_cache_len": 40}
     config = StaticKVConfig(cache_write=cache_write, **shape)
-    return StaticKVCachePass(config)(load_model(fixture_entry(name)["model_path"]).model).artifacts
+    return StaticKVCachePass(config)(load_model(fixture_entry(name)["model_path"]).model, make_pass_context()).artifacts
 
 
 def _write(artifacts: ArtifactSet, folder: Path) -> Path:
@@ -75,7 +76,9 @@ def _cases() -> list[tuple[str, str, int | None, str]]:
 
 @pytest.mark.parametrize(("name", "layout", "pad", "cache_write"), _cases())
 def test_every_layout_and_write_decodes_like_the_original(tmp_path, name, layout, pad, cache_write) -> None:
-    result = KVLayoutPass(KVLayoutConfig(layout=layout, pad_head_dim_to=pad))(_static(name, cache_write, False))
+    result = KVLayoutPass(KVLayoutConfig(layout=layout, pad_head_dim_to=pad))(
+        _static(name, cache_write, False), make_pass_context()
+    )
     model = result.artifacts.primary
     contract = read_contract(model)
     assert contract is not None and contract.kv_layout == layout
@@ -111,8 +114,10 @@ def test_graph_sets_in_every_layout_cross_buckets_and_cache_lengths(
     name = "llama_gqa_optimum"
     artifacts = _static(name, cache_write, True)
     if attention_passes:
-        artifacts = GroupedAttentionPass()(MaskRewritePass()(artifacts).artifacts).artifacts
-    result = KVLayoutPass(KVLayoutConfig(layout=layout, pad_head_dim_to=pad))(artifacts)
+        artifacts = GroupedAttentionPass()(
+            MaskRewritePass()(artifacts, make_pass_context()).artifacts, make_pass_context()
+        ).artifacts
+    result = KVLayoutPass(KVLayoutConfig(layout=layout, pad_head_dim_to=pad))(artifacts, make_pass_context())
     assert len(result.artifacts.artifacts) == 4
     if attention_passes:
         assert all("0 reader(s) of K transpose it back" in line for line in result.report.changes[1::2])
@@ -137,7 +142,7 @@ def test_the_trained_fixture_packs_and_pads_to_64_bit_exactly(tmp_path) -> None:
     # order); kv_layout adds nothing to that: its graph equals the BHSD static graph bit for bit.
     name = "llama_bytes_torchscript"
     static = _static(name, "where", False)
-    result = KVLayoutPass(KVLayoutConfig(layout="BSH2D", pad_head_dim_to=64))(static)
+    result = KVLayoutPass(KVLayoutConfig(layout="BSH2D", pad_head_dim_to=64))(static, make_pass_context())
     contract = read_contract(result.artifacts.primary)
     assert contract is not None and contract.pair_input_shapes()[0] == (1, 40, 2, 128)
     eval_tokens = np.load(fixture_entry(name)["reference_path"])["eval_tokens"].ravel()[:6].tolist()
@@ -156,7 +161,9 @@ def test_the_trained_fixture_packs_and_pads_to_64_bit_exactly(tmp_path) -> None:
 def test_kv_layout_chooses_its_own_write(tmp_path) -> None:
     # a ScatterElements static graph repacked with the host write: new_token_only, no Scatter left
     name = "llama_gqa_dynamo"
-    result = KVLayoutPass(KVLayoutConfig(layout="BSH2D", cache_write="host"))(_static(name, "scatter_elements", False))
+    result = KVLayoutPass(KVLayoutConfig(layout="BSH2D", cache_write="host"))(
+        _static(name, "scatter_elements", False), make_pass_context()
+    )
     contract = read_contract(result.artifacts.primary)
     assert contract is not None and contract.cache_update == "new_token_only"
     assert contract.pair_output_shapes() == [(1, 1, 2, 32)] * contract.num_layers
@@ -174,7 +181,7 @@ def test_kv_layout_chooses_its_own_write(tmp_path) -> None:
 
 def test_the_rk3588_target_defaults_to_the_select_write() -> None:
     model = load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
-    result = StaticKVCachePass(StaticKVConfig(max_cache_len=16))(model, PassContext(target="rknn-rk3588"))
+    result = StaticKVCachePass(StaticKVConfig(max_cache_len=16))(model, make_pass_context(target="rknn-rk3588"))
     ops = {n.op_type for n in result.artifacts.primary.graph}
     assert "ScatterElements" not in ops and {"Equal", "Where"} <= ops
     assert any("cache write: where (target rknn-rk3588 default)" in line for line in result.report.changes)
@@ -189,10 +196,10 @@ def test_cache_write_host_is_new_token_only() -> None:
 def test_a_cache_inside_group_query_attention_is_refused() -> None:
     entry = fixture_entry("llama_gqa_genai")
     static = StaticKVCachePass(StaticKVConfig(max_cache_len=16))(
-        load_model(entry["model_path"]).model, PassContext(model_path=entry["model_path"])
+        load_model(entry["model_path"]).model, make_pass_context(model_path=entry["model_path"])
     )
     with pytest.raises(PreconditionError, match="inside GroupQueryAttention .* only as BNSH"):
-        KVLayoutPass(KVLayoutConfig(layout="BSH2D"))(static.artifacts)
+        KVLayoutPass(KVLayoutConfig(layout="BSH2D"))(static.artifacts, make_pass_context())
 
 
 def test_a_bhds_k_contract_needs_version_3_and_gives_k_and_v_their_own_shapes() -> None:

@@ -12,9 +12,10 @@ import onnxruntime as ort
 import pytest
 
 from onnxdeploy import model_io
+from onnxdeploy.artifacts import Artifact, ArtifactSet
 from onnxdeploy.contract import CacheBinding, ContractInputs, DecodeContract, read_contract, write_contract
 from onnxdeploy.errors import PreconditionError
-from onnxdeploy.passes._pass_infra import Artifact, ArtifactSet
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.mask_rewrite import MaskRewriteConfig, MaskRewritePass, lowest_finite
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
@@ -27,14 +28,16 @@ STEPS = 64
 
 def _static(name: str, step_len: int) -> ir.Model:
     model = model_io.load_model(fixture_entry(name)["model_path"]).model
-    return StaticKVCachePass(StaticKVConfig(max_cache_len=L, step_len=step_len))(model).artifacts.primary
+    return StaticKVCachePass(StaticKVConfig(max_cache_len=L, step_len=step_len))(
+        model, make_pass_context()
+    ).artifacts.primary
 
 
 @functools.cache
 def _rewritten(name: str, padding: bool = False):
     """The decode graph and a step_len 4 graph of ``name``, static, then rewritten together as one set."""
     static = ArtifactSet([Artifact("model.onnx", _static(name, 1)), Artifact("model.s4.onnx", _static(name, 4))])
-    return static, MaskRewritePass(MaskRewriteConfig(padding=padding))(static)
+    return static, MaskRewritePass(MaskRewriteConfig(padding=padding))(static, make_pass_context())
 
 
 def _session(model: ir.Model, folder) -> ort.InferenceSession:
@@ -272,7 +275,7 @@ def _inline(dtype: str = "float16", visible: float = 0.0, compare: str = "LessOr
 
 def test_fully_masked_row_in_fp16_gives_no_nan_under_onnx_reference():
     old = _inline("float16")
-    new = MaskRewritePass(MaskRewriteConfig(padding=True))(old).artifacts.primary
+    new = MaskRewritePass(MaskRewriteConfig(padding=True))(old, make_pass_context()).artifacts.primary
     feeds = {
         "cache_position": np.array([2], np.int64),
         "attention_mask": np.zeros((1, 4), np.int64),  # every slot hidden: a fully masked row
@@ -297,16 +300,16 @@ def test_fully_masked_row_in_fp16_gives_no_nan_under_onnx_reference():
 
 def test_a_mask_carrying_a_bias_is_refused():
     with pytest.raises(PreconditionError, match="bias"):
-        MaskRewritePass()(_inline("float", visible=0.5))
+        MaskRewritePass()(_inline("float", visible=0.5), make_pass_context())
 
 
 def test_a_mask_no_causal_or_window_mask_reproduces_is_refused():
     with pytest.raises(PreconditionError, match="selects slots no causal or sliding-window mask"):
-        MaskRewritePass()(_inline("float", compare="Less"))  # a query that cannot see its own slot
+        MaskRewritePass()(_inline("float", compare="Less"), make_pass_context())  # a query that cannot see its own slot
 
 
 def test_a_graph_without_contract_is_refused():
     model = _inline("float")
     del model.metadata_props["onnxdeploy.contract"]
     with pytest.raises(PreconditionError, match="run static_kv before mask_rewrite"):
-        MaskRewritePass()(model)
+        MaskRewritePass()(model, make_pass_context())

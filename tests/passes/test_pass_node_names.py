@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxdeploy.checks import CheckContext
 from onnxdeploy.checks.topo_order import TopoOrderCheck
 from onnxdeploy.model_io import stand_in_proto
-from onnxdeploy.passes import PassContext
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass
 from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
 
@@ -57,7 +57,7 @@ def _name_findings(model: ir.Model) -> list[str]:
 )
 def test_pin_opset_names_every_node_it_creates(text: str, opset: int) -> None:
     model = ir.serde.deserialize_model(onnx.parser.parse_model(text))
-    pinned = PinOpsetPass(PinOpsetConfig(opset=opset))(model).artifacts.primary
+    pinned = PinOpsetPass(PinOpsetConfig(opset=opset))(model, make_pass_context()).artifacts.primary
     assert len(list(pinned.graph)) > len(list(model.graph)), "nothing was created: the test would prove nothing"
     assert _name_findings(pinned) == []
     if text is RAISE_17:  # the converter's axes constants say what they are for
@@ -80,7 +80,7 @@ def test_quantize_weights_raising_the_opset_names_every_node(tmp_path: Path) -> 
     )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     config = QuantizeWeightsConfig(bits=4, block_size=32, format="qdq")  # blocked INT4 QDQ needs opset 21
-    result = QuantizeWeightsPass(config)(ir.serde.deserialize_model(proto), PassContext(scratch_dir=tmp_path))
+    result = QuantizeWeightsPass(config)(ir.serde.deserialize_model(proto), make_pass_context(scratch_dir=tmp_path))
     quantized = result.artifacts.primary
     assert quantized.opset_imports[""] == 21 and "DequantizeLinear" in [n.op_type for n in quantized.graph]
     assert _name_findings(quantized) == []

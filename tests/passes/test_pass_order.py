@@ -6,6 +6,7 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes import get_pass, pass_order_problem
 
 
@@ -72,7 +73,7 @@ def test_what_the_input_graph_already_has_or_lacks_is_known_before_the_first_pas
     assert i == 1 and reason.endswith("which the input model does not have; add static_kv before it")
     static = _passes(STATIC, ("kv_layout", {"layout": "BHDS_K"}))
     for p in static:
-        export = p(export).artifacts.primary
+        export = p(export, make_pass_context()).artifacts.primary
     assert pass_order_problem(_passes(("fuse_matmuls", {}), ("mask_rewrite", {})), export) is None
     i, reason = pass_order_problem(_passes(("fuse_matmuls", {}), ("grouped_attention", {})), export)
     assert i == 1 and "a BHSD cache (B, H_kv, L, D), which the input model does not have" in reason

@@ -8,6 +8,7 @@ import pytest
 
 from onnxdeploy.graph import opset_imports
 from onnxdeploy.model_io import load_model, stand_in_proto, write_for_ort
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
@@ -18,8 +19,8 @@ from tests.conftest import FIXTURE_NAMES, PROMPT, fixture_entry
 def test_pin_opset_17_on_llama_verifies_identical(tmp_path, name):
     entry = fixture_entry(name)
     model = load_model(entry["model_path"]).model
-    static = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model).artifacts.primary
-    result = PinOpsetPass(PinOpsetConfig(opset=17))(static)
+    static = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model, make_pass_context()).artifacts.primary
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(static, make_pass_context())
     pinned = result.artifacts.primary
     assert opset_imports(pinned)["ai.onnx"] == 17
     onnx.checker.check_model(stand_in_proto(pinned, as_inputs=True), full_check=True)
@@ -44,7 +45,7 @@ def test_pin_opset_same_opset_is_a_no_op():
     )
     ir_model = ir.serde.deserialize_model(model)
     before = ir.serde.serialize_model(ir_model).SerializeToString()
-    result = PinOpsetPass(PinOpsetConfig(opset=17))(ir_model)
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(ir_model, make_pass_context())
     assert not result.modified
     assert result.artifacts.primary is ir_model
     assert ir.serde.serialize_model(result.artifacts.primary).SerializeToString() == before
@@ -63,7 +64,7 @@ def test_lowering_reduce_mean_18_drops_the_attribute_opset_17_lacks():
         }
         """
     )
-    result = PinOpsetPass(PinOpsetConfig(opset=17))(ir.serde.deserialize_model(model))
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(ir.serde.deserialize_model(model), make_pass_context())
     lowered = ir.serde.serialize_model(result.artifacts.primary)
     onnx.checker.check_model(lowered, full_check=True)
     (reduce,) = [n for n in lowered.graph.node if n.op_type == "ReduceMean"]
@@ -80,6 +81,6 @@ def test_lowering_reduce_mean_18_drops_the_attribute_opset_17_lacks():
 def test_pin_opset_leaves_the_graph_it_was_given_untouched():
     model = load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
     before = ir.serde.serialize_model(model).SerializeToString()
-    result = PinOpsetPass(PinOpsetConfig(opset=17))(model)
+    result = PinOpsetPass(PinOpsetConfig(opset=17))(model, make_pass_context())
     assert result.modified and result.artifacts.primary is not model
     assert ir.serde.serialize_model(model).SerializeToString() == before

@@ -12,6 +12,7 @@ import pytest
 
 from onnxdeploy.errors import PassError
 from onnxdeploy.model_io import load_model, write_for_ort
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.pin_opset import PinOpsetConfig, PinOpsetPass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
@@ -26,7 +27,7 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarra
 
 
 def _pin(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    result = PinOpsetPass(PinOpsetConfig(opset=opset))(ir.serde.deserialize_model(model))
+    result = PinOpsetPass(PinOpsetConfig(opset=opset))(ir.serde.deserialize_model(model), make_pass_context())
     out = ir.serde.serialize_model(result.artifacts.primary)
     onnx.checker.check_model(out, full_check=True)
     assert {o.domain: o.version for o in out.opset_import}[""] == opset
@@ -119,7 +120,9 @@ def test_no_exact_lowering_names_op_node_and_lowest_opset():
         g (float[2,3] x, int64[2,3] i, float[2,3] u) => (float[2,3] y) {
             y = ScatterElements <axis = 1, reduction = "max"> (x, i, u) }"""
     with pytest.raises(PassError) as err:
-        PinOpsetPass(PinOpsetConfig(opset=17))(ir.serde.deserialize_model(onnx.parser.parse_model(text)))
+        PinOpsetPass(PinOpsetConfig(opset=17))(
+            ir.serde.deserialize_model(onnx.parser.parse_model(text)), make_pass_context()
+        )
     text = str(err.value)
     assert "ScatterElements" in text and "lowest reachable opset: 18" in text
 
@@ -127,7 +130,7 @@ def test_no_exact_lowering_names_op_node_and_lowest_opset():
 def _static(name: str) -> tuple[dict, ir.Model]:
     entry = fixture_entry(name)
     model = load_model(entry["model_path"]).model
-    return entry, StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model).artifacts.primary
+    return entry, StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model, make_pass_context()).artifacts.primary
 
 
 def _diffs(entry: dict, model: ir.Model, folder) -> tuple[float, float]:
@@ -143,7 +146,7 @@ def test_every_fixture_reaches_17_after_static_kv(tmp_path, name):
     (tmp_path / "s").mkdir()
     (tmp_path / "p").mkdir()
     base, _ = _diffs(entry, static, tmp_path / "s")
-    pinned = PinOpsetPass(PinOpsetConfig(opset=17))(static).artifacts.primary
+    pinned = PinOpsetPass(PinOpsetConfig(opset=17))(static, make_pass_context()).artifacts.primary
     assert pinned.opset_imports[""] == 17 and pinned.ir_version == 8
     assert not any(n.op_type in ("Attention", "RMSNormalization", "RotaryEmbedding") for n in pinned.graph)
     diff, top1 = _diffs(entry, pinned, tmp_path / "p")
@@ -153,7 +156,7 @@ def test_every_fixture_reaches_17_after_static_kv(tmp_path, name):
 @pytest.mark.parametrize("name", ["llama_gqa_optimum", "llama_gqa_torchscript"])
 def test_llama_reaches_opset_11_and_ir_7(tmp_path, name):
     entry, static = _static(name)
-    pinned = PinOpsetPass(PinOpsetConfig(opset=11))(static).artifacts.primary
+    pinned = PinOpsetPass(PinOpsetConfig(opset=11))(static, make_pass_context()).artifacts.primary
     assert pinned.opset_imports[""] == 11 and pinned.ir_version == 7
     diff, top1 = _diffs(entry, pinned, tmp_path)
     assert top1 == 1.0 and diff <= 1e-6
@@ -182,7 +185,7 @@ def test_per_axis_dequantize_linear_is_refused_below_13_naming_the_node():
     model = onnx.parser.parse_model(text)
     np.testing.assert_array_equal(_run(_pin(model, 17), feeds)[0], _run(model, feeds)[0])
     with pytest.raises(PassError) as err:
-        PinOpsetPass(PinOpsetConfig(opset=11))(ir.serde.deserialize_model(model))
+        PinOpsetPass(PinOpsetConfig(opset=11))(ir.serde.deserialize_model(model), make_pass_context())
     assert "DequantizeLinear" in str(err.value) and "lowest reachable opset: 13" in str(err.value)
 
 
@@ -294,6 +297,6 @@ def test_float16_or_bfloat16_dequantize_linear_is_refused_below_19_naming_the_no
     model = ir.serde.deserialize_model(onnx.parser.parse_model(text))
     next(n for n in model.graph if n.op_type == "DequantizeLinear").name = "w_DequantizeLinear"
     with pytest.raises(PassError) as err:
-        PinOpsetPass(PinOpsetConfig(opset=target))(model)
+        PinOpsetPass(PinOpsetConfig(opset=target))(model, make_pass_context())
     text = str(err.value)
     assert "'w_DequantizeLinear'" in text and f"tensor({dtype})" in text and "lowest reachable opset: 19" in text

@@ -17,7 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.model_io import write_for_ort
-from onnxdeploy.passes import PassContext, PipelineSettings
+from onnxdeploy.pass_context import make_pass_context
+from onnxdeploy.passes import PipelineSettings
 from onnxdeploy.passes._weight_quant import pack_matmulnbits, quantize_rtn, quantize_rtn_stored
 from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
 from onnxdeploy.runner.accuracy import WEIGHT_ONLY_ENTRIES
@@ -41,7 +42,7 @@ def _run(model: ir.Model, feeds: dict[str, np.ndarray], folder: Path) -> np.ndar
 
 
 def _quantize(model: ir.Model, tmp_path: Path, **config) -> tuple[ir.Model, object]:
-    result = QuantizeWeightsPass(QuantizeWeightsConfig(**config))(model, PassContext(scratch_dir=tmp_path / "s"))
+    result = QuantizeWeightsPass(QuantizeWeightsConfig(**config))(model, make_pass_context(scratch_dir=tmp_path / "s"))
     return result.artifacts.primary, result.report
 
 
@@ -196,7 +197,7 @@ def test_qdq_int4_on_opset_17_is_refused_with_the_reason_when_raising_is_off(tmp
     with pytest.raises(ConfigError, match="opset >= 21 and IR >= 10; the model has opset 17"):
         quantize.check_model(model, PipelineSettings())
     with pytest.raises(PreconditionError, match="opset >= 21"):
-        quantize(model, PassContext(scratch_dir=tmp_path))
+        quantize(model, make_pass_context(scratch_dir=tmp_path))
     assert "DequantizeLinear" not in _ops(model)
     # INT8 per channel needs only opset 13: no raise, no block_size.
     quantized, _ = _quantize(model, tmp_path, bits=8, raise_opset=False)

@@ -17,7 +17,8 @@ import yaml
 
 from onnxdeploy.config import load_pipeline
 from onnxdeploy.model_io import load_model, write_for_ort
-from onnxdeploy.passes import Artifact, ArtifactSet, PassContext
+from onnxdeploy.pass_context import make_pass_context
+from onnxdeploy.passes import Artifact, ArtifactSet
 from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
 from onnxdeploy.pipeline import run_pipeline
 from onnxdeploy.runner.accuracy import WEIGHT_ONLY_ENTRIES, evaluate_accuracy
@@ -32,7 +33,7 @@ CALIBRATION = [list(TEXT[1024:2048])]
 
 
 def _quantized(tmp_path: Path, **config) -> tuple[Path, object]:
-    context = PassContext(scratch_dir=tmp_path / "scratch", calibration=CALIBRATION)
+    context = make_pass_context(scratch_dir=tmp_path / "scratch", calibration=CALIBRATION)
     result = QuantizeWeightsPass(QuantizeWeightsConfig(**config))(load_model(ENTRY["model_path"]).model, context)
     return write_for_ort(result.artifacts.primary, tmp_path), result.report
 
@@ -131,10 +132,8 @@ def test_o_proj_act_order_folds_into_v_only_where_v_stays_in_the_graph(tmp_path:
     may differ). Calibration runs on the export; the cache-less copy reuses it by activation name."""
     export = load_model(ENTRY["model_path"]).model
     graphs = ArtifactSet([Artifact("model.onnx", export)])
-    graphs = ArtifactSet(
-        [Artifact("model.onnx", export), Artifact("cacheless.onnx", _cacheless(graphs.copy_graph(export)))]
-    )
-    context = PassContext(scratch_dir=tmp_path / "scratch", calibration=[list(TEXT[1024:1536])])
+    graphs = ArtifactSet([Artifact("model.onnx", export), Artifact("cacheless.onnx", _cacheless(export.clone()))])
+    context = make_pass_context(scratch_dir=tmp_path / "scratch", calibration=[list(TEXT[1024:1536])])
     config = QuantizeWeightsConfig(bits=8, format="matmulnbits", act_order=True)
     result = QuantizeWeightsPass(config)(graphs, context)
     o_proj_rows = [r for r in result.report.details["act_order"] if any("o_proj" in n for n in r["readers"])]
@@ -166,7 +165,7 @@ def test_act_order_after_fuse_matmuls_names_why_gate_up_keep_a_gather(tmp_path: 
     """fuse_matmuls leaves gate/up as one MatMul + Split: down's act-order is a Gather, with the reason reported."""
     from onnxdeploy.passes.fuse_matmuls import FuseMatMulsPass  # noqa: PLC0415
 
-    context = PassContext(scratch_dir=tmp_path / "scratch", calibration=[list(TEXT[1024:1280])])
+    context = make_pass_context(scratch_dir=tmp_path / "scratch", calibration=[list(TEXT[1024:1280])])
     fused = FuseMatMulsPass()(load_model(ENTRY["model_path"]).model, context).artifacts
     config = QuantizeWeightsConfig(bits=8, format="matmulnbits", act_order=True)
     report = QuantizeWeightsPass(config)(fused, context).report

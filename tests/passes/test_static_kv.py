@@ -13,12 +13,15 @@ import pytest
 from pydantic import ValidationError
 
 from onnxdeploy import model_io
+from onnxdeploy.artifacts import Artifact, ArtifactSet
 from onnxdeploy.contract import CONTRACT_KEY, DecodeContract
 from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.kv_cache import find_kv_cache
-from onnxdeploy.passes._pass_infra import Artifact, ArtifactSet, PassContext, PipelineSettings
+from onnxdeploy.pass_context import make_pass_context
+from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
-from onnxdeploy.runner import verify
+from onnxdeploy.runner import open_session, verify
+from onnxdeploy.settings import PipelineSettings
 from tests.conftest import ALL_FIXTURE_NAMES, FIXTURE_NAMES, PROMPT, FixtureExpectations, fixture_entry
 
 
@@ -27,7 +30,7 @@ def _load(name: str) -> ir.Model:
 
 
 def _static(model: ir.Model, **cfg) -> ir.Model:
-    return StaticKVCachePass(StaticKVConfig(**cfg))(model).artifacts.primary
+    return StaticKVCachePass(StaticKVConfig(**cfg))(model, make_pass_context()).artifacts.primary
 
 
 def _contract(model: ir.Model) -> DecodeContract:
@@ -80,9 +83,9 @@ def test_static_kv_is_static_and_decodes_the_same(tmp_path, name, max_cache_len,
     static_kv = StaticKVCachePass(StaticKVConfig(max_cache_len=max_cache_len, cache_update=cache_update))
     if cache_update == "new_token_only" and not expect.new_token_only:
         with pytest.raises(PreconditionError, match=f"cache_update new_token_only: .*{expect.cache_op} node '"):
-            static_kv(_load(name))
+            static_kv(_load(name), make_pass_context())
         return
-    result = static_kv(_load(name))
+    result = static_kv(_load(name), make_pass_context())
     static = result.artifacts.primary
     report = result.report
 
@@ -218,7 +221,7 @@ def test_graph_without_kv_cache_is_refused_saying_what_was_looked_for():
         )
     )
     with pytest.raises(PreconditionError) as err:
-        StaticKVCachePass(StaticKVConfig(max_cache_len=8))(model)
+        StaticKVCachePass(StaticKVConfig(max_cache_len=8))(model, make_pass_context())
     text = str(err.value)
     assert "no KV cache found" in text and "Looked for" in text and "input_ids" in text and "logits" in text
 
@@ -248,7 +251,9 @@ def test_max_cache_len_below_step_len_is_refused_by_the_config():
 
 
 def test_an_already_static_model_is_refused_before_any_pass():
-    static = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(_load(FIXTURE_NAMES[0])).artifacts.primary
+    static = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(
+        _load(FIXTURE_NAMES[0]), make_pass_context()
+    ).artifacts.primary
     with pytest.raises(PreconditionError, match="already carries"):
         StaticKVCachePass(StaticKVConfig(max_cache_len=64)).check_model(static, PipelineSettings())
 
@@ -257,13 +262,13 @@ def test_more_than_one_graph_is_refused():
     model = _load(FIXTURE_NAMES[0])
     artifacts = ArtifactSet([Artifact("model.onnx", model), Artifact("prefill.onnx", _load(FIXTURE_NAMES[0]))])
     with pytest.raises(PreconditionError, match="one graph"):
-        StaticKVCachePass(StaticKVConfig(max_cache_len=40))(artifacts)
+        StaticKVCachePass(StaticKVConfig(max_cache_len=40))(artifacts, make_pass_context())
 
 
 def test_a_static_model_is_refused():
     static = _static(_load(FIXTURE_NAMES[0]), max_cache_len=40)
     with pytest.raises(PreconditionError, match="made static before"):
-        StaticKVCachePass(StaticKVConfig(max_cache_len=40))(static)
+        StaticKVCachePass(StaticKVConfig(max_cache_len=40))(static, make_pass_context())
 
 
 def test_probe_uses_the_context_session_factory_and_cleans_up(tmp_path):
@@ -271,7 +276,7 @@ def test_probe_uses_the_context_session_factory_and_cleans_up(tmp_path):
 
     def factory(path):
         opened.append(path)
-        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return open_session(path)
 
     context = PassContext(session_factory=factory, scratch_dir=tmp_path)
     result = StaticKVCachePass(StaticKVConfig(max_cache_len=40))(_load("mistral_sw_optimum"), context)
@@ -386,6 +391,6 @@ def test_available_memory_reads_cgroup_then_meminfo(tmp_path, monkeypatch):
 def test_the_graph_given_to_the_pass_is_left_as_it_was():
     model = model_io.load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
     before = ir.serde.serialize_model(model).SerializeToString()
-    result = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model)
+    result = StaticKVCachePass(StaticKVConfig(max_cache_len=64))(model, make_pass_context())
     assert result.artifacts.primary is not model
     assert ir.serde.serialize_model(model).SerializeToString() == before

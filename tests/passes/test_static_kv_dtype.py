@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 from onnxdeploy.contract import CacheBinding, ContractInputs, DecodeContract, read_contract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.model_io import load_model, write_for_ort
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes._cache_edits import cast_cache_boundary
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import ContractDecoder, open_decoder, verify
@@ -24,9 +25,11 @@ def test_fp16_cache_keeps_top1_on_an_fp32_fixture(any_fixture: dict, tmp_path: P
     config = StaticKVConfig(max_cache_len=positions, kv_dtype="float16")
     if expect.cache_op == "GroupQueryAttention":  # the op keeps the cache in its compute dtype
         with pytest.raises(PreconditionError, match="kv_dtype float16: .* feeds GroupQueryAttention"):
-            StaticKVCachePass(config)(load_model(any_fixture["model_path"]).model)
+            StaticKVCachePass(config)(load_model(any_fixture["model_path"]).model, make_pass_context())
         return
-    static = StaticKVCachePass(config)(load_model(any_fixture["model_path"]).model).artifacts.primary
+    static = StaticKVCachePass(config)(
+        load_model(any_fixture["model_path"]).model, make_pass_context()
+    ).artifacts.primary
     contract = read_contract(static)
     assert contract is not None and contract.kv_dtype == "float16"
     past, present = contract.cache_pairs()[0]

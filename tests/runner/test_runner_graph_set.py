@@ -23,6 +23,7 @@ from onnxdeploy.config import load_pipeline
 from onnxdeploy.contract import read_contract
 from onnxdeploy.graph import tensor_dims
 from onnxdeploy.model_io import load_model, stage_artifacts
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.mask_rewrite import MaskRewritePass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.pipeline import run_pipeline
@@ -47,8 +48,10 @@ def _write_set(name: str, folder: Path, **config) -> tuple[Path, int]:
     Returns:
         The primary graph's path and the bytes of the unique weights.
     """
-    result = StaticKVCachePass(StaticKVConfig(**config))(load_model(fixture_entry(name)["model_path"]).model)
-    artifacts = MaskRewritePass()(result.artifacts).artifacts
+    result = StaticKVCachePass(StaticKVConfig(**config))(
+        load_model(fixture_entry(name)["model_path"]).model, make_pass_context()
+    )
+    artifacts = MaskRewritePass()(result.artifacts, make_pass_context()).artifacts
     folder.mkdir(parents=True)
     staged = stage_artifacts(
         [(a.name, a.model) for a in artifacts.artifacts],

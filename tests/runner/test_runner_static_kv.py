@@ -10,6 +10,7 @@ import pytest
 
 from onnxdeploy.errors import CacheOverflowError, PreconditionError
 from onnxdeploy.model_io import load_model, write_for_ort
+from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import ContractDecoder, open_decoder, verify
 from tests.conftest import FIXTURE_NAMES, fixture_entry
@@ -17,7 +18,7 @@ from tests.conftest import FIXTURE_NAMES, fixture_entry
 
 def _make_static(entry: dict, target: Path, *, max_cache_len: int, cache_update: str) -> Path:
     config = StaticKVConfig(max_cache_len=max_cache_len, cache_update=cache_update)
-    static = StaticKVCachePass(config)(load_model(entry["model_path"]).model).artifacts.primary
+    static = StaticKVCachePass(config)(load_model(entry["model_path"]).model, make_pass_context()).artifacts.primary
     return write_for_ort(static, target.parent, target.name)
 
 

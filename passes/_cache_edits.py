@@ -10,8 +10,6 @@ The steps ``static_kv`` chains, usable on their own by later passes (prefill buc
   ``max_cache_len - S`` slots.
 * :func:`fix_io_dims` — fixed batch, step length and cache length on the graph inputs.
 * :func:`replace_neg_inf` — ``-inf`` constants become the dtype's lowest finite value.
-* :func:`refold_and_infer` — constant-fold shape arithmetic (onnxsim on a weightless copy) and re-infer
-  every shape from the static inputs.
 * :func:`build_contract` — the decode contract the host reads (written with :func:`onnxdeploy.contract.write_contract`).
 
 Weights are never read or copied: onnxsim and onnx shape inference see protos whose large initializers
@@ -20,18 +18,12 @@ are typed stand-ins (:mod:`onnxdeploy.model_io`).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnx_ir.passes.common as ir_common
 import onnxruntime as ort
-import onnxsim
 
 from onnxdeploy import model_io
 from onnxdeploy.contract import KV_DTYPES, CacheBinding, CacheWrite, ContractInputs, DecodeContract
@@ -39,6 +31,7 @@ from onnxdeploy.errors import PreconditionError
 from onnxdeploy.graph import float32_shadow_graph
 from onnxdeploy.kv_cache import KVCache, find_logits_output, upstream_nodes
 from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._edit import forget_shapes
 from onnxdeploy.passes._probe import open_probe, pruned_copy
 
 __all__ = [
@@ -50,9 +43,6 @@ __all__ = [
     "feed_query_positions",
     "find_query_positions",
     "fix_io_dims",
-    "fold_constants",
-    "infer_shapes",
-    "refold_and_infer",
     "replace_neg_inf",
     "rewrite_cache_writes",
 ]
@@ -623,20 +613,8 @@ def fix_io_dims(graph: ir.Graph, kv: KVCache, *, batch: int, step_len: int, max_
             fixed += _set_dims(value, [batch, max_cache_len])
         elif value.name in ("input_ids", "position_ids"):
             fixed += _set_dims(value, [batch, step_len])
-    _forget_shapes(graph)
+    forget_shapes(graph)
     return fixed
-
-
-def _forget_shapes(graph: ir.Graph) -> None:
-    """Drop intermediate value infos; keep graph outputs' dtype and rank with unknown dims."""
-    for node in graph:
-        for out in node.outputs:
-            if out.is_graph_output():
-                if out.shape is not None:
-                    out.shape = ir.Shape([None] * len(out.shape))
-            else:
-                out.shape = None
-                out.type = None
 
 
 # ------------------------------------------------------------------------------------------------ -inf
@@ -689,119 +667,6 @@ def replace_neg_inf(graph: ir.Graph) -> int:
             node.attributes["value"] = ir.AttrTensor("value", new)
             count += 1
     return count
-
-
-# --------------------------------------------------------------------------------------- fold and infer
-
-
-@contextlib.contextmanager
-def _quiet_native_output() -> Iterator[None]:
-    """Discard C-level writes to fd 1 and fd 2 during folding.
-
-    onnxsim prints per-node "failed to run ... skip" notes when a node cannot be folded (the node simply
-    stays in the graph, and the static_shapes check reports anything left dynamic); on stdout they would
-    corrupt ``--json`` output. Errors still arrive as exceptions.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in saved:
-            os.dup2(devnull, fd)
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, copy in saved.items():
-            os.dup2(copy, fd)
-            os.close(copy)
-        os.close(devnull)
-
-
-def fold_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """Fold constant subgraphs of a (weightless) proto with onnxsim, fusions off; drop onnxsim's metadata.
-
-    Only for use inside :func:`onnxdeploy.model_io.proto_round_trip`: weights arrive as typed graph inputs,
-    so onnxsim can neither fold nor copy them.
-
-    Args:
-        proto: a model whose graph inputs all have static shapes.
-
-    Returns:
-        The folded proto (a new object), computing the same arithmetic with constants precomputed.
-
-    Raises:
-        RuntimeError: onnxsim failed (its message names the node).
-    """
-    with _quiet_native_output():
-        folded, _ = onnxsim.simplify(proto, check_n=0, perform_optimization=False)
-    # onnxsim records its own bookkeeping (removed nodes, versions) in metadata_props; it is not ours to ship.
-    kept = [p for p in folded.metadata_props if not p.key.startswith("onnxsim")]
-    del folded.metadata_props[:]
-    folded.metadata_props.extend(kept)
-    return folded
-
-
-def infer_shapes(model: ir.Model) -> None:
-    """Infer every value's shape and dtype from the graph inputs, in place (onnx, on a stand-in proto).
-
-    Intermediate shapes are forgotten first, so stale symbolic dims (onnxsim keeps some for values it
-    folded away) cannot survive. Runs with ``data_prop`` so shapes computed by Shape/Gather/Concat resolve.
-    A graph with ops onnx has no schema for (ORT contrib ops: genai's GroupQueryAttention,
-    SimplifiedLayerNormalization) is inferred by ONNX Runtime's symbolic shape inference, which knows them.
-
-    Args:
-        model: the model (weights never read).
-    """
-    graph = model.graph
-    _forget_shapes(graph)
-    inferred = _infer_proto(model_io.stand_in_proto(model))
-    types = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
-    for node in graph:
-        for out in node.outputs:
-            vi = types.get(str(out.name))
-            if vi is None or not vi.type.HasField("tensor_type"):
-                continue
-            tt = vi.type.tensor_type
-            if tt.elem_type:
-                out.dtype = ir.DataType(tt.elem_type)
-            if tt.HasField("shape"):
-                out.shape = ir.Shape(
-                    [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
-                )
-
-
-def _infer_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """Infer with onnx, or with ORT's symbolic shape inference when a node's op has no onnx schema."""
-    unknown = any(not onnx.defs.has(node.op_type, node.domain) for node in proto.graph.node)
-    if unknown:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference  # noqa: PLC0415
-
-        return SymbolicShapeInference.infer_shapes(proto, auto_merge=False)
-    return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-
-
-def refold_and_infer(model: ir.Model) -> ir.Model:
-    """Constant-fold the shape arithmetic of a model with static inputs and re-infer every shape.
-
-    onnxsim runs on a weightless copy (:func:`onnxdeploy.model_io.proto_round_trip`: initializers above
-    1 KiB are typed graph inputs while it runs and come back as the very same tensor objects); dead nodes
-    and unused initializers are dropped; then every shape is re-derived (:func:`infer_shapes`).
-
-    Args:
-        model: the rewritten model (unchanged).
-
-    Returns:
-        A new model sharing ``model``'s weight tensors.
-
-    Raises:
-        RuntimeError: onnxsim failed.
-    """
-    folded = model_io.proto_round_trip(model, fold_constants)
-    ir_common.RemoveUnusedNodesPass()(folded)
-    infer_shapes(folded)
-    return folded
 
 
 # ---------------------------------------------------------------------------------------------- contract

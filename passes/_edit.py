@@ -32,6 +32,7 @@ __all__ = [
     "constant_node",
     "fold_and_infer",
     "fold_constants",
+    "forget_shapes",
     "fresh_name",
     "infer_shapes",
     "make_node",
@@ -237,8 +238,11 @@ def fold_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
     return folded
 
 
-def _forget_shapes(graph: ir.Graph) -> None:
-    """Drop intermediate value infos; keep graph outputs' dtype and rank with unknown dims."""
+def forget_shapes(graph: ir.Graph) -> None:
+    """Drop intermediate value infos, in place; keep graph outputs' dtype and rank with unknown dims.
+
+    A rewrite that changes input dims calls it so no stale dim survives until :func:`infer_shapes` runs.
+    """
     for node in graph:
         for out in node.outputs:
             if out.is_graph_output():
@@ -271,7 +275,7 @@ def infer_shapes(model: ir.Model) -> None:
         model: the model (weights never read).
     """
     graph = model.graph
-    _forget_shapes(graph)
+    forget_shapes(graph)
     inferred = _infer_proto(model_io.stand_in_proto(model))
     types = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
     for node in graph:

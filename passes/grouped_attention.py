@@ -25,9 +25,8 @@ from onnxdeploy.passes._attention_edits import (
     repeat_label,
     repeating_attention_nodes,
 )
-from onnxdeploy.passes._cache_edits import infer_shapes
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._edit import clone, infer_shapes
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport

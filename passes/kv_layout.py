@@ -45,9 +45,9 @@ from onnxdeploy.contract import (
     write_contract,
 )
 from onnxdeploy.errors import PostconditionError, PreconditionError
-from onnxdeploy.passes._cache_edits import build_cache_write, infer_shapes
+from onnxdeploy.passes._cache_edits import build_cache_write
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._edit import clone, infer_shapes
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, OrderFact
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport

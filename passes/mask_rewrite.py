@@ -16,7 +16,7 @@ graph and prefill buckets; each carries its own contract):
   are exactly 0. The exporter's ``Add`` of the mask is bypassed, and its NaN guard on the probabilities
   (``Where(IsNaN(p), 0, p)``; RK3588 has no NPU lowering for IsNaN) is removed with it.
 * The old mask subgraph becomes dead and is removed; ``attention_mask`` is removed from the inputs unless
-  ``padding: true``; the graph is refolded (:func:`~onnxdeploy.passes._cache_edits.refold_and_infer`).
+  ``padding: true``; the graph is refolded (:func:`~onnxdeploy.passes._cache_edits.fold_and_infer`).
 
 The window is read from the graph (integer constants the exporter compares query positions against) and
 confirmed by running: the old mask and each candidate new mask are computed on ONNX Runtime for every
@@ -53,9 +53,8 @@ from onnxdeploy.contract import DecodeContract, read_contract, write_contract
 from onnxdeploy.errors import PostconditionError, PreconditionError
 from onnxdeploy.kv_cache import GQA_OP
 from onnxdeploy.passes._attention_edits import decompose_attention
-from onnxdeploy.passes._cache_edits import infer_shapes, refold_and_infer
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._edit import clone, fold_and_infer, infer_shapes
 from onnxdeploy.passes._order import CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.passes._probe import open_probe, pruned_copy
@@ -632,7 +631,7 @@ class MaskRewritePass(Pass):
                     "use padding: true to keep it",
                 )
             g.inputs.remove(attention_mask)
-        folded = refold_and_infer(model)
+        folded = fold_and_infer(model)
         windows = {chosen[i] for i in range(len(sites))}
         windowed = sorted(w for w in windows if w is not None)
         new_contract = contract.model_copy(

@@ -28,8 +28,8 @@ from pydantic import Field, field_validator
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.errors import PassError
 from onnxdeploy.model_io import proto_round_trip, stand_in_proto
-from onnxdeploy.passes._cache_edits import fold_constants, infer_shapes
 from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._edit import fold_constants, infer_shapes
 from onnxdeploy.passes._opset_adapters import (
     expand_function_ops,
     fold_empty_tensors,

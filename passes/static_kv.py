@@ -51,13 +51,11 @@ from onnxdeploy.passes._cache_edits import (
     feed_query_positions,
     find_query_positions,
     fix_io_dims,
-    infer_shapes,
-    refold_and_infer,
     replace_neg_inf,
     rewrite_cache_writes,
 )
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._edit import clone, fold_and_infer, infer_shapes
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
@@ -641,7 +639,7 @@ class StaticKVCachePass(Pass):
         report.dims_fixed += fix_io_dims(g, kv, batch=B, step_len=S, max_cache_len=L)
 
         n_inf = replace_neg_inf(g)
-        folded = refold_and_infer(model)
+        folded = fold_and_infer(model)
         n_inf += replace_neg_inf(folded.graph)
         if n_inf:
             report.changes.append(f"{n_inf} -inf constant(s) replaced by the dtype's finite minimum")

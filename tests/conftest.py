@@ -25,7 +25,7 @@ REGISTRY = json.loads((REPO / "fixtures" / "registry.json").read_text())
 # tests that assume an fp32 Concat cache (grouped_attention's head repeat, target matrices, CLI examples) keep to
 # FIXTURE_NAMES. bfloat16 fixtures (BF16_FIXTURE_NAMES) do not load on ORT's CPU EP at all (no bfloat16 kernels):
 # only tests that decode through the runner, which verifies them on their float32 shadow, take them (the graph
-# set test, tests/runner/test_runner_graph_set.py, runs ALL_FIXTURE_NAMES + BF16_FIXTURE_NAMES).
+# set test, tests/runner/test_graph_set.py, runs ALL_FIXTURE_NAMES + BF16_FIXTURE_NAMES).
 SPECIAL_TAGS = frozenset({"attention_op", "opset23", "fp16", "bf16"})
 FIXTURE_NAMES = [e["name"] for e in REGISTRY if not SPECIAL_TAGS & set(e.get("tags", []))]
 BF16_FIXTURE_NAMES = [e["name"] for e in REGISTRY if "bf16" in e.get("tags", [])]

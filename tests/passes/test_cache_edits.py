@@ -19,11 +19,11 @@ from onnxdeploy.passes._cache_edits import (
     feed_query_positions,
     find_query_positions,
     fix_io_dims,
-    refold_and_infer,
     replace_neg_inf,
     rewrite_cache_writes,
 )
 from onnxdeploy.passes._context import PassContext
+from onnxdeploy.passes._edit import fold_and_infer
 from onnxdeploy.runner import open_session
 from tests.conftest import REPO
 
@@ -218,14 +218,14 @@ def test_fix_io_dims_reports_each_changed_dim():
     assert all(v.shape is None or not any(isinstance(d, int) for d in v.shape) for v in model.graph.outputs)
 
 
-def test_refold_and_infer_folds_shapes_keeps_weights_and_numerics(tmp_path):
+def test_fold_and_infer_folds_shapes_keeps_weights_and_numerics(tmp_path):
     rng = np.random.default_rng(1)
     orig_feeds = _original_feeds(rng)
     want = _run(_toy(), orig_feeds, tmp_path, "orig.onnx")
     model = _rewrite(_toy())
     weight = model.graph.initializers["W"].const_value
     fix_io_dims(model.graph, find_kv_cache(_toy()), batch=1, step_len=1, max_cache_len=L)
-    folded = refold_and_infer(model)
+    folded = fold_and_infer(model)
 
     assert folded.graph.initializers["W"].const_value is weight  # re-attached, never copied
     ops = {n.op_type for n in folded.graph}

@@ -3,7 +3,6 @@ from pathlib import Path
 
 import onnx
 import pytest
-from checks_testutil import STATIC_MODEL, errors, parse
 
 from onnxdeploy.checks import (
     CHECK_REGISTRY,
@@ -20,6 +19,7 @@ from onnxdeploy.checks import (
 )
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.report import Finding
+from tests.checks.checks_testutil import STATIC_MODEL, errors, parse
 
 
 def test_registry_maps_pipeline_names_to_classes():

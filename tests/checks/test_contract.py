@@ -3,11 +3,11 @@ import json
 import numpy as np
 import onnx
 import pytest
-from checks_testutil import by_code, codes, parse
 from onnx import numpy_helper
 
 from onnxdeploy.checks import ContractCheck
 from onnxdeploy.contract import CONTRACT_KEY, CacheBinding, ContractInputs, DecodeContract, write_contract
+from tests.checks.checks_testutil import by_code, codes, parse
 
 VOCAB = 10
 

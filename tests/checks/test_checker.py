@@ -3,11 +3,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from checks_testutil import STATIC_MODEL, by_code, codes, parse
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxdeploy.checks.checker as checker_module
 from onnxdeploy.checks import CheckContext, CheckerCheck
+from tests.checks.checks_testutil import STATIC_MODEL, by_code, codes, parse
 
 
 def test_valid_model_has_no_findings():

@@ -1,9 +1,9 @@
 import onnx
-from checks_testutil import STATIC_MODEL, by_code, codes, errors, parse
 from onnx import TensorProto, helper
 
 import onnxdeploy.checks.static_shapes as static_shapes_module
 from onnxdeploy.checks import StaticShapesCheck
+from tests.checks.checks_testutil import STATIC_MODEL, by_code, codes, errors, parse
 
 
 def run(model: onnx.ModelProto):

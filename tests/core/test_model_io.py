@@ -38,7 +38,7 @@ from tests.conftest import fixture_entry
 FIXTURE = fixture_entry("llama_gqa_optimum")["model_path"]
 
 # ------------------------------------------------------------------------------------------ model builders
-# (also used by tests/cli/test_cli_model_files.py)
+# (also used by tests/core/test_cli_model_files.py)
 
 
 def sha256(path: Path) -> str:

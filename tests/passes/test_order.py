@@ -1,5 +1,5 @@
 """The up-front pass-order check: what each pass declares decides, config-aware and graph-aware where it must be
-(the CLI cases, exit 2 before any pass, are in tests/cli/test_bad_input_corpus.py)."""
+(the CLI cases, exit 2 before any pass, are in tests/core/test_cli_bad_input.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 import onnx
-from checks_testutil import STATIC_MODEL, by_code, codes, errors, parse
 from onnx import TensorProto, helper
 
 from onnxdeploy.checks import TopoOrderCheck
+from tests.checks.checks_testutil import STATIC_MODEL, by_code, codes, errors, parse
 
 
 def run(model: onnx.ModelProto):

@@ -1,7 +1,7 @@
 """The CLI on model files of every kind: unsafe or broken external data, incomplete files, the Hugging Face
 cache layout, external-data inputs and outputs, weights over 2 GiB, unsorted graphs, interrupted runs.
 
-``run``, ``verify`` and ``inspect`` are held to the same answers. Builders live in ``tests/test_model_io.py``.
+``run``, ``verify`` and ``inspect`` are held to the same answers. Builders live in ``tests/core/test_model_io.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from onnxdeploy.cli import app
 from tests.conftest import PROMPT, REPO
-from tests.test_model_io import (
+from tests.core.test_model_io import (
     FIXTURE,
     NOT_A_MODEL,
     UNSAFE_KINDS,

@@ -2,7 +2,7 @@
 the fix is not obvious, what to do), prints no traceback (``--debug`` does), leaves its inputs byte-identical and
 writes nothing: no output folder, no staging folder, no cache entry.
 
-Cases run in-process through typer's CliRunner; model builders come from ``tests/test_model_io.py``.
+Cases run in-process through typer's CliRunner; model builders come from ``tests/core/test_model_io.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from onnxdeploy.cli import app
 from tests.conftest import PROMPT
-from tests.test_model_io import (
+from tests.core.test_model_io import (
     FIXTURE,
     NOT_A_MODEL,
     edit_external,

@@ -154,7 +154,7 @@ def test_rknn_after_static_kv_mask_rewrite_pin_opset_19_leaves_exactly_the_ops_t
         if f.level != "info"
     )
     # the target's default cache_write (where) leaves nothing the SDK lacks (Neg is rewritten to Mul by the
-    # 2.5.0 SDK); ScatterElements writes have no NPU lowering (tests/test_sdk.py checks both against the SDK)
+    # 2.5.0 SDK); ScatterElements writes have no NPU lowering (tests/core/test_sdk.py checks both against the SDK)
     scatters = [("OD510", f"past_key_values.{i}.{kv}/ScatterElements") for i in (0, 1) for kv in ("key", "value")]
     assert remaining == (scatters if cache_write else []), remaining
     assert outcome.exit_code == (1 if cache_write else 0), outcome.report.failures

@@ -149,7 +149,7 @@ def numpy_dtype_of(dtype: ir.DataType) -> np.dtype:
     """The numpy dtype of an ONNX element type (bfloat16, float8 and int4 as ml_dtypes' types).
 
     Raises:
-        TypeError: the element type has no numpy equivalent (e.g. STRING, UNDEFINED).
+        TypeError: the element type has no numpy equivalent (UNDEFINED; STRING maps to numpy object).
     """
     return np.dtype(dtype.numpy())
 

@@ -132,7 +132,9 @@ class PassContext:
 
     def scratch(self) -> Path:
         """A scratch folder for probe models (made on first use, in the system temp folder if unset)."""
-        if self.scratch_dir is None:
+        if self.scratch_dir is not None:
+            self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        else:
             self.scratch_dir = Path(tempfile.mkdtemp(prefix="onnxdeploy-scratch-"))
             # a folder this context made is removed with it (or at exit), whoever forgets to
             weakref.finalize(self, shutil.rmtree, self.scratch_dir, True)

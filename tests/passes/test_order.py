@@ -77,3 +77,29 @@ def test_what_the_input_graph_already_has_or_lacks_is_known_before_the_first_pas
     assert pass_order_problem(_passes(("fuse_matmuls", {}), ("mask_rewrite", {})), export) is None
     i, reason = pass_order_problem(_passes(("fuse_matmuls", {}), ("grouped_attention", {})), export)
     assert i == 1 and "a BHSD cache (B, H_kv, L, D), which the input model does not have" in reason
+
+
+def test_order_facts_are_one_predicate_each_used_by_requires_too():
+    from onnxdeploy.contract import read_contract  # noqa: PLC0415
+    from onnxdeploy.errors import PreconditionError  # noqa: PLC0415
+    from onnxdeploy.model_io import load_model  # noqa: PLC0415
+    from onnxdeploy.passes import ORDER_FACTS  # noqa: PLC0415
+    from tests.conftest import fixture_entry  # noqa: PLC0415
+
+    contract, bhsd = ORDER_FACTS["contract"], ORDER_FACTS["bhsd_cache"]
+    export = load_model(fixture_entry("llama_gqa_optimum")["model_path"]).model
+    assert not contract.holds_on(export) and not bhsd.holds_on(export)
+    static = _passes(STATIC)[0](export, make_pass_context()).artifacts.primary
+    assert contract.holds_on(static) and bhsd.holds_on(static)
+    padded = _passes(("kv_layout", {"layout": "BHSD", "pad_head_dim_to": 32}))[0](static, make_pass_context())
+    padded_graph = padded.artifacts.primary
+    assert read_contract(padded_graph).kv_layout == "BHSD" and not bhsd.holds_on(padded_graph)
+    assert "head_dim_padded 32" in bhsd.problem(padded_graph, "grouped_attention")
+    # the planner refuses grouped_attention after a padding kv_layout, and so does the pass itself, by the same fact
+    try:
+        _passes(("grouped_attention", {}))[0](padded.artifacts, make_pass_context())
+    except PreconditionError as exc:
+        assert "needs a BHSD cache (B, H_kv, L, D)" in str(exc) and "head_dim_padded 32" in str(exc)
+    else:
+        raise AssertionError("grouped_attention ran on a padded cache")
+    assert bhsd.problem(static, "grouped_attention") is None

@@ -34,3 +34,23 @@ def test_every_name_resolves() -> None:
         assert passes.get_pass(name) is cls
     with pytest.raises(ConfigError, match="unknown pass 'nope'; known passes: "):
         passes.get_pass("nope")
+
+
+def test_the_passes_import_neither_the_runner_nor_the_matrices():
+    """What a pass needs of them comes through its PassContext (docs/ARCHITECTURE.md, "Layers")."""
+    import ast  # noqa: PLC0415
+
+    from tests.conftest import REPO  # noqa: PLC0415
+
+    for path in sorted((REPO / "passes").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                assert not name.startswith(("onnxdeploy.runner", "onnxdeploy.matrices")), f"{path.name} imports {name}"
+    code = (
+        "import sys; import onnxdeploy.passes as p; p.load_passes(); "
+        "print(sorted(m for m in sys.modules if m.startswith(('onnxdeploy.runner', 'onnxdeploy.matrices'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

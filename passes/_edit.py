@@ -15,6 +15,7 @@ and sets ``value.const_value``.
 from __future__ import annotations
 
 import contextlib
+import copy as _copy
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -175,13 +176,22 @@ def remove_dead_chain(graph: ir.Graph, value: ir.Value) -> None:
 
 
 def clone(model: ir.Model) -> ir.Model:
-    """A structural copy of ``model`` (``ir.Model.clone()``): new graphs, nodes and values, the same tensors.
+    """A structural copy of ``model`` (``ir.Model.clone()``): new graphs, nodes, values and types, the same tensors.
 
     Editing the copy's graph leaves ``model`` untouched; its initializers hold the very tensor objects of
     ``model`` (memory-mapped weights stay mapped, none is copied), so a pass replaces a tensor
-    (``value.const_value = new``) and never writes into one.
+    (``value.const_value = new``) and never writes into one. onnx_ir 1.1's cloner hands each new value the
+    original's *type object*, and ``Value.dtype = x`` edits that object in place, so a dtype set on the copy
+    (the float32 shadow of a bfloat16 probe, a probe output typed int64) changed the original too: every value of
+    the copy gets a type of its own here.
     """
-    return model.clone()
+    copy = model.clone()
+    for graph in copy.graphs():
+        values = [*graph.inputs, *graph.initializers.values(), *(o for node in graph for o in node.outputs)]
+        for value in values:
+            if value.type is not None:
+                value.type = _copy.deepcopy(value.type)
+    return copy
 
 
 # --------------------------------------------------------------------------------------- fold and infer

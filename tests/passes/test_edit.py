@@ -87,6 +87,10 @@ def test_clone_is_a_new_graph_over_the_same_tensors():
     copy.graph.remove(next(n for n in copy.graph if n.op_type == "Neg"), safe=True)
     assert len(model.graph) == 3 and len(copy.graph) == 2
     assert copy.graph.initializers["bias"].const_value is model.graph.initializers["bias"].const_value
+    for value in [*copy.graph.inputs, *(o for n in copy.graph for o in n.outputs)]:
+        value.dtype = ir.DataType.DOUBLE  # onnx_ir's clone shares type objects: a dtype set here must not leak back
+    dtypes = {o.dtype for n in model.graph for o in n.outputs} | {model.graph.inputs[0].dtype}
+    assert ir.DataType.DOUBLE not in dtypes and ir.DataType.FLOAT in dtypes
 
 
 def test_infer_shapes_and_fold_and_infer():

@@ -61,7 +61,7 @@ class _Group:
         return [node.inputs[1] for node in self.nodes]  # type: ignore[misc]
 
 
-def _constant_weight(graph: ir.Graph, node: ir.Node) -> ir.Value | None:
+def _fusable_weight(graph: ir.Graph, node: ir.Node) -> ir.Value | None:
     """``node``'s second input when it is a 2-D float initializer of this graph read by this node alone."""
     if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
         return None
@@ -88,7 +88,7 @@ def fusable_groups(graph: ir.Graph, exclude: list[str]) -> list[_Group]:
     by_source: dict[tuple[int, int, ir.DataType], list[ir.Node]] = defaultdict(list)
     sources: dict[int, ir.Value] = {}
     for node in graph:
-        w = _constant_weight(graph, node)
+        w = _fusable_weight(graph, node)
         if w is None or any(fnmatch.fnmatchcase(node.name or "", pat) for pat in exclude):
             continue
         x = node.inputs[0]

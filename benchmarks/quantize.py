@@ -69,14 +69,14 @@ if kind == "ort":
     quant.model.save_model_to_file(str(Path(out) / "model.onnx"), use_external_data_format=True)
 else:
     from onnxdeploy.model_io import load_model, stage_artifacts
-    from onnxdeploy.passes import PassContext
+    from onnxdeploy.pass_context import make_pass_context
     from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
     extra = dict(method="gptq", act_order=True) if kind == "onnxdeploy-gptq" else {{}}
     cfg = QuantizeWeightsConfig(bits={bits}, block_size={block}, symmetric={symmetric}, format="matmulnbits",
                                 accuracy_level={level}, **extra)
     calibration = [np.load(calib).tolist()] if extra else []
     loaded = load_model(src)
-    ctx = PassContext(model_path=Path(src), calibration=calibration, scratch_dir=Path(out) / "scratch")
+    ctx = make_pass_context(model_path=Path(src), calibration=calibration, scratch_dir=Path(out) / "scratch")
     result = QuantizeWeightsPass(cfg)(loaded.model, ctx)
     staged = stage_artifacts([("model.onnx", result.artifacts.primary)], Path(out), external=True,
                              data_name="model.onnx.data")

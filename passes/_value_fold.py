@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxdeploy.graph import const_array, node_label
 from onnxdeploy.model_io import stand_in_proto
 
 __all__ = ["PROBES", "ValueFold", "concrete_dims", "plan_value_fold"]
@@ -94,17 +95,6 @@ class ValueFold:
         return v_perm.reshape(-1).astype(np.int64), o_perm.reshape(-1).astype(np.int64)
 
 
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    if value is None:
-        return None
-    if value.const_value is not None:
-        return value.const_value.numpy()
-    node = value.producer()
-    if node is not None and node.op_type == "Constant" and "value" in node.attributes:
-        return node.attributes["value"].as_tensor().numpy()
-    return None
-
-
 def concrete_dims(model: ir.Model, probe: tuple[int, ...] = PROBES[0]) -> dict[str, list[int | None]]:
     """Every value's dims by onnx shape inference (data propagation on), with symbolic input dims made concrete.
 
@@ -138,10 +128,6 @@ def concrete_dims(model: ir.Model, probe: tuple[int, ...] = PROBES[0]) -> dict[s
     return dims
 
 
-def _label(node: ir.Node) -> str:
-    return f"{node.op_type} '{node.name or node.outputs[0].name}'"
-
-
 def _find_producer(activation: ir.Value, is_target: Callable[[ir.Node], bool]) -> tuple[ir.Node | None, str, bool]:
     """Walk back from an activation to the V projection.
 
@@ -167,17 +153,17 @@ def _find_producer(activation: ir.Value, is_target: Callable[[ir.Node], bool]) -
             pass
         elif node.op_type in _LAYOUT or node.op_type == "Slice":
             nxt = node.inputs[0]
-        elif node.op_type == "MatMul" and _const(node.inputs[1]) is None and not attention:
+        elif node.op_type == "MatMul" and const_array(node.inputs[1]) is None and not attention:
             nxt, attention = node.inputs[1], True  # attention: probs @ V
         elif node.op_type in _ARITH and len(node.inputs) == 2:
-            consts = [_const(v) is not None for v in node.inputs]
+            consts = [const_array(v) is not None for v in node.inputs]
             if consts.count(True) == 1:
                 nxt = node.inputs[consts.index(False)]
         if nxt is None:
             cache = _cache_io(node)
             if cache:
-                return None, f"V's channels are written to the KV cache by {_label(node)} ({cache})", attention
-            return None, f"V's channels pass through {_label(node)}", attention
+                return None, f"V's channels are written to the KV cache by {node_label(node)} ({cache})", attention
+            return None, f"V's channels pass through {node_label(node)}", attention
         cur = nxt
     return None, "no V projection within reach", attention
 
@@ -221,7 +207,7 @@ class _Carried:
 def _axes(node: ir.Node) -> list[int] | None:
     """The constant ``axes`` of an Unsqueeze/Squeeze (input from opset 13, attribute before), or None."""
     if len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = _const(node.inputs[1])
+        axes = const_array(node.inputs[1])
         return None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
     if "axes" in node.attributes:
         return list(node.attributes.get_ints("axes"))
@@ -231,7 +217,7 @@ def _axes(node: ir.Node) -> list[int] | None:
 def _slice(node: ir.Node, rank: int) -> tuple[slice, ...] | None:
     """A Slice as numpy indexing (bounds from inputs, or attributes below opset 10), or None when not constant."""
     if len(node.inputs) > 1:
-        parts = [None if v is None else _const(v) for v in node.inputs[1:5]]
+        parts = [None if v is None else const_array(v) for v in node.inputs[1:5]]
         given = [v is not None for v in node.inputs[1:5]]
         if any(g and p is None for g, p in zip(given, parts, strict=True)) or parts[0] is None or parts[1] is None:
             return None
@@ -287,38 +273,132 @@ def plan_value_fold(
     return first
 
 
+def _known(value: ir.Value, dims: dict[str, list[int | None]]) -> list[int] | None:
+    """``value``'s concrete dims, or None.
+
+    An Expand whose repeat count inference cannot tell, read by one Reshape that can: solved by element count.
+    """
+    got = dims.get(str(value.name))
+    if got is None:
+        return None
+    if None not in got:
+        return list(got)  # type: ignore[arg-type]
+    users = [u for u, _ in value.uses() if u.op_type not in ("Shape", "Size")]
+    if got.count(None) == 1 and len(users) == 1 and users[0].op_type == "Reshape":
+        out = dims.get(str(users[0].outputs[0].name))
+        if out is not None and None not in out:
+            rest = int(np.prod([d for d in got if d is not None]))
+            total = int(np.prod(out))
+            if rest and total % rest == 0:
+                return [total // rest if d is None else d for d in got]  # type: ignore[misc]
+    return None
+
+
+@dataclass
+class _Walk:
+    """The forward walk's state: the concrete dims, ``N``, the bias constants met, whether P @ V was passed."""
+
+    dims: dict[str, list[int | None]]
+    n: int
+    constants: list[tuple[ir.Node, int]] = field(default_factory=list)
+    mixed: bool = False
+
+    def step(self, node: ir.Node, index: int, here: _Carried) -> _Carried | str:
+        """What ``node``'s output carries when its input ``index`` carries ``here``; else why the fold stops."""
+        op = node.op_type
+        if op in ("Cast", "Identity"):
+            return here
+        if op in ("Reshape", "Expand") and index == 0:
+            return self._reshape(node, here)
+        if op == "Transpose":
+            perm = node.attributes.get_ints("perm", None)
+            perm = list(perm) if perm is not None else list(reversed(range(here.ids.ndim)))
+            return _Carried(here.ids.transpose(perm), here.ctx.transpose(perm))
+        if op in ("Unsqueeze", "Squeeze") and index == 0:
+            return _unsqueeze(node, here)
+        if op == "Slice" and index == 0:
+            window = _slice(node, here.ids.ndim)
+            if window is None:
+                return f"the bounds of {node_label(node)} are not constant"
+            return _Carried(here.ids[window], here.ctx[window])
+        if op == "MatMul" and index == 1 and not self.mixed:
+            return self._attention(node, here)
+        if op in _ARITH and len(node.inputs) == 2:
+            return self._arith(node, index, here)
+        return f"V's channels pass through {node_label(node)}"
+
+    def _reshape(self, node: ir.Node, here: _Carried) -> _Carried | str:
+        out = node.outputs[0]
+        out_dims = _known(out, self.dims)
+        if out_dims is None:
+            return f"the shape of '{out.name}' is unknown"
+        if node.op_type == "Reshape":
+            if int(np.prod(out_dims)) != here.ids.size:
+                return f"the shapes around {node_label(node)} do not agree"
+            return _Carried(here.ids.reshape(out_dims), here.ctx.reshape(out_dims))
+        try:
+            return _Carried(np.broadcast_to(here.ids, out_dims), np.broadcast_to(here.ctx, out_dims))
+        except ValueError:
+            return f"the shapes around {node_label(node)} do not agree"
+
+    def _attention(self, node: ir.Node, here: _Carried) -> _Carried | str:
+        """Attention ``P (..., S, T) @ V (..., T, D)``: output ``[..., s, d]`` mixes ``V[..., :, d]`` by row s."""
+        out = node.outputs[0]
+        out_dims = _known(out, self.dims)
+        if out_dims is None:
+            return f"the shape of '{out.name}' is unknown"
+        if here.ids.ndim < 2 or not (here.ids == here.ids[..., :1, :]).all():
+            return f"{node_label(node)} mixes V's channels"
+        try:
+            ids = np.broadcast_to(here.ids[..., :1, :], out_dims)
+        except ValueError:
+            return f"the shapes around {node_label(node)} do not agree"
+        rows = int(np.prod(out_dims[:-1]))
+        ctx = np.broadcast_to(np.arange(1, rows + 1, dtype=np.int64).reshape(*out_dims[:-1], 1), out_dims)
+        self.mixed = True
+        return _Carried(ids, ctx)
+
+    def _arith(self, node: ir.Node, index: int, here: _Carried) -> _Carried | str:
+        """A scalar, or (before P @ V) a bias ``(N,)`` on the V projection's output channels, permuted with them."""
+        array = const_array(node.inputs[1 - index])
+        if array is None:
+            return f"{node_label(node)} combines V's channels with a computed value"
+        n = self.n
+        if array.size == 1:
+            return here
+        if array.size == n and array.shape[-1] == n and not self.mixed and (here.ids == np.arange(n)).all():
+            self.constants.append((node, 1 - index))
+            return here
+        return f"{node_label(node)} combines V's channels with a constant of shape {list(array.shape)}"
+
+
+def _unsqueeze(node: ir.Node, here: _Carried) -> _Carried | str:
+    """An Unsqueeze or Squeeze of what ``here`` carries (Squeeze drops only axes of size 1)."""
+    axes = _axes(node)
+    if node.op_type == "Unsqueeze":
+        if axes is None:
+            return f"the axes of {node_label(node)} are not constant"
+        rank = here.ids.ndim + len(axes)
+        where = tuple(sorted(a % rank for a in axes))
+        return _Carried(np.expand_dims(here.ids, where), np.expand_dims(here.ctx, where))
+    rank = here.ids.ndim
+    where = tuple(range(rank)) if axes is None else tuple(sorted(a % rank for a in axes))
+    where = tuple(a for a in where if here.ids.shape[a] == 1)
+    return _Carried(np.squeeze(here.ids, where), np.squeeze(here.ctx, where))
+
+
 def _analyse(
     producer: ir.Node, activation: ir.Value, readers: set[int], dims: dict[str, list[int | None]]
 ) -> ValueFold | str:
     """The forward walk of :func:`plan_value_fold` on one set of concrete dims."""
-
-    def known(value: ir.Value) -> list[int] | None:
-        got = dims.get(str(value.name))
-        if got is None:
-            return None
-        if None not in got:
-            return list(got)  # type: ignore[arg-type]
-        # An Expand whose repeat count inference cannot tell, read by a Reshape that can: solve by element count.
-        users = [u for u, _ in value.uses() if u.op_type not in ("Shape", "Size")]
-        if got.count(None) == 1 and len(users) == 1 and users[0].op_type == "Reshape":
-            out = dims.get(str(users[0].outputs[0].name))
-            if out is not None and None not in out:
-                rest = int(np.prod([d for d in got if d is not None]))
-                total = int(np.prod(out))
-                if rest and total % rest == 0:
-                    return [total // rest if d is None else d for d in got]  # type: ignore[misc]
-        return None
-
     v_out = producer.outputs[0]
-    v_dims = known(v_out)
+    v_dims = _known(v_out, dims)
     if v_dims is None:
         return f"the shape of '{v_out.name}' is unknown"
-    n = v_dims[-1]
-    carried: dict[int, _Carried] = {
-        id(v_out): _Carried(np.broadcast_to(np.arange(n, dtype=np.int64), v_dims), np.zeros(v_dims, dtype=np.int64))
+    walk = _Walk(dims, v_dims[-1])
+    carried = {
+        id(v_out): _Carried(np.broadcast_to(np.arange(walk.n, dtype=np.int64), v_dims), np.zeros(v_dims, np.int64))
     }
-    constants: list[tuple[ir.Node, int]] = []
-    mixed = False
     todo = [v_out]
     result: _Carried | None = None
     done: set[int] = set()
@@ -334,82 +414,23 @@ def _analyse(
                 result = here
                 continue
             if id(node) in done:
-                return f"{_label(node)} reads V's channels twice"
+                return f"{node_label(node)} reads V's channels twice"
             done.add(id(node))
             if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
-                return f"V's channels pass through {_label(node)}"
-            out = node.outputs[0]
-            op = node.op_type
-            if op in ("Cast", "Identity"):
-                nxt = here
-            elif op in ("Reshape", "Expand") and index == 0:
-                out_dims = known(out)
-                if out_dims is None:
-                    return f"the shape of '{out.name}' is unknown"
-                if op == "Reshape":
-                    if int(np.prod(out_dims)) != here.ids.size:
-                        return f"the shapes around {_label(node)} do not agree"
-                    nxt = _Carried(here.ids.reshape(out_dims), here.ctx.reshape(out_dims))
-                else:
-                    try:
-                        nxt = _Carried(np.broadcast_to(here.ids, out_dims), np.broadcast_to(here.ctx, out_dims))
-                    except ValueError:
-                        return f"the shapes around {_label(node)} do not agree"
-            elif op == "Transpose":
-                perm = node.attributes.get_ints("perm", None)
-                perm = list(perm) if perm is not None else list(reversed(range(here.ids.ndim)))
-                nxt = _Carried(here.ids.transpose(perm), here.ctx.transpose(perm))
-            elif op in ("Unsqueeze", "Squeeze") and index == 0:
-                axes = _axes(node)
-                if op == "Unsqueeze":
-                    if axes is None:
-                        return f"the axes of {_label(node)} are not constant"
-                    rank = here.ids.ndim + len(axes)
-                    where = tuple(sorted(a % rank for a in axes))
-                    nxt = _Carried(np.expand_dims(here.ids, where), np.expand_dims(here.ctx, where))
-                else:
-                    rank = here.ids.ndim
-                    where = tuple(range(rank)) if axes is None else tuple(sorted(a % rank for a in axes))
-                    where = tuple(a for a in where if here.ids.shape[a] == 1)
-                    nxt = _Carried(np.squeeze(here.ids, where), np.squeeze(here.ctx, where))
-            elif op == "Slice" and index == 0:
-                window = _slice(node, here.ids.ndim)
-                if window is None:
-                    return f"the bounds of {_label(node)} are not constant"
-                nxt = _Carried(here.ids[window], here.ctx[window])
-            elif op == "MatMul" and index == 1 and not mixed:
-                # probs (..., S, T) @ V (..., T, D): output element [..., s, d] mixes V[..., :, d] by row s.
-                out_dims = known(out)
-                if out_dims is None:
-                    return f"the shape of '{out.name}' is unknown"
-                if here.ids.ndim < 2 or not (here.ids == here.ids[..., :1, :]).all():
-                    return f"{_label(node)} mixes V's channels"
-                try:
-                    ids = np.broadcast_to(here.ids[..., :1, :], out_dims)
-                except ValueError:
-                    return f"the shapes around {_label(node)} do not agree"
-                rows = int(np.prod(out_dims[:-1]))
-                ctx = np.broadcast_to(np.arange(1, rows + 1, dtype=np.int64).reshape(*out_dims[:-1], 1), out_dims)
-                nxt = _Carried(ids, ctx)
-                mixed = True
-            elif op in _ARITH and len(node.inputs) == 2:
-                other = node.inputs[1 - index]
-                array = _const(other)
-                if array is None:
-                    return f"{_label(node)} combines V's channels with a computed value"
-                if array.size == 1:
-                    nxt = here
-                elif array.size == n and array.shape[-1] == n and not mixed and (here.ids == np.arange(n)).all():
-                    constants.append((node, 1 - index))  # a bias on the V projection's output channels
-                    nxt = here
-                else:
-                    return f"{_label(node)} combines V's channels with a constant of shape {list(array.shape)}"
-            else:
-                return f"V's channels pass through {_label(node)}"
-            carried[id(out)] = nxt
-            todo.append(out)
+                return f"V's channels pass through {node_label(node)}"
+            nxt = walk.step(node, index, here)
+            if isinstance(nxt, str):
+                return nxt
+            carried[id(node.outputs[0])] = nxt
+            todo.append(node.outputs[0])
     if result is None:
         return "V's channels do not reach o_proj"
+    return _whole_heads(producer, result, walk)
+
+
+def _whole_heads(producer: ir.Node, result: _Carried, walk: _Walk) -> ValueFold | str:
+    """The fold when o_proj's input is whole heads of ``D`` V channels in order, each mixed by one row of P."""
+    n = walk.n
     k = result.ids.shape[-1]
     ids = result.ids.reshape(-1, k)
     ctx = result.ctx.reshape(-1, k)
@@ -422,5 +443,5 @@ def _analyse(
             continue
         if not (ctx.reshape(ctx.shape[0], -1, d) == ctx.reshape(ctx.shape[0], -1, d)[..., :1]).all():
             continue
-        return ValueFold(producer, d, (blocks[:, 0] // d).astype(np.int64), n // d, constants)
+        return ValueFold(producer, d, (blocks[:, 0] // d).astype(np.int64), n // d, walk.constants)
     return "o_proj's channels are not whole heads of V's channels"

@@ -31,14 +31,13 @@ from pydantic import Field
 
 from onnxdeploy.artifacts import ArtifactSet, ScratchWriter
 from onnxdeploy.errors import PostconditionError
+from onnxdeploy.graph import FLOAT_TYPES, default_opset
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import clone
+from onnxdeploy.passes._edit import add_initializer, clone, make_node
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["FuseMatMulsConfig", "FuseMatMulsPass"]
-
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
 
 class FuseMatMulsConfig(PassConfig):
@@ -62,14 +61,14 @@ class _Group:
         return [node.inputs[1] for node in self.nodes]  # type: ignore[misc]
 
 
-def _constant_weight(graph: ir.Graph, node: ir.Node) -> ir.Value | None:
+def _fusable_weight(graph: ir.Graph, node: ir.Node) -> ir.Value | None:
     """``node``'s second input when it is a 2-D float initializer of this graph read by this node alone."""
     if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
         return None
     x, w = node.inputs
     if x is None or w is None or w.const_value is None or graph.initializers.get(w.name or "") is not w:
         return None
-    if w.const_value.dtype not in _FLOATS or len(w.const_value.shape) != 2 or w.is_graph_output():
+    if w.const_value.dtype not in FLOAT_TYPES or len(w.const_value.shape) != 2 or w.is_graph_output():
         return None
     if len(w.uses()) != 1:  # a tied weight would be duplicated: more bytes per step, not fewer
         return None
@@ -89,7 +88,7 @@ def fusable_groups(graph: ir.Graph, exclude: list[str]) -> list[_Group]:
     by_source: dict[tuple[int, int, ir.DataType], list[ir.Node]] = defaultdict(list)
     sources: dict[int, ir.Value] = {}
     for node in graph:
-        w = _constant_weight(graph, node)
+        w = _fusable_weight(graph, node)
         if w is None or any(fnmatch.fnmatchcase(node.name or "", pat) for pat in exclude):
             continue
         x = node.inputs[0]
@@ -177,26 +176,20 @@ def _fuse(
         fused[key] = writer.tensor(array, dtype, weight_name)
         del array
     tensor = fused[key]
-    w_value = ir.Value(name=weight_name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype))
-    w_value.const_value = tensor
+    w_value = ir.val(weight_name, const_value=tensor)
     graph.register_initializer(w_value)
     x = group.source
-    matmul = ir.node("MatMul", [x, w_value], name=node_name)
+    shape = None if x.shape is None else [*list(x.shape)[:-1], sum(widths)]
+    matmul = make_node(
+        "MatMul", [x, w_value], name=node_name, output=f"{node_name}_output_0", dtype=tensor.dtype, shape=shape
+    )
     out = matmul.outputs[0]
-    out.name, out.dtype = f"{node_name}_output_0", tensor.dtype
-    if x.shape is not None:
-        out.shape = ir.Shape([*list(x.shape)[:-1], sum(widths)])
-    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 13))
     split_name = node_name.rsplit("/", 1)[0] + "/Split" if "/" in node_name else node_name + "_Split"
-    if opset >= 13:
-        sizes = ir.Value(
-            name=f"{split_name}.split", shape=ir.Shape([len(widths)]), type=ir.TensorType(ir.DataType.INT64)
-        )
-        sizes.const_value = ir.tensor(np.asarray(widths, np.int64), name=f"{split_name}.split")
-        graph.register_initializer(sizes)
-        split = ir.node("Split", [out, sizes], {"axis": -1}, num_outputs=len(widths), name=split_name)
+    if default_opset(graph, 13) >= 13:
+        sizes = add_initializer(graph, f"{split_name}.split", np.asarray(widths, np.int64))
+        split = make_node("Split", [out, sizes], name=split_name, num_outputs=len(widths), axis=-1)
     else:
-        split = ir.node("Split", [out], {"axis": -1, "split": widths}, num_outputs=len(widths), name=split_name)
+        split = make_node("Split", [out], name=split_name, num_outputs=len(widths), axis=-1, split=widths)
     old_outputs = [node.outputs[0] for node in group.nodes]
     for new in split.outputs:
         new.dtype = tensor.dtype

@@ -74,12 +74,12 @@ class PositionMaskBuilder:
         self.graph.insert_before(self._anchor, node)
         return node.outputs[0]
 
-    def _const(self, name: str, array: np.ndarray) -> ir.Value:
+    def _initializer(self, name: str, array: np.ndarray) -> ir.Value:
         return add_initializer(self.graph, f"{self.prefix}/{name}", array, reuse=True)
 
     def _query(self) -> ir.Value:
         if "q" not in self._cache:
-            shape = self._const("query_shape", np.array([self.S, 1], dtype=np.int64))
+            shape = self._initializer("query_shape", np.array([self.S, 1], dtype=np.int64))
             q = self._node("Reshape", [self.cache_position, shape], "query_positions")
             q.dtype, q.shape = ir.DataType.INT64, ir.Shape([self.S, 1])
             self._cache["q"] = q
@@ -91,13 +91,13 @@ class PositionMaskBuilder:
         if key in self._cache:
             return self._cache[key]
         q = self._query()
-        slots = self._const("slots", np.arange(self.L, dtype=np.int64).reshape(1, self.L))
+        slots = self._initializer("slots", np.arange(self.L, dtype=np.int64).reshape(1, self.L))
         if ("base", None) not in self._cache:
             self._cache[("base", None)] = self._node("LessOrEqual", [slots, q], "causal")  # (S, L): j <= p
         mask = self._cache[("base", None)]
         if window is not None:
             tag = f"window{window}"
-            w = self._const(tag, np.array(window, dtype=np.int64))
+            w = self._initializer(tag, np.array(window, dtype=np.int64))
             oldest = self._node("Sub", [q, w], f"{tag}/past_edge")  # p - w
             inside = self._node("Greater", [slots, oldest], f"{tag}/inside")  # j > p - w
             mask = self._node("And", [mask, inside], f"{tag}/visible")
@@ -108,7 +108,7 @@ class PositionMaskBuilder:
         """``attention_mask`` as bool, shape ``[B] + [1]*(rank-3) + [L]`` broadcastable to the scores."""
         key = ("am", rank)
         if key not in self._cache:
-            am_shape = self._const(f"padding_shape{rank}", np.array([self.B] + [1] * (rank - 2) + [self.L]))
+            am_shape = self._initializer(f"padding_shape{rank}", np.array([self.B] + [1] * (rank - 2) + [self.L]))
             am_bool = self._node("Cast", [self.attention_mask], "padding_bool", to=int(ir.DataType.BOOL))  # type: ignore[list-item]
             self._cache[key] = self._node("Reshape", [am_bool, am_shape], f"padding_rank{rank}")
         return self._cache[key]
@@ -125,7 +125,7 @@ class PositionMaskBuilder:
             return self._cache[key]
         base = self._window(window)
         tag = ("causal" if window is None else f"window{window}") + f"/rank{rank}"
-        shape = self._const(f"mask_shape{rank}", np.array([1] * (rank - 2) + [self.S, self.L]))
+        shape = self._initializer(f"mask_shape{rank}", np.array([1] * (rank - 2) + [self.S, self.L]))
         mask = self._node("Reshape", [base, shape], f"{tag}/mask")
         if self.attention_mask is not None:
             mask = self._node("And", [mask, self._padding(rank)], f"{tag}/padded")

@@ -1,11 +1,12 @@
 """``grouped_attention``: attention reads the static cache buffer itself, with no head repeat or scale copy.
 
 Run it after ``static_kv`` (it needs the fixed shapes and the contract's cache names); it applies to every
-graph of the set (decode graph and prefill buckets), before or after ``mask_rewrite``. What it rewrites and why
-it is exact: :mod:`onnxdeploy.passes._attention_edits`. An opset-23 ``Attention`` node whose K/V are the
-exporter's head repeat of the cache (dynamo-23 exports) is first split into primitive ops by the same helper
-``mask_rewrite`` uses (:func:`~onnxdeploy.passes._attention_edits.decompose_attention`), so its reads of the
-cache become MatMul operands this pass can rewrite. On the 125M LLaMA export of ``benchmarks/decode.py`` the head repeat
+graph of the set (decode graph and prefill buckets), before or after ``mask_rewrite``. Which reads of the cache
+it recognises: :mod:`onnxdeploy.passes._cache_reads`; what it rewrites them to and why that is exact:
+:mod:`onnxdeploy.passes._attention_edits`. An opset-23 ``Attention`` node whose K/V are the exporter's head
+repeat of the cache (dynamo-23 exports) is first split into primitive ops by the same helper ``mask_rewrite``
+uses (:func:`~onnxdeploy.passes._attention_decompose.decompose_attention`), so its reads of the cache become
+MatMul operands this pass can rewrite. On the 125M LLaMA export of ``benchmarks/decode.py`` the head repeat
 alone is two copies of ``3 × max_cache_len × 64`` floats per head group and layer per step.
 """
 
@@ -17,14 +18,10 @@ import onnx_ir as ir
 from pydantic import Field
 
 from onnxdeploy.artifacts import ArtifactSet
-from onnxdeploy.passes._attention_edits import (
-    decompose_attention,
-    decompose_refusal,
-    group_query_heads,
-    head_repeats,
-    repeat_label,
-    repeating_attention_nodes,
-)
+from onnxdeploy.graph import node_label
+from onnxdeploy.passes._attention_decompose import decompose_attention, decompose_refusal
+from onnxdeploy.passes._attention_edits import group_query_heads
+from onnxdeploy.passes._cache_reads import head_repeats, repeating_attention_nodes
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import clone, infer_shapes
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
@@ -59,7 +56,7 @@ class GroupedAttentionPass(Pass):
     are unchanged. An opset-23 ``Attention`` node that reads a head repeat of the cache is decomposed first
     (MatMul/scale/mask/Softmax/MatMul, shapes re-inferred); one the decomposition does not take (past inputs,
     ``is_causal``, ...) is left as it is, with a warning. Every head repeat of a cache buffer still in a graph
-    after the rewrite (:func:`~onnxdeploy.passes._attention_edits.head_repeats`, whatever reads it) is named in
+    after the rewrite (:func:`~onnxdeploy.passes._cache_reads.head_repeats`, whatever reads it) is named in
     a warning: the graph still decodes the same, but copies the cache every call. The pass is functional: it
     rewrites structural copies (no weight copied).
 
@@ -97,7 +94,7 @@ class GroupedAttentionPass(Pass):
             changes, unrewritten = group_query_heads(model, self.config.max_rank)  # type: ignore[attr-defined]
             changes, warnings = decomposed + changes, warnings + unrewritten
             for repeat in head_repeats(model):  # whatever is left is named: a repeat is never kept silently
-                label = repeat_label(repeat)
+                label = node_label(repeat)
                 if not any(label in line for line in warnings):
                     warnings.append(
                         f"{label} still repeats a cache buffer (read through ops the rewrite does not take): not "

@@ -27,12 +27,11 @@ The contract records ``kv_layout``, ``head_dim_padded``, the cache names (``kv_i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as ir_common
 from pydantic import Field
 
 from onnxdeploy.artifacts import ArtifactSet
@@ -45,9 +44,10 @@ from onnxdeploy.contract import (
     write_contract,
 )
 from onnxdeploy.errors import PostconditionError, PreconditionError
+from onnxdeploy.graph import node_label
 from onnxdeploy.passes._cache_edits import build_cache_write
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import clone, infer_shapes
+from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node, remove_dead_nodes
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, OrderFact
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
@@ -101,10 +101,6 @@ class _CacheTensor:
     method: CacheWrite
 
 
-def _label(node: ir.Node) -> str:
-    return f"{node.op_type} '{node.name or '?'}'"
-
-
 def _find_tensor(
     graph: ir.Graph, contract: DecodeContract, past_name: str, present_name: str, who: str
 ) -> _CacheTensor:
@@ -119,7 +115,7 @@ def _find_tensor(
     if inside:
         raise PreconditionError(
             who,
-            f"the cache '{past_name}' stays inside {_label(inside[0])}, which takes its cache only as BNSH "
+            f"the cache '{past_name}' stays inside {node_label(inside[0])}, which takes its cache only as BNSH "
             "(B, H_kv, S, D); kv_layout cannot repack it unless the op is decomposed",
         )
     writes = [
@@ -132,10 +128,10 @@ def _find_tensor(
         raise PreconditionError(
             who,
             f"expected one cache write (ScatterElements/ScatterND/Where, as static_kv makes) reading '{past_name}'; "
-            f"found {[_label(n) for n in writes] or 'none'}",
+            f"found {[node_label(n) for n in writes] or 'none'}",
         )
     write = writes[0]
-    others = [_label(u.node) for u in buffer.uses() if u.node is not write]
+    others = [node_label(u.node) for u in buffer.uses() if u.node is not write]
     if others:
         raise PreconditionError(who, f"'{past_name}' is read before its write by {others[:3]}; expected only the write")
     new = write.inputs[1] if write.op_type == "Where" else write.inputs[2]
@@ -145,7 +141,7 @@ def _find_tensor(
     want = (contract.batch, contract.num_kv_heads, contract.step_len, contract.head_dim)
     if new is None or new.shape is None or tuple(new.shape) != want:
         raise PreconditionError(
-            who, f"the K/V {_label(write)} writes into '{past_name}' is {new.shape if new else None}, not {want}"
+            who, f"the K/V {node_label(write)} writes into '{past_name}' is {new.shape if new else None}, not {want}"
         )
     index = next(i for i, v in enumerate(graph.outputs) if v.name == present_name)
     method = _WRITE_METHODS[write.op_type]
@@ -155,27 +151,34 @@ def _find_tensor(
 
 
 class _Builder:
-    """Appends nodes to a graph with typed, shaped outputs and named constants (sorted topologically later)."""
+    """Appends nodes under one layer's name prefix, their outputs typed and shaped (the graph is sorted later).
+
+    Beside the node itself (:func:`~onnxdeploy.passes._edit.make_node`), it knows the few layout steps of the
+    rewrite and skips the ones that would change nothing (a full Slice, a Pad to the same size, a Cast to the
+    same type).
+    """
 
     def __init__(self, graph: ir.Graph, prefix: str):
         self.graph = graph
         self.prefix = prefix
 
     def const(self, name: str, values: list[int]) -> ir.Value:
-        key = f"{_PREFIX}/{name}"
-        if key not in self.graph.initializers:
-            tensor = ir.tensor(np.asarray(values, dtype=np.int64), name=key)
-            value = ir.Value(name=key, shape=ir.Shape(tensor.shape), type=ir.TensorType(ir.DataType.INT64))
-            value.const_value = tensor
-            self.graph.register_initializer(value)
-        return self.graph.initializers[key]
+        """The int64 initializer ``{_PREFIX}/{name}`` holding ``values`` (made once, shared by every layer)."""
+        return add_initializer(self.graph, f"{_PREFIX}/{name}", np.asarray(values, dtype=np.int64), reuse=True)
 
     def node(self, op: str, inputs: list[ir.Value], out: str, shape: tuple[int, ...], dtype: ir.DataType, **attrs):
-        node = ir.node(op, inputs, attrs or None, name=f"{self.prefix}/{out}/{op}")
-        value = node.outputs[0]
-        value.name, value.shape, value.dtype = f"{self.prefix}/{out}", ir.Shape(list(shape)), dtype
+        """Append ``op`` whose output ``{prefix}/{out}`` has ``shape`` and ``dtype``; return the output."""
+        node = make_node(
+            op,
+            inputs,
+            name=f"{self.prefix}/{out}/{op}",
+            output=f"{self.prefix}/{out}",
+            dtype=dtype,
+            shape=shape,
+            **attrs,
+        )
         self.graph.append(node)
-        return value
+        return node.outputs[0]
 
     def slice_last_or_axis(self, value: ir.Value, start: int, stop: int, axis: int, out: str) -> ir.Value:
         shape = list(value.shape)  # type: ignore[arg-type]
@@ -256,93 +259,55 @@ def _new_input(graph: ir.Graph, old: ir.Value, name: str, shape: tuple[int, ...]
     return value
 
 
-def _relayout(
-    model: ir.Model, contract: DecodeContract, cfg: KVLayoutConfig, who: str
-) -> tuple[DecodeContract, list[str]]:
-    """Rewrite one static graph's cache into ``cfg.layout`` (module docstring); returns its contract and changes."""
-    graph = model.graph
-    c = contract
-    B, H, L, S, D = c.batch, c.num_kv_heads, c.max_cache_len, c.step_len, c.head_dim
-    Dp = padded_head_dim(D, cfg.pad_head_dim_to)
-    kv_type = c.kv_onnx_type
-    inputs = {str(v.name): v for v in graph.inputs}
-    cache_position = inputs[c.inputs.cache_position] if c.inputs.cache_position else None
-    if cache_position is None:
-        raise PreconditionError(who, "the contract names no cache_position input; run static_kv first")
-    found = [
-        [_find_tensor(graph, c, past, present, who) for past, present in c.layer_cache_pairs(entry)]
-        for entry in c.cache
-    ]
+def _write_method(found: list[list[_CacheTensor]], c: DecodeContract, cfg: KVLayoutConfig) -> tuple[CacheWrite, str]:
+    """How the new layout is written, and the cache update mode that goes with it.
+
+    The configured method, else the one the graph already uses (ScatterElements when its layers disagree);
+    a host write means ``new_token_only``, and a ``new_token_only`` graph keeps its host write.
+    """
     methods = {t.method for layer in found for t in layer}
     method: CacheWrite = cfg.cache_write or (methods.pop() if len(methods) == 1 else "scatter_elements")
     update_mode = "new_token_only" if method == "host" else c.cache_update
     if update_mode == "new_token_only" and method != "host" and cfg.cache_write is None:
         method = "host"
-    new_outputs: dict[int, ir.Value] = {}
-    drop_outputs: set[int] = set()
-    entries: list[CacheBinding] = []
-    kept_transposes = 0
-    back_transposes = 0
-    for entry, layer in zip(c.cache, found, strict=True):
-        key, value = layer
-        compute = key.new.dtype or kv_type
-        b = _Builder(graph, f"{_PREFIX}/layer{entry.layer}")
-        new_k = b.pad_last(key.new, Dp, "key_padded")
-        new_v = b.pad_last(value.new, Dp, "value_padded")
+    return method, update_mode
 
-        if cfg.layout == "BSH2D":
-            packed_new = b.transpose(
-                b.node("Concat", [new_k, new_v], "kv_new_bhsd", (B, H, S, 2 * Dp), compute, axis=3), _BSH, "kv_new"
-            )
-            base = _packed_name(entry.key_in or "", entry.value_in or "")
-            past = _new_input(graph, key.past, base, (B, L, H, 2 * Dp), kv_type)
-            graph.inputs.remove(value.past)
-            buffer = b.cast(past, compute, "kv_compute")
-            updated = _write(b, buffer, packed_new, 1, "kv_write", method, cache_position, L)
-            for t, start, tag in ((key, 0, "key"), (value, Dp, "value")):
-                part = b.slice_last_or_axis(updated, start, start + D, 3, f"{tag}_bshd")
-                _reroute(t, b.transpose(part, _BSH, f"{tag}_view"))
-                back_transposes += 1
-            out = b.cast(updated if update_mode == "full_buffer" else packed_new, kv_type, "kv_out_cache")
-            out_name = _packed_name(entry.key_out or "", entry.value_out or "")
-            _rename_output(graph, key.present_index, out_name)
-            out.name = out_name
-            new_outputs[key.present_index] = out
-            drop_outputs.add(value.present_index)
-            entries.append(CacheBinding(layer=entry.layer, kv_in=base, kv_out=out_name))
-            continue
 
-        names = {}
-        for t, tag, new in ((key, "key", new_k), (value, "value", new_v)):
-            transposed = cfg.layout == "BHDS_K" and tag == "key"
-            update = b.transpose(new, _SWAP_LAST, f"{tag}_new_t") if transposed else new
-            shape = (B, H, Dp, L) if transposed else (B, H, L, Dp)
-            past_name = str(t.past.name)
-            past = _new_input(graph, t.past, past_name, shape, kv_type)
-            buffer = b.cast(past, compute, f"{tag}_compute")
-            updated = _write(b, buffer, update, 3 if transposed else 2, f"{tag}_write", method, cache_position, L)
-            if transposed:
-                stored = b.slice_last_or_axis(updated, 0, D, 2, "key_t_view")  # (B, H, D, L)
-                back = None
-                for use in list(t.updated.uses()):
-                    node = use.node
-                    if node.op_type == "Transpose" and tuple(node.attributes.get_ints("perm", [])) == _SWAP_LAST:
-                        node.outputs[0].replace_all_uses_with(stored)  # attention's Kᵀ is the stored K
-                        kept_transposes += 1
-                        continue
-                    if back is None:
-                        back = b.transpose(stored, _SWAP_LAST, "key_view")
-                        back_transposes += 1
-                    node.replace_input_with(use.idx, back)
-            else:
-                _reroute(t, b.slice_last_or_axis(updated, 0, D, 3, f"{tag}_view"))
-            out = b.cast(updated if update_mode == "full_buffer" else update, kv_type, f"{tag}_out_cache")
-            present_name = str(graph.outputs[t.present_index].name)
-            _rename_output(graph, t.present_index, present_name)
-            out.name = present_name
-            new_outputs[t.present_index] = out
-            names[tag] = (past_name, present_name)
-        entries.append(
+@dataclass
+class _Relayout:
+    """One graph's cache rewrite in progress: what each layer gets, the new outputs, the Transposes counted.
+
+    Shapes: ``B`` batch, ``H`` = ``H_kv``, ``L`` = ``max_cache_len``, ``S`` = ``step_len``, ``D`` the head dim,
+    ``Dp`` the padded one.
+    """
+
+    graph: ir.Graph
+    contract: DecodeContract
+    layout: Layout
+    Dp: int
+    method: CacheWrite
+    update_mode: str
+    cache_position: ir.Value
+    new_outputs: dict[int, ir.Value] = field(default_factory=dict)
+    drop_outputs: set[int] = field(default_factory=set)
+    entries: list[CacheBinding] = field(default_factory=list)
+    kept_transposes: int = 0
+    back_transposes: int = 0
+
+    def layer(self, entry: CacheBinding, key: _CacheTensor, value: _CacheTensor) -> None:
+        """Rewrite one layer's K and V: pad the call's K/V to ``Dp``, then store them in the layout."""
+        b = _Builder(self.graph, f"{_PREFIX}/layer{entry.layer}")
+        new_k = b.pad_last(key.new, self.Dp, "key_padded")
+        new_v = b.pad_last(value.new, self.Dp, "value_padded")
+        compute = key.new.dtype or self.contract.kv_onnx_type  # what the layer's attention computes in
+        if self.layout == "BSH2D":
+            self.entries.append(self._packed(b, entry, key, value, (new_k, new_v), compute))
+            return
+        names = {
+            tag: self._separate(b, t, tag, new, compute)
+            for t, tag, new in ((key, "key", new_k), (value, "value", new_v))
+        }
+        self.entries.append(
             CacheBinding(
                 layer=entry.layer,
                 key_in=names["key"][0],
@@ -351,33 +316,137 @@ def _relayout(
                 value_out=names["value"][1],
             )
         )
-    for index, out in new_outputs.items():
-        graph.outputs[index] = out
-    for index in sorted(drop_outputs, reverse=True):
-        graph.outputs.pop(index)
-    graph.sort()
-    ir_common.RemoveUnusedNodesPass()(model)
-    infer_shapes(model)
+
+    def _packed(
+        self,
+        b: _Builder,
+        entry: CacheBinding,
+        key: _CacheTensor,
+        value: _CacheTensor,
+        new_kv: tuple[ir.Value, ir.Value],
+        compute: ir.DataType,
+    ) -> CacheBinding:
+        """BSH2D: one input and one output ``(B, L, H, 2·Dp)``, K in ``[..., :Dp]``, V in ``[..., Dp:]``."""
+        c, Dp, graph = self.contract, self.Dp, self.graph
+        B, H, L, S, D = c.batch, c.num_kv_heads, c.max_cache_len, c.step_len, c.head_dim
+        kv_type = c.kv_onnx_type
+        bhsd = b.node("Concat", list(new_kv), "kv_new_bhsd", (B, H, S, 2 * Dp), compute, axis=3)
+        packed_new = b.transpose(bhsd, _BSH, "kv_new")
+        base = _packed_name(entry.key_in or "", entry.value_in or "")
+        past = _new_input(graph, key.past, base, (B, L, H, 2 * Dp), kv_type)
+        graph.inputs.remove(value.past)
+        buffer = b.cast(past, compute, "kv_compute")
+        updated = _write(b, buffer, packed_new, 1, "kv_write", self.method, self.cache_position, L)
+        for t, start, tag in ((key, 0, "key"), (value, Dp, "value")):
+            part = b.slice_last_or_axis(updated, start, start + D, 3, f"{tag}_bshd")
+            _reroute(t, b.transpose(part, _BSH, f"{tag}_view"))
+            self.back_transposes += 1
+        out = b.cast(updated if self.update_mode == "full_buffer" else packed_new, kv_type, "kv_out_cache")
+        out_name = _packed_name(entry.key_out or "", entry.value_out or "")
+        _rename_output(graph, key.present_index, out_name)
+        out.name = out_name
+        self.new_outputs[key.present_index] = out
+        self.drop_outputs.add(value.present_index)
+        return CacheBinding(layer=entry.layer, kv_in=base, kv_out=out_name)
+
+    def _separate(self, b: _Builder, t: _CacheTensor, tag: str, new: ir.Value, compute: ir.DataType) -> tuple[str, str]:
+        """BHSD or BHDS_K: one buffer per tensor, K transposed ``(B, H, Dp, L)`` for BHDS_K; its in/out names."""
+        c, graph = self.contract, self.graph
+        B, H, L, D = c.batch, c.num_kv_heads, c.max_cache_len, c.head_dim
+        kv_type = c.kv_onnx_type
+        transposed = self.layout == "BHDS_K" and tag == "key"
+        update = b.transpose(new, _SWAP_LAST, f"{tag}_new_t") if transposed else new
+        shape = (B, H, self.Dp, L) if transposed else (B, H, L, self.Dp)
+        past_name = str(t.past.name)
+        past = _new_input(graph, t.past, past_name, shape, kv_type)
+        buffer = b.cast(past, compute, f"{tag}_compute")
+        updated = _write(b, buffer, update, 3 if transposed else 2, f"{tag}_write", self.method, self.cache_position, L)
+        if transposed:
+            self._read_stored_key(b, t, b.slice_last_or_axis(updated, 0, D, 2, "key_t_view"))  # (B, H, D, L)
+        else:
+            _reroute(t, b.slice_last_or_axis(updated, 0, D, 3, f"{tag}_view"))
+        out = b.cast(updated if self.update_mode == "full_buffer" else update, kv_type, f"{tag}_out_cache")
+        present_name = str(graph.outputs[t.present_index].name)
+        _rename_output(graph, t.present_index, present_name)
+        out.name = present_name
+        self.new_outputs[t.present_index] = out
+        return past_name, present_name
+
+    def _read_stored_key(self, b: _Builder, t: _CacheTensor, stored: ir.Value) -> None:
+        """Attention's ``Transpose(0, 1, 3, 2)`` of K becomes the stored Kᵀ; other readers share one Transpose back."""
+        back = None
+        for use in list(t.updated.uses()):
+            node = use.node
+            if node.op_type == "Transpose" and tuple(node.attributes.get_ints("perm", [])) == _SWAP_LAST:
+                node.outputs[0].replace_all_uses_with(stored)
+                self.kept_transposes += 1
+                continue
+            if back is None:
+                back = b.transpose(stored, _SWAP_LAST, "key_view")
+                self.back_transposes += 1
+            node.replace_input_with(use.idx, back)
+
+    def finish(self, model: ir.Model) -> None:
+        """Put the new cache outputs in place, drop V's outputs of packed layers, sort, prune and re-infer."""
+        graph = self.graph
+        for index, out in self.new_outputs.items():
+            graph.outputs[index] = out
+        for index in sorted(self.drop_outputs, reverse=True):
+            graph.outputs.pop(index)
+        graph.sort()
+        remove_dead_nodes(model)
+        infer_shapes(model)
+
+    def changes(self) -> list[str]:
+        """The report lines of this graph's rewrite."""
+        c = self.contract
+        changes = [
+            f"cache {self.layout}, head dim {c.head_dim} -> {self.Dp}, written by {self.method} ({self.update_mode}) "
+            f"in the new layout; {len(c.cache)} layers"
+        ]
+        if self.layout == "BHDS_K":
+            changes.append(
+                f"{self.kept_transposes} K Transpose(s) now read the stored Kᵀ directly; {self.back_transposes} "
+                "reader(s) of K transpose it back (run grouped_attention before kv_layout so attention reads K "
+                "through one Transpose)"
+            )
+        return changes
+
+
+def _relayout(
+    model: ir.Model, contract: DecodeContract, cfg: KVLayoutConfig, who: str
+) -> tuple[DecodeContract, list[str]]:
+    """Rewrite one static graph's cache into ``cfg.layout`` (module docstring); returns its contract and changes.
+
+    Raises:
+        PreconditionError: no cache_position input, a cache inside an attention op, or not one write per input.
+    """
+    graph, c = model.graph, contract
+    inputs = {str(v.name): v for v in graph.inputs}
+    cache_position = inputs[c.inputs.cache_position] if c.inputs.cache_position else None
+    if cache_position is None:
+        raise PreconditionError(who, "the contract names no cache_position input; run static_kv first")
+    found = [
+        [_find_tensor(graph, c, past, present, who) for past, present in c.layer_cache_pairs(entry)]
+        for entry in c.cache
+    ]
+    method, update_mode = _write_method(found, c, cfg)
+    Dp = padded_head_dim(c.head_dim, cfg.pad_head_dim_to)
+    state = _Relayout(graph, c, cfg.layout, Dp, method, update_mode, cache_position)
+    for entry, (key, value) in zip(c.cache, found, strict=True):
+        state.layer(entry, key, value)
+    state.finish(model)
     new_contract = c.model_copy(
         update={
             "kv_layout": cfg.layout,
             "head_dim_padded": Dp,
-            "cache": entries,
+            "cache": state.entries,
             "cache_update": update_mode,
             "contract_version": max(c.contract_version, LAYOUT_VERSIONS[cfg.layout]),
         }
     )
     DecodeContract.model_validate(new_contract.model_dump())  # the layout's names and version hold
-    changes = [
-        f"cache {cfg.layout}, head dim {D} -> {Dp}, written by {method} ({update_mode}) in the new layout; "
-        f"{len(c.cache)} layers"
-    ]
-    if cfg.layout == "BHDS_K":
-        changes.append(
-            f"{kept_transposes} K Transpose(s) now read the stored Kᵀ directly; {back_transposes} reader(s) of K "
-            "transpose it back (run grouped_attention before kv_layout so attention reads K through one Transpose)"
-        )
-    return new_contract, changes
+    return new_contract, state.changes()
 
 
 def _packed_name(key: str, value: str) -> str:

@@ -13,7 +13,7 @@ from onnxdeploy import model_io
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.pass_context import make_pass_context
-from onnxdeploy.passes._attention_edits import cache_buffers, find_cache_reads, head_repeats
+from onnxdeploy.passes._cache_reads import cache_buffers, find_cache_reads, head_repeats
 from onnxdeploy.passes.grouped_attention import GroupedAttentionConfig, GroupedAttentionPass
 from onnxdeploy.passes.mask_rewrite import MaskRewriteConfig, MaskRewritePass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig

@@ -198,7 +198,7 @@ def test_a_cache_inside_group_query_attention_is_refused() -> None:
     static = StaticKVCachePass(StaticKVConfig(max_cache_len=16))(
         load_model(entry["model_path"]).model, make_pass_context(model_path=entry["model_path"])
     )
-    with pytest.raises(PreconditionError, match="inside GroupQueryAttention .* only as BNSH"):
+    with pytest.raises(PreconditionError, match="inside com.microsoft::GroupQueryAttention .* only as BNSH"):
         KVLayoutPass(KVLayoutConfig(layout="BSH2D"))(static.artifacts, make_pass_context())
 
 

@@ -15,7 +15,9 @@ headers (contract, vocabulary, cache capacity) is refused for both before either
 A candidate whose contract lists a graph set is driven as a set (:mod:`onnxdeploy.runner.graph_set`):
 prompt through the buckets, decode through the step-1 graphs, moving to a larger cache length when the
 context outgrows one. Positions a ``prefill_logits: last`` bucket does not compute are not compared; every
-other position is, and its record names the graph that computed it.
+other position is, and its record names the graph that computed it. The graphs the modes did not use are then
+driven apart (:mod:`onnxdeploy.runner.coverage`): the report states the calls per graph (``graphs_driven``) and
+fails naming a graph that could not be driven.
 
 Latency (README, "Latency"): each model is warmed up first (the prompt and up to three steps, and every
 graph of a set once). The per-step summary covers the single-token calls after the prompt, for the original
@@ -271,14 +273,9 @@ def verify(
 ) -> VerifyReport:
     """Decode the original and the candidate greedily and compare them position by position.
 
-    The models are never resident together: the original is opened, warmed up, decoded greedily and
-    closed (its logits, tokens and latencies are kept: ``4 * V`` bytes per position), then the candidate
-    is opened, warmed up and run in each mode, then closed. Both headers are checked first (contract,
-    vocabulary, capacity), so a bad candidate fails before the original decodes. A candidate whose contract
-    lists a graph set is driven as a set (module docstring); every graph of it must be driven (``graphs_driven``).
-    Each model is warmed up (untimed) before its timed runs; per-step latency covers the single-token calls after
-    the prompt, the prompt's calls are reported apart (``prefill``). ``rss_growth_bytes`` is the change in
-    resident memory while each model decodes after its warm-up, summed over the two (a leak indicator,
+    The models are never resident together, and both headers are checked before either decodes (module
+    docstring). A graph set is driven as a set, every graph of it (``graphs_driven``). ``rss_growth_bytes`` is the
+    change in resident memory while each model decodes after its warm-up, summed over the two (a leak indicator,
     not the models' footprint).
 
     Args:

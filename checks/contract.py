@@ -10,21 +10,16 @@ from collections import Counter
 from collections.abc import Iterator
 
 import onnx
-from onnx import TensorProto
 
-from onnxdeploy.checks._graph import ValueType, dtype_name, format_dims, infer, value_type
+from onnxdeploy.checks._graph import infer, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
-from onnxdeploy.contract import CONTRACT_KEY, DecodeContract, read_contract
+from onnxdeploy.contract import CONTRACT_KEY, ContractMismatch, DecodeContract, read_contract
 from onnxdeploy.errors import ContractError
 from onnxdeploy.report import Finding
 
 __all__ = ["ContractCheck"]
 
-_FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 _CONTRACT_HINT = "Re-run static_kv (and kv_layout) so the contract is rewritten from the graph."
-
-# Expected dims: an int, or a "V" placeholder for "any static positive int" (the vocabulary size).
-_ANY = "V"
 
 
 @register_check
@@ -49,7 +44,9 @@ class ContractCheck(Check):
       inputs with an initializer default are exempt); graph outputs it does not mention are a
       warning (``OD408``).
 
-    Output types come from the graph outputs, or from shape inference when those lack a static
+    The comparison is :meth:`DecodeContract.mismatches` (the runner's contract decoder refuses a graph on the
+    same one); this check turns each mismatch into a finding. Output types come from the graph outputs, or from
+    shape inference when those lack a static
     shape; where neither gives one, the tensor cannot be verified (``OD409``, warning).
     """
 
@@ -83,7 +80,7 @@ class ContractCheck(Check):
             )
             return
         yield from self._self_consistency(contract)
-        yield from _GraphComparison(self, model, contract).findings()
+        yield from _graph_findings(self, model, contract)
 
     def _self_consistency(self, contract: DecodeContract) -> Iterator[Finding]:
         if contract.num_layers != len(contract.cache):
@@ -97,7 +94,7 @@ class ContractCheck(Check):
             yield self._inconsistent(
                 f"head_dim_padded ({contract.head_dim_padded}) is smaller than head_dim ({contract.head_dim})"
             )
-        names = [n for n in _all_names(contract) if n]
+        names = contract.tensor_names()
         for name, count in Counter(names).items():
             if count > 1:
                 yield self._inconsistent(f"tensor name '{name}' is used {count} times in the contract", [name])
@@ -106,164 +103,68 @@ class ContractCheck(Check):
         return self.finding("OD403", "error", f"contract: {message}", nodes=nodes or [], hint=_CONTRACT_HINT)
 
 
-def _all_names(contract: DecodeContract) -> list[str | None]:
-    inputs = contract.inputs
-    names: list[str | None] = [
-        inputs.input_ids,
-        inputs.cache_position,
-        inputs.position_ids,
-        inputs.attention_mask,
-        inputs.last_token_index,
-    ]
-    names.append(contract.logits)
-    for entry in contract.cache:
-        names.extend([entry.key_in, entry.value_in, entry.key_out, entry.value_out, entry.kv_in, entry.kv_out])
-    return names
+_CODES: dict[str, tuple[str, str]] = {
+    "missing": ("OD404", "error"),
+    "dtype": ("OD405", "error"),
+    "shape": ("OD406", "error"),
+    "not_static": ("OD406", "error"),
+    "unverified": ("OD409", "warning"),
+    "unnamed_input": ("OD407", "error"),
+    "unnamed_output": ("OD408", "warning"),
+}
+"""Finding code and level of each :class:`~onnxdeploy.contract.ContractMismatch` kind."""
 
 
-class _GraphComparison:
-    """Compares one contract with one graph; lazily runs shape inference for outputs without shapes."""
+def _graph_findings(check: ContractCheck, model: onnx.ModelProto, contract: DecodeContract) -> Iterator[Finding]:
+    """The contract's mismatches with the graph (:meth:`DecodeContract.mismatches`) as findings.
 
-    def __init__(self, check: ContractCheck, model: onnx.ModelProto, contract: DecodeContract):
-        self.check = check
-        self.model = model
-        self.contract = contract
-        self.inputs = {v.name: v for v in model.graph.input}
-        self.outputs = {v.name: v for v in model.graph.output}
-        self.initializers = {t.name for t in model.graph.initializer}
-        self._inferred: dict[str, onnx.ValueInfoProto] | None = None
+    An output the contract names whose declared type has no static shape is compared with its inferred type
+    when shape inference gives a static one (inference runs once, only when needed).
+    """
+    named = {contract.logits, *(present for _, present in contract.cache_pairs())}
+    inferred: dict[str, onnx.ValueInfoProto] | None = None
+    outputs = []
+    for value in model.graph.output:
+        if value.name in named and not value_type(value.type).is_static:
+            inferred = _inferred_values(model) if inferred is None else inferred
+            better = inferred.get(value.name)
+            if better is not None and value_type(better.type).is_static:
+                value = better
+        outputs.append(value)
+    defaults = {t.name for t in model.graph.initializer}
+    for mismatch in contract.mismatches(model.graph.input, outputs, defaults=defaults):
+        code, level = _CODES[mismatch.kind]
+        yield check.finding(code, level, _message(mismatch), nodes=[mismatch.name], hint=_hint(mismatch))
 
-    def findings(self) -> Iterator[Finding]:
-        c = self.contract
-        names = c.inputs.model_dump()
-        for role, shape in c.input_shapes().items():
-            yield from self._input(names[role], role, (TensorProto.INT64,), shape)
 
-        kv_types = (int(c.kv_onnx_type),)
-        shapes = iter(zip(c.pair_input_shapes(), c.pair_output_shapes(), strict=True))  # K and V differ for BHDS_K
-        for entry in c.cache:
-            pairs = [(names, next(shapes)) for names in c.layer_cache_pairs(entry)]
-            for (past, _), (past_shape, _) in pairs:
-                yield from self._input(past, f"layer {entry.layer} past cache", kv_types, past_shape)
-            for (_, present), (_, present_shape) in pairs:
-                yield from self._output(present, f"layer {entry.layer} present cache", kv_types, present_shape)
-        yield from self._output(c.logits, "logits", _FLOAT_TYPES, (c.batch, c.logits_positions(), _ANY))
+def _message(mismatch: ContractMismatch) -> str:
+    if mismatch.kind == "missing":
+        return f"contract {mismatch.message}"
+    if mismatch.kind == "unverified":
+        return f"{mismatch.message}, even after shape inference; not verified"
+    return mismatch.message
 
-        mentioned = {n for n in _all_names(c) if n}
-        for name in self.inputs:
-            if name not in mentioned and name not in self.initializers:
-                yield self.check.finding(
-                    "OD407",
-                    "error",
-                    f"graph input '{name}' is not mentioned by the contract, so a host cannot feed it",
-                    nodes=[name],
-                    hint="Remove or fold the input, or name it in the contract (re-run static_kv).",
-                )
-        for name in self.outputs:
-            if name not in mentioned:
-                yield self.check.finding(
-                    "OD408",
-                    "warning",
-                    f"graph output '{name}' is not mentioned by the contract; the host will ignore it",
-                    nodes=[name],
-                    hint="Drop the output if nothing reads it; it costs a copy per step.",
-                )
 
-    def _input(
-        self, name: str | None, role: str, dtypes: tuple[int, ...], shape: tuple[int | str, ...]
-    ) -> Iterator[Finding]:
-        if not name:
-            return
-        value = self.inputs.get(name)
-        if value is None:
-            where = "an initializer" if name in self.initializers else "not a graph input"
-            yield self._missing(name, role, f"input '{name}' ({role}) is {where}")
-            return
-        yield from self._compare(name, role, value_type(value.type), dtypes, shape)
-
-    def _output(
-        self, name: str | None, role: str, dtypes: tuple[int, ...], shape: tuple[int | str, ...]
-    ) -> Iterator[Finding]:
-        if not name:
-            return
-        value = self.outputs.get(name)
-        if value is None:
-            yield self._missing(name, role, f"output '{name}' ({role}) is not a graph output")
-            return
-        vtype = value_type(value.type)
-        if not vtype.is_static:
-            inferred = self._inferred_outputs().get(name)
-            if inferred is not None and value_type(inferred.type).is_static:
-                vtype = value_type(inferred.type)
-        if not vtype.is_static and vtype.dims is None:
-            yield self.check.finding(
-                "OD409",
-                "warning",
-                f"output '{name}' ({role}) has no shape, even after shape inference; not verified",
-                nodes=[name],
-                hint="See the static_shapes findings for why inference cannot type it.",
-            )
-            if vtype.elem_type:
-                yield from self._compare(name, role, vtype, dtypes, shape, check_shape=False)
-            return
-        yield from self._compare(name, role, vtype, dtypes, shape)
-
-    def _compare(
-        self,
-        name: str,
-        role: str,
-        vtype: ValueType,
-        dtypes: tuple[int, ...],
-        shape: tuple[int | str, ...],
-        *,
-        check_shape: bool = True,
-    ) -> Iterator[Finding]:
-        expected_shape = format_dims(tuple(shape))
-        if dtypes and vtype.elem_type not in dtypes:
-            wanted = " or ".join(dtype_name(t) for t in dtypes)
-            yield self.check.finding(
-                "OD405",
-                "error",
-                f"'{name}' ({role}) has dtype {dtype_name(vtype.elem_type) if vtype.elem_type else 'unknown'}, "
-                f"the contract requires {wanted}",
-                nodes=[name],
-                hint=_CONTRACT_HINT if role.startswith("layer") else "Cast at the graph boundary or fix the contract.",
-            )
-        if not check_shape:
-            return
-        dims = vtype.dims
-        ok = dims is not None and len(dims) == len(shape)
-        if ok:
-            for got, want in zip(dims, shape, strict=True):
-                if want == _ANY:
-                    ok = ok and isinstance(got, int) and got > 0
-                else:
-                    ok = ok and got == want
-        if not ok:
-            yield self.check.finding(
-                "OD406",
-                "error",
-                f"'{name}' ({role}) has shape {format_dims(dims)}, the contract requires {expected_shape}"
-                + (" with a static V" if _ANY in shape else ""),
-                nodes=[name],
-                hint="Fix the I/O shapes with static_kv so they match the contract (or the contract, if the "
-                "graph is right).",
-            )
-
-    def _missing(self, name: str, role: str, message: str) -> Finding:
-        return self.check.finding(
-            "OD404",
-            "error",
-            f"contract {message}",
-            nodes=[name],
-            hint="Rename the graph I/O or the contract entry so they agree (re-run static_kv).",
+def _hint(mismatch: ContractMismatch) -> str:
+    if mismatch.kind == "missing":
+        return "Rename the graph I/O or the contract entry so they agree (re-run static_kv)."
+    if mismatch.kind == "dtype":
+        return (
+            _CONTRACT_HINT if mismatch.role.startswith("layer") else "Cast at the graph boundary or fix the contract."
         )
+    if mismatch.kind == "unverified":
+        return "See the static_shapes findings for why inference cannot type it."
+    if mismatch.kind == "unnamed_input":
+        return "Remove or fold the input, or name it in the contract (re-run static_kv)."
+    if mismatch.kind == "unnamed_output":
+        return "Drop the output if nothing reads it; it costs a copy per step."
+    return "Fix the I/O shapes with static_kv so they match the contract (or the contract, if the graph is right)."
 
-    def _inferred_outputs(self) -> dict[str, onnx.ValueInfoProto]:
-        if self._inferred is None:
-            try:
-                graph = infer(self.model).graph
-                self._inferred = {v.name: v for v in (*graph.output, *graph.value_info)}
-            except Exception:  # noqa: BLE001 - unverifiable outputs are reported as OD409
-                self._inferred = {}
-        return self._inferred
+
+def _inferred_values(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Graph outputs and value infos after shape inference; empty when inference fails (outputs stay OD409)."""
+    try:
+        graph = infer(model).graph
+    except Exception:  # noqa: BLE001 - unverifiable outputs are reported as OD409
+        return {}
+    return {v.name: v for v in (*graph.output, *graph.value_info)}

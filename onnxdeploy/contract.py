@@ -10,6 +10,8 @@ ask it; nobody re-derives it.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -18,6 +20,7 @@ import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from onnxdeploy.errors import ContractError
+from onnxdeploy.graph import FLOAT_ELEM_TYPES, dtype_name, format_dims, tensor_dims
 
 __all__ = [
     "CACHE_WRITES",
@@ -28,6 +31,7 @@ __all__ = [
     "CacheBinding",
     "CacheWrite",
     "ContractInputs",
+    "ContractMismatch",
     "GraphSetEntry",
     "DecodeContract",
     "KVDtype",
@@ -74,6 +78,34 @@ _LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
 """The cache-entry names each ``kv_layout`` needs."""
 
 Shape = tuple[int, ...]
+
+MismatchKind = Literal["missing", "dtype", "shape", "not_static", "unverified", "unnamed_input", "unnamed_output"]
+"""How a graph input/output disagrees with its contract (:class:`ContractMismatch`)."""
+
+_ANY = "V"
+"""An expected dim that may be any static positive int (the vocabulary size of the logits)."""
+
+
+@dataclass(frozen=True)
+class ContractMismatch:
+    """One way a graph's inputs and outputs disagree with its contract (:meth:`DecodeContract.mismatches`).
+
+    Attributes:
+        kind: ``missing``: a tensor the contract names is not a graph input/output; ``dtype``: its element type
+            is not the contract's; ``shape``: its rank or a static dim differs from the contract's;
+            ``not_static``: the static dims agree but one the contract fixes is symbolic or unknown (or an input's
+            rank is unknown); ``unverified``: an output without any shape (its dtype is still compared);
+            ``unnamed_input``: a graph input the contract does not name and no initializer feeds (a host cannot
+            feed it); ``unnamed_output``: a graph output the contract does not name (a host ignores it).
+        name: the tensor.
+        role: what the contract calls it (``input_ids``, ``layer 0 past cache``, ``logits``); ``""`` when unnamed.
+        message: one line naming the tensor, what the graph has and what the contract requires.
+    """
+
+    kind: MismatchKind
+    name: str
+    role: str
+    message: str
 
 
 class CacheBinding(BaseModel):
@@ -342,7 +374,99 @@ class DecodeContract(BaseModel):
         }
         return {role: shapes[role] for role, name in self.inputs.model_dump().items() if name is not None}
 
+    # -- the graph's I/O against the contract -------------------------------------------------------
+
+    def declared_tensors(self) -> Iterator[tuple[str, str, bool, frozenset[int], tuple[int | str, ...]]]:
+        """Every tensor the contract declares: ``(name, role, is_input, allowed element types, shape)``.
+
+        Order: the non-cache inputs by role, then layer by layer the past inputs and the present outputs, then the
+        logits. Shapes are ints, except the logits' vocabulary dim (``"V"``: any static positive int).
+        """
+        int64 = frozenset({int(ir.DataType.INT64)})
+        names = self.inputs.model_dump()
+        for role, shape in self.input_shapes().items():
+            yield names[role], role, True, int64, shape
+        kv = frozenset({int(self.kv_onnx_type)})
+        shapes = iter(zip(self.pair_input_shapes(), self.pair_output_shapes(), strict=True))
+        for entry in self.cache:
+            pairs = [(pair, next(shapes)) for pair in self.layer_cache_pairs(entry)]
+            role = f"layer {entry.layer}"
+            for (past, _), (past_shape, _) in pairs:
+                yield past, f"{role} past cache", True, kv, past_shape
+            for (_, present), (_, present_shape) in pairs:
+                yield present, f"{role} present cache", False, kv, present_shape
+        yield self.logits, "logits", False, FLOAT_ELEM_TYPES, (self.batch, self.logits_positions(), _ANY)
+
+    def mismatches(
+        self,
+        inputs: Iterable[onnx.ValueInfoProto],
+        outputs: Iterable[onnx.ValueInfoProto],
+        *,
+        defaults: Collection[str] = (),
+    ) -> list[ContractMismatch]:
+        """Compare every input and output the contract declares with the graph's: names, dtypes and shapes.
+
+        The one contract-vs-graph comparison: the ``contract`` check reports each mismatch as a finding, the
+        runner's contract decoder refuses a graph it cannot drive. Mismatches come in :meth:`declared_tensors`
+        order (per tensor: missing, or unverified, then dtype, then shape), then the graph inputs and outputs the
+        contract does not name.
+
+        Args:
+            inputs: the graph inputs (``graph.input``).
+            outputs: the graph outputs, each with the best type its caller knows (an inferred one may stand in
+                for a declared one without a static shape).
+            defaults: initializer names; a graph input with an initializer default need not be named, and a named
+                input that is only an initializer is ``missing``.
+
+        Returns:
+            The mismatches (:class:`ContractMismatch`); empty when the graph's I/O is what the contract says.
+        """
+        given = {True: {v.name: v for v in inputs}, False: {v.name: v for v in outputs}}
+        found: list[ContractMismatch] = []
+        for name, role, is_input, dtypes, shape in self.declared_tensors():
+            if not name:
+                continue
+            value = given[is_input].get(name)
+            if value is None:
+                where = ("an initializer" if name in defaults else "not a graph input") if is_input else None
+                what = (
+                    f"input '{name}' ({role}) is {where}"
+                    if is_input
+                    else f"output '{name}' ({role}) is not a graph output"
+                )
+                found.append(ContractMismatch("missing", name, role, what))
+                continue
+            found += _compare_tensor(name, role, is_input, value, dtypes, shape)
+        named = set(self.tensor_names())
+        found += [
+            ContractMismatch(
+                "unnamed_input", n, "", f"graph input '{n}' is not mentioned by the contract, so a host cannot feed it"
+            )
+            for n in given[True]
+            if n not in named and n not in defaults
+        ]
+        found += [
+            ContractMismatch(
+                "unnamed_output", n, "", f"graph output '{n}' is not mentioned by the contract; the host will ignore it"
+            )
+            for n in given[False]
+            if n not in named
+        ]
+        return found
+
     # -- names -------------------------------------------------------------------------------------
+
+    def tensor_names(self) -> list[str]:
+        """Every tensor name the contract sets (inputs, logits, cache entries), in that order, repeats kept."""
+        names = [name for name in self.inputs.model_dump().values() if name]
+        names.append(self.logits)
+        for entry in self.cache:
+            names += [
+                n
+                for n in (entry.key_in, entry.value_in, entry.key_out, entry.value_out, entry.kv_in, entry.kv_out)
+                if n
+            ]
+        return names
 
     def cache_pairs(self) -> list[tuple[str, str]]:
         """Return ``(past_input, present_output)`` name pairs, layer by layer, key before value.
@@ -365,6 +489,51 @@ class DecodeContract(BaseModel):
         if self.kv_layout == "BSH2D":
             return [(entry.kv_in, entry.kv_out)]  # type: ignore[list-item]
         return [(entry.key_in, entry.key_out), (entry.value_in, entry.value_out)]  # type: ignore[list-item]
+
+
+def _compare_tensor(
+    name: str,
+    role: str,
+    is_input: bool,
+    value: onnx.ValueInfoProto,
+    dtypes: frozenset[int],
+    shape: tuple[int | str, ...],
+) -> list[ContractMismatch]:
+    """The dtype and shape mismatches of one graph input/output the contract declares."""
+    found = []
+    dims = tensor_dims(value)
+    elem = value.type.tensor_type.elem_type
+    unverified = dims is None and not is_input
+    if unverified:
+        found.append(ContractMismatch("unverified", name, role, f"output '{name}' ({role}) has no shape"))
+    if elem not in dtypes and not (unverified and not elem):  # an output without shape or dtype: nothing to compare
+        got = dtype_name(elem) if elem else "unknown"
+        wanted = " or ".join(dtype_name(t) for t in sorted(dtypes))
+        found.append(
+            ContractMismatch("dtype", name, role, f"'{name}' ({role}) has dtype {got}, the contract requires {wanted}")
+        )
+    if unverified:
+        return found
+    kind = _shape_mismatch(dims, shape)
+    if kind is not None:
+        message = f"'{name}' ({role}) has shape {format_dims(dims)}, the contract requires {format_dims(list(shape))}"
+        found.append(ContractMismatch(kind, name, role, message + (" with a static V" if _ANY in shape else "")))
+    return found
+
+
+def _shape_mismatch(dims: list[int | str | None] | None, shape: tuple[int | str, ...]) -> MismatchKind | None:
+    """``shape`` when the rank or a static dim conflicts, ``not_static`` when a dim is not static, else None."""
+    if dims is None:
+        return "not_static"
+    if len(dims) != len(shape):
+        return "shape"
+    conflict = any(
+        isinstance(got, int) and (got <= 0 if want == _ANY else got != want)
+        for got, want in zip(dims, shape, strict=True)
+    )
+    if conflict:
+        return "shape"
+    return "not_static" if not all(isinstance(got, int) for got in dims) else None
 
 
 def _metadata(model: onnx.ModelProto | ir.Model) -> dict[str, str]:

@@ -280,3 +280,18 @@ def float32_shadow_graph(model: ir.Model, converted: dict[object, ir.Tensor] | N
             value.dtype = f32
             changed = True
     return changed
+
+
+def format_dims(dims: tuple[int | str | None, ...] | list[int | str | None] | None) -> str:
+    """Format dims for a message as ``(1, batch, ?)``; ``<unknown rank>`` for ``None``."""
+    if dims is None:
+        return "<unknown rank>"
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+def dtype_name(elem_type: int) -> str:
+    """The lower-case ONNX name of a ``TensorProto.DataType`` number (``1`` -> ``"float"``), for messages."""
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"dtype({elem_type})"

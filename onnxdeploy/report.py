@@ -329,7 +329,20 @@ class VerifyReport(BaseModel):
     rss_growth_bytes: int = 0
     strict_providers: bool = Field(False, description="A requested provider that fell back to CPU fails the run.")
     graphs: list[str] = Field(default_factory=list, description="Candidate graph files driven (a graph set: all).")
-    failures: list[str] = Field(default_factory=list, description="Failures outside the modes (provider fallbacks).")
+    graphs_driven: dict[str, int] = Field(
+        default_factory=dict,
+        description="Compared calls per candidate graph file, over the modes and the calls driven apart; every graph "
+        "of a set is listed, 0 for one that could not be driven (a failure names it).",
+    )
+    graphs_driven_apart: list[str] = Field(
+        default_factory=list,
+        description="Graphs of a set the modes' decode did not use, each driven apart in one call teacher-forced on "
+        "the original's tokens and compared with it (runner/coverage.py).",
+    )
+    failures: list[str] = Field(
+        default_factory=list,
+        description="Failures outside the modes (provider fallbacks, a graph of a set not driven or not matching).",
+    )
     modes: dict[str, ModeResult]
     numerics: NumericsReport | None = Field(
         None, description="Compute dtype of the candidate and whether the provider ran it natively or emulated."

@@ -12,8 +12,9 @@ Two uses, both through ``onnxdeploy/_rknn_worker.py`` run by the SDK environment
   its verbose build log: the final op table (``Target`` NPU or CPU per op of the compiled graph), the
   "No lowering found for: NODE, node type = OP" lines (ops with no NPU lowering, run as CPU custom ops) and
   the ``fuse_ops`` rules that removed or rewrote nodes (e.g. ``convert_neg_to_mul``);
-- :class:`RKNNSimSession`: the SDK's simulator (``init_runtime()`` with no device) behind the session
-  interface the decoders use, for ``verify.runtimes: [rknn-sim]``.
+- the simulator (``init_runtime()`` with no device) for ``verify.runtimes: [rknn-sim]``: the worker's ``serve``
+  mode, started by :func:`rknn_worker_command`; the session the decoders drive over it is
+  :class:`onnxdeploy.runner.runtimes.RKNNSimSession`, beside the OpenVINO one.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,13 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from onnxdeploy.errors import ConfigError, ModelLoadError
 
 __all__ = [
     "RKNN_PACKAGE",
-    "RKNNSimSession",
     "SdkNodeVerdict",
     "SdkReport",
     "install_rknn",
@@ -44,6 +41,7 @@ __all__ = [
     "rknn_build_reports",
     "rknn_env",
     "rknn_python",
+    "rknn_worker_command",
     "sdk_home",
 ]
 
@@ -120,6 +118,19 @@ def _require_python() -> Path:
             f"the RKNN-Toolkit2 environment is not installed ({rknn_env()}); run `onnxdeploy sdk install rknn`"
         )
     return python
+
+
+def rknn_worker_command(mode: str, *args: str) -> list[str]:
+    """The command that runs ``_rknn_worker.py MODE ARGS...`` with the SDK environment's Python (isolated mode).
+
+    Args:
+        mode: ``build``, ``builds`` or ``serve`` (the worker's module docstring).
+        args: the mode's arguments (model paths, target platform).
+
+    Raises:
+        ConfigError: the SDK environment is not installed.
+    """
+    return [str(_require_python()), "-I", str(_WORKER), mode, *args]
 
 
 @dataclass
@@ -221,12 +232,12 @@ def rknn_build_reports(models: Sequence[str | Path], *, target_platform: str = "
     """
     import onnx
 
-    python = _require_python()
+    command = rknn_worker_command("builds", target_platform, *(str(Path(m).resolve()) for m in models))
     graphs = [[(n.name, n.op_type) for n in onnx.load(str(m), load_external_data=False).graph.node] for m in models]
     # the SDK dumps check*.onnx into its working folder: give it a temporary one, never the user's
     with tempfile.TemporaryDirectory(prefix="onnxdeploy-rknn-build-") as workdir:
         done = subprocess.run(
-            [str(python), "-I", str(_WORKER), "builds", target_platform, *(str(Path(m).resolve()) for m in models)],
+            command,
             capture_output=True,
             text=True,
             timeout=_TIMEOUT_S * max(1, len(models)),
@@ -255,116 +266,6 @@ def rknn_build_reports(models: Sequence[str | Path], *, target_platform: str = "
         )
         for result, log, nodes in zip(results, logs, graphs, strict=True)
     ]
-
-
-@dataclass
-class _Arg:
-    """An input/output description shaped like ORT's ``NodeArg``."""
-
-    name: str
-    shape: list[int | None]
-    type: str
-
-
-class RKNNSimSession:
-    """The RKNN-Toolkit2 simulator (fp16 build for ``rk3588``) behind the session interface the decoders use.
-
-    The model is built and the simulator started once in a worker process of the SDK environment; each
-    ``run`` sends the feeds through a temporary ``.npz`` file and reads the outputs back.
-
-    Raises (from the constructor):
-        ConfigError: the SDK environment is not installed.
-        ModelLoadError: the SDK cannot build the model or start the simulator.
-    """
-
-    def __init__(self, path: str | Path, header, *, target_platform: str = "rk3588") -> None:
-        from onnx import helper
-
-        python = _require_python()
-        self._inputs = [self._arg(v, helper) for v in header.graph.input]
-        self._outputs = [self._arg(v, helper) for v in header.graph.output]
-        self._dir = Path(tempfile.mkdtemp(prefix="onnxdeploy-rknn-"))
-        try:
-            self._log = (self._dir / "worker.log").open("w")
-            self._proc = subprocess.Popen(
-                [str(python), "-I", str(_WORKER), "serve", str(Path(path).resolve()), target_platform],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._log,
-                text=True,
-                cwd=self._dir,  # the SDK dumps check*.onnx into its working folder
-            )
-            ready = self._reply()
-        except BaseException:  # the worker could not start or answered garbage: leave no process or folder behind
-            if hasattr(self, "_proc"):
-                self._proc.kill()
-                self._proc.wait()
-            if hasattr(self, "_log"):
-                self._log.close()
-            shutil.rmtree(self._dir, ignore_errors=True)
-            raise
-        if not ready.get("ok"):
-            self.close()
-            raise ModelLoadError(f"{path}: RKNN-Toolkit2 cannot build/simulate the model: {ready.get('error')}")
-        self.build_seconds = float(ready["seconds"])
-        self.precision = "fp16 (RKNN build without quantization)"
-
-    @staticmethod
-    def _arg(value, helper) -> _Arg:
-        t = value.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-        return _Arg(value.name, dims, f"tensor({helper.tensor_dtype_to_string(t.elem_type).split('.')[-1].lower()})")
-
-    def _reply(self) -> dict:
-        line = self._proc.stdout.readline() if self._proc.stdout else ""
-        if not line:
-            self._log.flush()
-            tail = "\n".join((self._dir / "worker.log").read_text().strip().splitlines()[-5:])
-            return {"ok": False, "error": f"the RKNN worker exited:\n{tail}"}
-        return json.loads(line)
-
-    def get_inputs(self) -> list[_Arg]:
-        """The model inputs (ORT ``NodeArg``-like)."""
-        return self._inputs
-
-    def get_outputs(self) -> list[_Arg]:
-        """The model outputs (ORT ``NodeArg``-like)."""
-        return self._outputs
-
-    def get_providers(self) -> list[str]:
-        """``["rknn-sim:rk3588"]``: the runtime, where ORT lists its execution providers."""
-        return ["rknn-sim:rk3588"]
-
-    def run(self, output_names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """Run one inference on the simulator and return the named outputs (all when None).
-
-        Raises:
-            ModelLoadError: the simulator failed (its error text is in the message).
-        """
-        src, dst = self._dir / "in.npz", self._dir / "out.npz"
-        np.savez(src, **{f"in{i}": np.asarray(feeds[a.name]) for i, a in enumerate(self._inputs)})
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps({"inputs": str(src), "outputs": str(dst)}) + "\n")
-        self._proc.stdin.flush()
-        reply = self._reply()
-        if not reply.get("ok"):
-            raise ModelLoadError(f"RKNN simulator run failed: {reply.get('error')}")
-        with np.load(dst) as data:
-            outputs = {a.name: data[f"out{i}"] for i, a in enumerate(self._outputs)}
-        names = list(output_names) if output_names else [a.name for a in self._outputs]
-        return [outputs[n] for n in names]
-
-    def close(self) -> None:
-        """Stop the worker and remove its temporary folder (with the SDK's dumps). Safe to call twice."""
-        if self._proc.poll() is None:
-            if self._proc.stdin:
-                self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-        self._log.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _MATRIX_ERROR_CODES = ("OD510", "OD511", "OD512", "OD513", "OD514")

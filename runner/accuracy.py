@@ -22,6 +22,7 @@ import numpy as np
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.report import AccuracyFigures, AccuracyReport
 from onnxdeploy.runner.decoder import make_decoder
+from onnxdeploy.runner.graph_set import GraphSetDecoder
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, open_session
 
 __all__ = ["DEFAULT_ENTRIES", "WEIGHT_ONLY_ENTRIES", "accuracy_figures", "evaluate_accuracy", "teacher_forced_logits"]
@@ -42,12 +43,19 @@ def teacher_forced_logits(
 ) -> np.ndarray:
     """Feed ``tokens`` to a model (its contract or the exporter convention) and return the logits at each.
 
+    Every position needs its own logits (each one's next-token distribution is compared), so a graph set whose
+    prefill buckets return only the last position's (``prefill_logits: last``) is fed one token per call: the
+    plan then runs the step-1 graphs (or a bucket padded after its one real token, in a set without them), which
+    return the logits of each position from the same weights, moving to a larger cache length as the text grows.
+    Chunking and keeping each chunk's last logits would need one call per position as well, with more padding
+    computed. A set whose graphs all return every position (``prefill_logits: all``) is fed through its buckets.
+
     Args:
         path: the ``.onnx`` file.
         tokens: token ids; an exporter-convention model takes them in one call, a contract model
-            ``step_len`` at a time (the count must fit ``max_cache_len``).
+            ``step_len`` at a time, a graph set as above (the count must fit the largest ``max_cache_len``).
         providers: ORT execution providers in priority order.
-        config_entries: further ORT session config entries.
+        config_entries: further ORT session config entries, for every graph of a set.
 
     Returns:
         float32 ``(len(tokens), V)``: row ``t`` is batch row 0's logits after token ``t``.
@@ -57,7 +65,10 @@ def teacher_forced_logits(
     """
     model_session = open_session(path, providers=providers, config_entries=config_entries)
     with make_decoder(model_session) as decoder:
-        outputs = decoder.feed(list(tokens))
+        if isinstance(decoder, GraphSetDecoder) and not decoder.every_position_logits:
+            outputs = [output for token in tokens for output in decoder.feed([token])]
+        else:
+            outputs = decoder.feed(list(tokens))
     return np.stack([logits for logits, _ in outputs]).astype(np.float32)
 
 

@@ -28,6 +28,9 @@ from onnxdeploy.runner.session import ModelSession
 
 __all__ = ["ContractDecoder"]
 
+_REFUSED = frozenset({"missing", "unnamed_input", "dtype", "shape"})
+"""Contract mismatch kinds that stop the decoder: it could not feed the graph or read what it returns."""
+
 
 class ContractDecoder(DecodeState):
     """Greedy-decode driver for a static-shape model described by a :class:`DecodeContract`.
@@ -49,9 +52,9 @@ class ContractDecoder(DecodeState):
             against numpy feeds once (:meth:`check_binding`); False feeds numpy arrays.
 
     Raises:
-        ContractError: the contract names an input or output the graph lacks, the graph has an input
-            the contract does not describe, a cache input's element type is not ``kv_dtype`` or its static
-            shape disagrees with the contract, or ``kv_dtype`` is one ORT's Python API cannot feed
+        ContractError: the graph disagrees with the contract (:meth:`DecodeContract.mismatches`: a named input or
+            output the graph lacks, an input the contract does not name, a wrong dtype, a conflicting rank or
+            static dim), or ``kv_dtype`` is one ORT's Python API cannot feed
             (bfloat16); with ``bind_buffers``, a contract other than ``full_buffer`` or a binding that changes
             the results (:meth:`check_binding`).
     """
@@ -59,37 +62,15 @@ class ContractDecoder(DecodeState):
     def __init__(self, model_session: ModelSession, contract: DecodeContract, *, bind_buffers: bool = False):
         DecodeState.__init__(self, model_session)
         self.contract = contract
-        inputs = model_session.input_types()
-        outputs = set(model_session.output_names())
         self._pairs = contract.cache_pairs()
-        named = {role: name for role, name in contract.inputs.model_dump().items() if name is not None}
-        expected_inputs = {*named.values(), *(past for past, _ in self._pairs)}
-        expected_outputs = {contract.logits, *(present for _, present in self._pairs)}
-        missing = sorted((expected_inputs - set(inputs)) | (expected_outputs - outputs))
-        if missing:
-            raise ContractError(f"{self.source}: contract names tensors the graph lacks: {missing}")
-        unfed = sorted(set(inputs) - expected_inputs)
-        if unfed:
-            raise ContractError(f"{self.source}: graph inputs not described by the contract: {unfed}")
+        self._check_graph()
         if contract.kv_dtype == "bfloat16":
             raise ContractError(f"{self.source}: kv_dtype bfloat16 cannot be fed through ONNX Runtime's Python API")
-        self._inputs = named
+        self._inputs = {role: name for role, name in contract.inputs.model_dump().items() if name is not None}
         pasts = [past for past, _ in self._pairs]
         self._buffer_shapes = dict(zip(pasts, contract.pair_input_shapes(), strict=True))
         self._written_shapes = dict(zip(pasts, contract.pair_output_shapes(), strict=True))
         self._seq_axes = dict(zip(pasts, contract.pair_sequence_axes(), strict=True))
-        declared = {value.name: value.type.tensor_type for value in model_session.model.graph.input}
-        for past, _ in self._pairs:
-            tensor_type = declared[past]
-            if tensor_type.elem_type != contract.kv_onnx_type:
-                raise ContractError(f"{self.source}: '{past}' is {inputs[past][1]} but kv_dtype is {contract.kv_dtype}")
-            shape = inputs[past][0]
-            for axis, (dim, want) in enumerate(zip(shape, self._buffer_shapes[past], strict=True)):
-                if isinstance(dim, int) and dim != want:
-                    raise ContractError(
-                        f"{self.source}: '{past}' has shape {shape}; the contract implies "
-                        f"{list(self._buffer_shapes[past])} (dim {axis} differs)"
-                    )
         self._output_names = [contract.logits, *(present for _, present in self._pairs)]
         self._buffers: dict[str, np.ndarray] = {}
         self._binding: BufferBinding | None = None
@@ -102,6 +83,23 @@ class ContractDecoder(DecodeState):
             self._binding = BufferBinding(model_session._live(), self._pairs, contract.logits)
             self.check_binding()
         self.reset()
+
+    def _check_graph(self) -> None:
+        """Refuse a graph the contract does not describe (:meth:`DecodeContract.mismatches`, read from the header).
+
+        Refused: a named tensor the graph lacks, a graph input the contract does not name, a wrong dtype, a rank
+        or static dim that conflicts. A symbolic dim, an output without a shape or one the contract does not name
+        is left to the run (the ``contract`` check reports them).
+
+        Raises:
+            ContractError: lists every refused mismatch.
+        """
+        header = self.model_session.model
+        defaults = {t.name for t in header.graph.initializer}
+        found = self.contract.mismatches(header.graph.input, header.graph.output, defaults=defaults)
+        refused = [m.message for m in found if m.kind in _REFUSED]
+        if refused:
+            raise ContractError(f"{self.source}: the graph disagrees with its contract: {'; '.join(refused)}")
 
     @property
     def binds_buffers(self) -> bool:

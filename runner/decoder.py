@@ -83,8 +83,8 @@ def make_decoder(
 
     Returns:
         A :class:`GraphSetDecoder` when the contract lists a ``graph_set`` of several graphs (its sibling files
-        are opened on the same providers) or is a ``step_len > 1`` graph (fed in padded chunks), a
-        :class:`ContractDecoder` for a lone step-1 graph, else an :class:`ExporterDecoder`.
+        are opened on the same providers, config entries and threads) or is a ``step_len > 1`` graph (fed in
+        padded chunks), a :class:`ContractDecoder` for a lone step-1 graph, else an :class:`ExporterDecoder`.
 
     Raises:
         ContractError: the contract is malformed or disagrees with the graph, or (without a
@@ -103,6 +103,8 @@ def make_decoder(
             remainder=remainder,
             opened=model_session,
             bind_buffers=bind_buffers,
+            config_entries=model_session.config_entries,
+            threads=model_session.threads,
         )
     if contract is not None:
         return ContractDecoder(model_session, contract, bind_buffers=bind_buffers)

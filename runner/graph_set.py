@@ -19,14 +19,14 @@ drives it, and how :class:`GraphSetDecoder` does (README, "Graph sets"):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
 
 import numpy as np
 
-from onnxdeploy.contract import DecodeContract, read_contract
+from onnxdeploy.contract import DecodeContract, GraphSetEntry, read_contract
 from onnxdeploy.errors import CacheOverflowError, ContractError
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decode_state import CallRecord
@@ -111,7 +111,20 @@ class GraphSetDecoder:
     @property
     def fallbacks(self) -> list[str]:
         """Every requested execution provider that is not active, over all graphs of the set."""
-        return [line for m in self._members.values() for line in m.model_session.fallbacks]
+        return [line for session in self.sessions() for line in session.fallbacks]
+
+    def sessions(self) -> list[ModelSession]:
+        """Every graph's session, primary first (each opened with the same options: :func:`open_graph_set`)."""
+        return [m.model_session for m in self._members.values()]
+
+    @property
+    def every_position_logits(self) -> bool:
+        """Whether every graph returns the logits of every position it is fed (no ``prefill_logits: last``)."""
+        return all(m.contract.prefill_logits == "all" for m in self._members.values())
+
+    def can_take(self, step_len: int, tokens: int) -> bool:
+        """Whether the ``step_len`` graphs take a call of ``tokens`` real tokens (fewer only with padding)."""
+        return 0 < tokens <= step_len and (tokens == step_len or self._can_pad(step_len))
 
     def graphs(self) -> list[tuple[str, int, int]]:
         """``(file name, step_len, max_cache_len)`` of every graph, primary first."""
@@ -192,14 +205,44 @@ class GraphSetDecoder:
         results: list[tuple[np.ndarray | None, float]] = []
         start = 0
         for step, cache, real in self.plan(len(tokens)):
-            member = self._members[(step, cache)]
-            if member is not self._current:
-                member.load_cache(self._current.cache_buffers(), self._position)
-                self._current = member
-            results += member.run_chunk(tokens[start : start + real])
-            self._calls.append(member.call_records[-1])
+            results += self._run_on(self._members[(step, cache)], tokens[start : start + real])
             start += real
-            self._position += real
+        return results
+
+    def feed_through(
+        self, tokens: Sequence[int], step_len: int, max_cache_len: int
+    ) -> list[tuple[np.ndarray | None, float]]:
+        """Feed 1..``step_len`` tokens in one call of the graph ``(step_len, max_cache_len)``, whatever the plan says.
+
+        Verification drives so a graph the plan did not use for the prompt and steps. The buffers move to that
+        graph as in :meth:`feed` (slots ``[0, position)`` kept), to a smaller cache length too when the call fits it.
+
+        Args:
+            tokens: token ids for positions ``position .. position + len(tokens) - 1``.
+            step_len: the graph's tokens per call.
+            max_cache_len: the graph's cache slots.
+
+        Returns:
+            As :meth:`feed`.
+
+        Raises:
+            ContractError: the set has no such graph, or it cannot take that many tokens (padding).
+            CacheOverflowError: the call's slots pass the graph's ``max_cache_len``.
+            DecodeRunError: ONNX Runtime failed, or the decoder is closed.
+        """
+        member = self._members.get((step_len, max_cache_len))
+        if member is None:
+            raise ContractError(f"{self.source}: the set has no graph of step_len {step_len}, cache {max_cache_len}")
+        return self._run_on(member, tokens)
+
+    def _run_on(self, member: ContractDecoder, tokens: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
+        """One call of ``member`` on ``tokens`` at the current position, its buffers taken over first."""
+        if member is not self._current:
+            member.load_cache(self._current.cache_buffers(), self._position)
+            self._current = member
+        results = member.run_chunk(tokens)
+        self._calls.append(member.call_records[-1])
+        self._position += len(tokens)
         return results
 
     # -- planning ----------------------------------------------------------------------------------
@@ -232,8 +275,12 @@ def open_graph_set(
     remainder: Remainder = "padded",
     opened: ModelSession | None = None,
     bind_buffers: bool = False,
+    config_entries: Mapping[str, str] | None = None,
+    threads: int | None = None,
 ) -> GraphSetDecoder:
     """Open every graph of the set ``path``'s contract lists (files beside ``path``) and drive them together.
+
+    Every graph opens with the same session options: the same providers, config entries and threads.
 
     Args:
         path: one graph of the set (usually the primary ``model.onnx``).
@@ -242,6 +289,9 @@ def open_graph_set(
         remainder: ``padded`` or ``buckets`` (module docstring).
         opened: ``path``'s session when the caller already opened it (the decoder owns it from here).
         bind_buffers: every graph binds past and present to one buffer (ORT IOBinding; see :class:`ContractDecoder`).
+        config_entries: ORT session config entries for every graph (e.g. ``verify.accuracy``'s weight-only and
+            default settings); None: ``opened``'s (none without it).
+        threads: intra-op threads of every graph; None: ``opened``'s (1 without it).
 
     Returns:
         The decoder, reset to position 0; close it (or use it as a context manager).
@@ -263,32 +313,48 @@ def open_graph_set(
         entries = [entries[0].model_copy(update={"file": path.name})]
     if path.name not in {e.file for e in entries}:
         raise ContractError(f"{path}: not among the files of its own graph_set {[e.file for e in entries]}")
+    if config_entries is None:
+        config_entries = opened.config_entries if opened is not None else {}
+    if threads is None:
+        threads = opened.threads if opened is not None else 1
     members: list[ContractDecoder] = []
     try:
         for entry in entries:
-            sibling = path.with_name(entry.file)
-            mine = opened is not None and entry.file == path.name
-            model_session = opened if mine and opened is not None else open_session(sibling, providers=providers)
-            if mine:
-                opened = None  # owned by its member from here
-            try:
-                own = read_contract(model_session.model, source=str(sibling))
-                if own is None:
-                    raise ContractError(f"{sibling}: listed in {path.name}'s graph_set but carries no contract")
-                said = (entry.step_len, entry.max_cache_len, entry.prefill_logits)
-                if (own.step_len, own.max_cache_len, own.prefill_logits) != said:
-                    raise ContractError(
-                        f"{sibling}: its contract says step_len {own.step_len}, max_cache_len {own.max_cache_len}, "
-                        f"prefill_logits {own.prefill_logits}; {path.name}'s graph_set says {said}"
-                    )
-                members.append(ContractDecoder(model_session, own, bind_buffers=bind_buffers))
-            except BaseException:
-                model_session.close()
-                raise
+            if opened is not None and entry.file == path.name:
+                model_session, opened = opened, None  # owned by its member from here
+            else:
+                model_session = open_session(
+                    path.with_name(entry.file), providers=providers, config_entries=config_entries, threads=threads
+                )
+            members.append(_member(model_session, entry, path.name, bind_buffers))
         return GraphSetDecoder(members, remainder=remainder)
     except BaseException:
         for member in members:
             member.close()
         if opened is not None:
             opened.close()
+        raise
+
+
+def _member(model_session: ModelSession, entry: GraphSetEntry, primary: str, bind_buffers: bool) -> ContractDecoder:
+    """The decoder of one graph of the set, once its own contract agrees with its ``graph_set`` entry.
+
+    Raises:
+        ContractError: the graph carries no contract, or its lengths disagree with ``entry`` (the session is
+            closed again).
+    """
+    sibling = model_session.path
+    try:
+        own = read_contract(model_session.model, source=sibling)
+        if own is None:
+            raise ContractError(f"{sibling}: listed in {primary}'s graph_set but carries no contract")
+        said = (entry.step_len, entry.max_cache_len, entry.prefill_logits)
+        if (own.step_len, own.max_cache_len, own.prefill_logits) != said:
+            raise ContractError(
+                f"{sibling}: its contract says step_len {own.step_len}, max_cache_len {own.max_cache_len}, "
+                f"prefill_logits {own.prefill_logits}; {primary}'s graph_set says {said}"
+            )
+        return ContractDecoder(model_session, own, bind_buffers=bind_buffers)
+    except BaseException:
+        model_session.close()
         raise

@@ -21,18 +21,17 @@ import onnx_ir as ir
 
 from onnxdeploy import model_io
 from onnxdeploy.contract import read_contract, write_contract
-from onnxdeploy.graph import float32_shadow_graph
+from onnxdeploy.graph import FLOAT_ELEM_TYPES, float32_shadow_graph, numpy_dtype_of
 from onnxdeploy.report import NumericsReport
 
 __all__ = ["compute_dtype", "float32_shadow", "numerics_report"]
 
-_FLOATS = {
-    onnx.TensorProto.FLOAT: "float32",
-    onnx.TensorProto.FLOAT16: "float16",
-    onnx.TensorProto.BFLOAT16: "bfloat16",
-    onnx.TensorProto.DOUBLE: "float64",
-}
 _NATIVE_ON_CPU = {"float32", "float64"}
+
+
+def _float_name(elem_type: int) -> str | None:
+    """The numpy name (``float32``, ``float16``, ``bfloat16``, ``float64``) of a float element type, else None."""
+    return str(numpy_dtype_of(ir.DataType(elem_type))) if elem_type in FLOAT_ELEM_TYPES else None
 
 
 def compute_dtype(header: onnx.ModelProto) -> str:
@@ -46,13 +45,13 @@ def compute_dtype(header: onnx.ModelProto) -> str:
     """
     elements: Counter[str] = Counter()
     for tensor in header.graph.initializer:
-        name = _FLOATS.get(tensor.data_type)
+        name = _float_name(tensor.data_type)
         if name is not None:
             elements[name] += int(np.prod(tensor.dims)) if tensor.dims else 1
     if elements:
         return elements.most_common(1)[0][0]
     for out in header.graph.output:
-        name = _FLOATS.get(out.type.tensor_type.elem_type)
+        name = _float_name(out.type.tensor_type.elem_type)
         if name is not None:
             return name
     return "float32"

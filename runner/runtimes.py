@@ -1,4 +1,4 @@
-"""Verification runtimes besides ONNX Runtime: OpenVINO's CPU plugin, and which ORT provider ran each node.
+"""Verification runtimes besides ONNX Runtime (OpenVINO, the RKNN simulator), and which ORT provider ran each node.
 
 ``verify.runtimes: [onnxruntime, openvino]`` decodes the candidate on every runtime named and compares each
 runtime's logits with the **original on ONNX Runtime** (teacher-forced on the original's greedy tokens), so a user
@@ -6,6 +6,10 @@ learns whether another vendor's ONNX front end reads the static graph the same w
 directly (``openvino.Core().read_model``) and is compiled for ``CPU`` with ``INFERENCE_PRECISION_HINT: f32``:
 OpenVINO's CPU plugin otherwise computes in bf16 on CPUs with AMX or AVX-512 BF16 and in f16 on ARM
 (OpenVINO docs, "Precision Control"), which would hide a graph error behind a precision one.
+
+``rknn-sim`` builds the candidate with RKNN-Toolkit2 (fp16, rk3588) in the SDK's own environment and runs its
+simulator in a worker process (:mod:`onnxdeploy.sdk`); :class:`RKNNSimSession` puts it behind the same session
+interface.
 
 A runtime that is not installed is refused (``ConfigError``) with the list of those that are; OpenVINO is an
 optional extra (``pip install -e '.[openvino]'``).
@@ -16,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import subprocess
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -27,15 +32,17 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxdeploy.errors import ConfigError, ModelLoadError
+from onnxdeploy.graph import ort_numpy_dtype
 from onnxdeploy.report import RuntimeComparison
 from onnxdeploy.runner.decoder import make_decoder, open_decoder
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, read_header, session_options
-from onnxdeploy.sdk import RKNNSimSession, rknn_python
+from onnxdeploy.sdk import rknn_python, rknn_worker_command
 
 __all__ = [
     "OPENVINO_CONFIG",
     "RUNTIMES",
     "OpenVINOSession",
+    "RKNNSimSession",
     "check_runtimes",
     "compare_on_runtime",
     "installed_runtimes",
@@ -148,6 +155,107 @@ class OpenVINOSession:
         results = self._request.infer(feeds)
         names = list(output_names) if output_names else [o.name for o in self.get_outputs()]
         return [np.array(results[self._compiled.output(name)]) for name in names]
+
+
+class RKNNSimSession:
+    """The RKNN-Toolkit2 simulator (fp16 build for ``rk3588``) behind the session interface the decoders use.
+
+    The model is built and the simulator started once in a worker process of the SDK environment; each
+    ``run`` sends the feeds through a temporary ``.npz`` file and reads the outputs back.
+
+    Raises (from the constructor):
+        ConfigError: the SDK environment is not installed.
+        ModelLoadError: the SDK cannot build the model or start the simulator.
+    """
+
+    def __init__(self, path: str | Path, header, *, target_platform: str = "rk3588") -> None:
+        from onnx import helper
+
+        command = rknn_worker_command("serve", str(Path(path).resolve()), target_platform)
+        self._inputs = [self._arg(v, helper) for v in header.graph.input]
+        self._outputs = [self._arg(v, helper) for v in header.graph.output]
+        self._dir = Path(tempfile.mkdtemp(prefix="onnxdeploy-rknn-"))
+        try:
+            self._log = (self._dir / "worker.log").open("w")
+            self._proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._log,
+                text=True,
+                cwd=self._dir,  # the SDK dumps check*.onnx into its working folder
+            )
+            ready = self._reply()
+        except BaseException:  # the worker could not start or answered garbage: leave no process or folder behind
+            if hasattr(self, "_proc"):
+                self._proc.kill()
+                self._proc.wait()
+            if hasattr(self, "_log"):
+                self._log.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        if not ready.get("ok"):
+            self.close()
+            raise ModelLoadError(f"{path}: RKNN-Toolkit2 cannot build/simulate the model: {ready.get('error')}")
+        self.build_seconds = float(ready["seconds"])
+        self.precision = "fp16 (RKNN build without quantization)"
+
+    @staticmethod
+    def _arg(value, helper) -> _Arg:
+        t = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        return _Arg(value.name, dims, f"tensor({helper.tensor_dtype_to_string(t.elem_type).split('.')[-1].lower()})")
+
+    def _reply(self) -> dict:
+        line = self._proc.stdout.readline() if self._proc.stdout else ""
+        if not line:
+            self._log.flush()
+            tail = "\n".join((self._dir / "worker.log").read_text().strip().splitlines()[-5:])
+            return {"ok": False, "error": f"the RKNN worker exited:\n{tail}"}
+        return json.loads(line)
+
+    def get_inputs(self) -> list[_Arg]:
+        """The model inputs (ORT ``NodeArg``-like)."""
+        return self._inputs
+
+    def get_outputs(self) -> list[_Arg]:
+        """The model outputs (ORT ``NodeArg``-like)."""
+        return self._outputs
+
+    def get_providers(self) -> list[str]:
+        """``["rknn-sim:rk3588"]``: the runtime, where ORT lists its execution providers."""
+        return ["rknn-sim:rk3588"]
+
+    def run(self, output_names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one inference on the simulator and return the named outputs (all when None).
+
+        Raises:
+            ModelLoadError: the simulator failed (its error text is in the message).
+        """
+        src, dst = self._dir / "in.npz", self._dir / "out.npz"
+        np.savez(src, **{f"in{i}": np.asarray(feeds[a.name]) for i, a in enumerate(self._inputs)})
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps({"inputs": str(src), "outputs": str(dst)}) + "\n")
+        self._proc.stdin.flush()
+        reply = self._reply()
+        if not reply.get("ok"):
+            raise ModelLoadError(f"RKNN simulator run failed: {reply.get('error')}")
+        with np.load(dst) as data:
+            outputs = {a.name: data[f"out{i}"] for i, a in enumerate(self._outputs)}
+        names = list(output_names) if output_names else [a.name for a in self._outputs]
+        return [outputs[n] for n in names]
+
+    def close(self) -> None:
+        """Stop the worker and remove its temporary folder (with the SDK's dumps). Safe to call twice."""
+        if self._proc.poll() is None:
+            if self._proc.stdin:
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._log.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def open_openvino_session(path: str | Path, *, device: str = "CPU") -> ModelSession:
@@ -291,10 +399,7 @@ def node_providers(path: str | Path, providers: Sequence[str] = DEFAULT_PROVIDER
         feeds = {}
         for arg in session.get_inputs():
             shape = [d if isinstance(d, int) else 1 for d in arg.shape]
-            dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bool)": np.bool_}.get(
-                arg.type, np.int64
-            )
-            feeds[arg.name] = np.zeros(shape, dtype=dtype)
+            feeds[arg.name] = np.zeros(shape, dtype=ort_numpy_dtype(arg.type) or np.int64)
         session.run(None, feeds)
         trace = json.loads(Path(session.end_profiling()).read_text())
     finally:

@@ -30,20 +30,11 @@ import onnxruntime as ort
 
 from onnxdeploy import model_io
 from onnxdeploy.errors import ConfigError, ContractError, ModelLoadError
+from onnxdeploy.graph import ort_numpy_dtype
 
 __all__ = ["DEFAULT_PROVIDERS", "ModelSession", "numpy_dtype", "open_session", "read_header", "session_options"]
 
 DEFAULT_PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)
-
-# ORT's type strings for the tensor element types an exporter-convention decoder's inputs use.
-_ORT_TYPES: dict[str, np.dtype] = {
-    "tensor(float)": np.dtype(np.float32),
-    "tensor(float16)": np.dtype(np.float16),
-    "tensor(double)": np.dtype(np.float64),
-    "tensor(int64)": np.dtype(np.int64),
-    "tensor(int32)": np.dtype(np.int32),
-    "tensor(bool)": np.dtype(np.bool_),
-}
 
 
 @dataclass
@@ -62,6 +53,9 @@ class ModelSession:
         fallbacks: one human-readable line per requested EP that is not active.
         scratch: the folder ORT opened a rewritten copy from (Hugging Face cache layout), else None;
             removed by :meth:`close`.
+        config_entries: the session config entries asked for on top of :func:`session_options`' own (the
+            siblings of a graph set open with the same ones).
+        threads: intra-op threads the session was opened with.
     """
 
     path: str
@@ -71,6 +65,8 @@ class ModelSession:
     providers_active: tuple[str, ...]
     fallbacks: list[str] = field(default_factory=list)
     scratch: Path | None = None
+    config_entries: dict[str, str] = field(default_factory=dict)
+    threads: int = 1
 
     def _live(self) -> ort.InferenceSession:
         if self.session is None:
@@ -119,7 +115,7 @@ class ModelSession:
 
 
 def numpy_dtype(ort_type: str, *, tensor: str) -> np.dtype:
-    """Map an ORT type string such as ``tensor(float16)`` to a numpy dtype.
+    """Map an ORT type string such as ``tensor(float16)`` to a numpy dtype (:data:`onnxdeploy.graph.ORT_NUMPY_TYPES`).
 
     Args:
         ort_type: the type string from ``session.get_inputs()[i].type``.
@@ -131,10 +127,10 @@ def numpy_dtype(ort_type: str, *, tensor: str) -> np.dtype:
     Raises:
         ContractError: the element type has no numpy equivalent the runner feeds (e.g. bfloat16).
     """
-    try:
-        return _ORT_TYPES[ort_type]
-    except KeyError:
-        raise ContractError(f"'{tensor}' has element type {ort_type}, which the runner cannot feed") from None
+    dtype = ort_numpy_dtype(ort_type)
+    if dtype is None:
+        raise ContractError(f"'{tensor}' has element type {ort_type}, which the runner cannot feed")
+    return dtype
 
 
 def session_options(config_entries: Mapping[str, str] | None = None, *, threads: int = 1) -> ort.SessionOptions:
@@ -278,4 +274,6 @@ def open_session(
         for name in requested
         if name not in active
     ]
-    return ModelSession(source, header, session, requested, active, fallbacks, scratch)
+    return ModelSession(
+        source, header, session, requested, active, fallbacks, scratch, dict(config_entries or {}), threads
+    )

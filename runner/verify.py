@@ -15,7 +15,9 @@ headers (contract, vocabulary, cache capacity) is refused for both before either
 A candidate whose contract lists a graph set is driven as a set (:mod:`onnxdeploy.runner.graph_set`):
 prompt through the buckets, decode through the step-1 graphs, moving to a larger cache length when the
 context outgrows one. Positions a ``prefill_logits: last`` bucket does not compute are not compared; every
-other position is, and its record names the graph that computed it.
+other position is, and its record names the graph that computed it. The graphs the modes did not use are then
+driven apart (:mod:`onnxdeploy.runner.coverage`): the report states the calls per graph (``graphs_driven``) and
+fails naming a graph that could not be driven.
 
 Latency (README, "Latency"): each model is warmed up first (the prompt and up to three steps, and every
 graph of a set once). The per-step summary covers the single-token calls after the prompt, for the original
@@ -25,8 +27,8 @@ apart (``prefill``), never spread over the prompt positions.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +38,10 @@ import onnx
 
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import CacheOverflowError, ConfigError
-from onnxdeploy.report import CallTiming, ModeResult, PrefillSummary, StepRecord, VerifyReport
+from onnxdeploy.report import CallTiming, ModeResult, NumericsReport, PrefillSummary, StepRecord, VerifyReport
 from onnxdeploy.resources import rss_bytes
 from onnxdeploy.runner.compare import step_record, summarize_mode
+from onnxdeploy.runner.coverage import GraphCoverage, drive_every_graph
 from onnxdeploy.runner.decode_state import CallRecord
 from onnxdeploy.runner.decoder import Decoder, open_decoder
 from onnxdeploy.runner.exporter_decoder import exporter_logits_output
@@ -270,14 +273,9 @@ def verify(
 ) -> VerifyReport:
     """Decode the original and the candidate greedily and compare them position by position.
 
-    The models are never resident together: the original is opened, warmed up, decoded greedily and
-    closed (its logits, tokens and latencies are kept: ``4 * V`` bytes per position), then the candidate
-    is opened, warmed up and run in each mode, then closed. Both headers are checked first (contract,
-    vocabulary, capacity), so a bad candidate fails before the original decodes. A candidate whose contract
-    lists a graph set is driven as a set (module docstring). Each model is warmed up (untimed) before its
-    timed runs; per-step latency covers the single-token calls after the prompt, the prompt's calls are
-    reported apart (``prefill``). ``rss_growth_bytes`` is the change in
-    resident memory while each model decodes after its warm-up, summed over the two (a leak indicator,
+    The models are never resident together, and both headers are checked before either decodes (module
+    docstring). A graph set is driven as a set, every graph of it (``graphs_driven``). ``rss_growth_bytes`` is the
+    change in resident memory while each model decodes after its warm-up, summed over the two (a leak indicator,
     not the models' footprint).
 
     Args:
@@ -296,8 +294,9 @@ def verify(
             the original decodes, then each mode; ``done`` of ``total`` positions fed.
 
     Returns:
-        The report; ``passed`` is true when every mode passed (and, with ``strict_providers``, no requested
-        EP fell back). EP fallbacks of every session are listed in ``provider_fallbacks``.
+        The report; ``passed`` is true when every mode passed, every graph of a set was driven and matched
+        (``graphs_driven``) and, with ``strict_providers``, no requested EP fell back. EP fallbacks of every
+        session are listed in ``provider_fallbacks``.
 
     Raises:
         ConfigError: no or an unknown mode, an empty prompt, a negative ``steps``, a prompt id that is
@@ -309,131 +308,164 @@ def verify(
             (checked before any decoding).
         OnnxDeployError: the two models' vocabulary sizes differ.
     """
-    unknown = [mode for mode in modes if mode not in MODES]
-    if unknown or not modes:
-        raise ConfigError(f"verify: modes must be one or more of {list(MODES)}, got {list(modes)}")
-    prompt = _check_request(prompt, steps)
-    if not max_abs_logit_diff >= 0:
-        raise ConfigError(f"verify: max_abs_logit_diff must be >= 0, got {max_abs_logit_diff}")
-    if not 0 <= min_top1_agreement <= 1:
-        raise ConfigError(f"verify: min_top1_agreement must be within 0..1, got {min_top1_agreement}")
-    total = len(prompt) + steps
-
-    def reporter(mode: str) -> Callable[[int], None]:
-        return (lambda done: progress(mode, done, total)) if progress is not None else (lambda done: None)
-
+    request = _Request(
+        prompt=_check_request(prompt, steps),
+        steps=steps,
+        modes=tuple(modes),
+        max_abs_logit_diff=max_abs_logit_diff,
+        min_top1_agreement=min_top1_agreement,
+        providers=tuple(providers),
+        strict_providers=strict_providers,
+        remainder=remainder,
+        progress=progress,
+    )
+    request.check()
     for path in (original_path, candidate_path):
-        check_header(path, prompt, total)
-
+        check_header(path, request.prompt, request.total)
     # ORT's CPU EP has no bfloat16 kernels: such models run as their float32 shadows (labelled emulated)
     shadowed = list(providers) == ["CPUExecutionProvider"] and "bfloat16" in {
         compute_dtype(read_header(path)) for path in (original_path, candidate_path)
     }
-    with contextlib.ExitStack() as stack:
-        if shadowed:
-            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxdeploy-shadow-")))
-            candidate_header = read_header(candidate_path)
-            original_path = float32_shadow(original_path, scratch / "original")
-            candidate_path = float32_shadow(candidate_path, scratch / "candidate")
-        else:
-            candidate_header = None
-        report = _verify_paths(
-            original_path,
-            candidate_path,
-            prompt=prompt,
-            steps=steps,
-            modes=modes,
-            max_abs_logit_diff=max_abs_logit_diff,
-            min_top1_agreement=min_top1_agreement,
-            providers=providers,
-            strict_providers=strict_providers,
-            remainder=remainder,
-            reporter=reporter,
-            candidate_header=candidate_header,
+    if not shadowed:
+        return _verify_paths(original_path, candidate_path, request, candidate_header=None)
+    with tempfile.TemporaryDirectory(prefix="onnxdeploy-shadow-") as folder:
+        scratch = Path(folder)
+        return _verify_paths(
+            float32_shadow(original_path, scratch / "original"),
+            float32_shadow(candidate_path, scratch / "candidate"),
+            request,
+            candidate_header=read_header(candidate_path),
         )
-    return report
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What :func:`verify` was asked: the tokens, the modes, the thresholds, the providers, how to drive a set."""
+
+    prompt: list[int]
+    steps: int
+    modes: tuple[str, ...]
+    max_abs_logit_diff: float
+    min_top1_agreement: float
+    providers: tuple[str, ...]
+    strict_providers: bool
+    remainder: Remainder
+    progress: ProgressCallback | None
+
+    @property
+    def total(self) -> int:
+        """Positions decoded: the prompt and the generated tokens."""
+        return len(self.prompt) + self.steps
+
+    def check(self) -> None:
+        """Refuse an unknown mode or a threshold out of range (ConfigError)."""
+        unknown = [mode for mode in self.modes if mode not in MODES]
+        if unknown or not self.modes:
+            raise ConfigError(f"verify: modes must be one or more of {list(MODES)}, got {list(self.modes)}")
+        if not self.max_abs_logit_diff >= 0:
+            raise ConfigError(f"verify: max_abs_logit_diff must be >= 0, got {self.max_abs_logit_diff}")
+        if not 0 <= self.min_top1_agreement <= 1:
+            raise ConfigError(f"verify: min_top1_agreement must be within 0..1, got {self.min_top1_agreement}")
+
+    def reporter(self, mode: str) -> Callable[[int], None]:
+        """``done -> None``: the progress callback of one decode, or a no-op."""
+        progress, total = self.progress, self.total
+        return (lambda done: progress(mode, done, total)) if progress is not None else (lambda done: None)
+
+
+@dataclass
+class _CandidateRuns:
+    """What the candidate's decoder gave: one result per mode, the graphs it drove, and what to report about it."""
+
+    modes: dict[str, ModeResult]
+    coverage: GraphCoverage
+    rss_growth: int
+    fallbacks: list[str]
+    providers_active: tuple[str, ...]
+    graphs: list[str]
+    numerics: NumericsReport
 
 
 def _verify_paths(
     original_path: str | Path,
     candidate_path: str | Path,
+    request: _Request,
     *,
-    prompt: list[int],
-    steps: int,
-    modes: Sequence[str],
-    max_abs_logit_diff: float,
-    min_top1_agreement: float,
-    providers: Sequence[str],
-    strict_providers: bool,
-    remainder: Remainder,
-    reporter: Callable[[str], Callable[[int], None]],
     candidate_header: onnx.ModelProto | None,
 ) -> VerifyReport:
     """:func:`verify` on two model files (maybe float32 shadows: ``candidate_header`` is then the real one)."""
-    with open_decoder(original_path, providers=providers) as original:
-        _warm_up(original, prompt, steps)
+    with open_decoder(original_path, providers=request.providers) as original:
+        _warm_up(original, request.prompt, request.steps)
         rss_before = rss_bytes()
-        reference = _decode(original, prompt, steps, report=reporter("reference"))
+        reference = _decode(original, request.prompt, request.steps, report=request.reporter("reference"))
         rss_growth = rss_bytes() - rss_before
         original_fallbacks = _fallbacks(original)
-    generated = reference.tokens_in[len(prompt) :]
-    results: dict[str, ModeResult] = {}
-    with open_decoder(candidate_path, providers=providers, remainder=remainder) as candidate:
-        _warm_up(candidate, prompt, steps)
-        rss_before = rss_bytes()
-        for mode in modes:
-            run = _decode(
-                candidate,
-                prompt,
-                steps,
-                forced=generated if mode == "teacher_forced" else None,
-                report=reporter(mode),
-            )
-            results[mode] = summarize_mode(
-                mode,  # type: ignore[arg-type]
-                _records(reference, run, len(prompt), max_abs_logit_diff),
-                candidate_latencies_ms=run.step_latencies_ms(),
-                reference_latencies_ms=reference.step_latencies_ms(),
-                max_abs_logit_diff=max_abs_logit_diff,
-                min_top1_agreement=min_top1_agreement,
-                prefill=run.prefill(),
-                reference_prefill=reference.prefill(),
-            )
-        rss_growth += rss_bytes() - rss_before
-        candidate_session = candidate.model_session
-        candidate_fallbacks = _fallbacks(candidate)
-        numerics = numerics_report(
-            candidate_header if candidate_header is not None else candidate_session.model,
-            (candidate_session.providers_active or ("?",))[0],
-            shadowed=candidate_header is not None,
-        )
-        graphs = (
-            [name for name, _, _ in candidate.graphs()]
-            if isinstance(candidate, GraphSetDecoder)
-            else [Path(candidate.source).name]
-        )
-
-    fallbacks = [*original_fallbacks, *candidate_fallbacks]
-    failures = []
-    if strict_providers and fallbacks:
+    with open_decoder(candidate_path, providers=request.providers, remainder=request.remainder) as candidate:
+        runs = _run_candidate(candidate, reference, request, candidate_header)
+    fallbacks = [*original_fallbacks, *runs.fallbacks]
+    failures = list(runs.coverage.failures)
+    if request.strict_providers and fallbacks:
         failures.append(f"strict_providers: {len(fallbacks)} requested provider(s) fell back: {'; '.join(fallbacks)}")
     return VerifyReport(
-        passed=all(result.passed for result in results.values()) and not failures,
+        passed=all(result.passed for result in runs.modes.values()) and not failures,
         original=str(original_path),
         candidate=str(candidate_path),
-        providers=list(providers),
-        providers_active=list(candidate_session.providers_active),
+        providers=list(request.providers),
+        providers_active=list(runs.providers_active),
         provider_fallbacks=fallbacks,
-        prompt=list(prompt),
-        steps=steps,
-        max_abs_logit_diff_threshold=max_abs_logit_diff,
-        min_top1_agreement_threshold=min_top1_agreement,
-        rss_growth_bytes=rss_growth,
-        strict_providers=strict_providers,
-        graphs=graphs,
+        prompt=list(request.prompt),
+        steps=request.steps,
+        max_abs_logit_diff_threshold=request.max_abs_logit_diff,
+        min_top1_agreement_threshold=request.min_top1_agreement,
+        rss_growth_bytes=rss_growth + runs.rss_growth,
+        strict_providers=request.strict_providers,
+        graphs=runs.graphs,
+        graphs_driven=runs.coverage.calls,
+        graphs_driven_apart=runs.coverage.apart,
         failures=failures,
-        modes=results,
-        numerics=numerics,
+        modes=runs.modes,
+        numerics=runs.numerics,
+    )
+
+
+def _run_candidate(
+    candidate: Decoder, reference: _DecodeRun, request: _Request, candidate_header: onnx.ModelProto | None
+) -> _CandidateRuns:
+    """Warm the candidate up, decode it in each mode against ``reference``, then drive the graphs left undriven."""
+    _warm_up(candidate, request.prompt, request.steps)
+    rss_before = rss_bytes()
+    generated = reference.tokens_in[len(request.prompt) :]
+    results: dict[str, ModeResult] = {}
+    driven: Counter[str] = Counter()
+    for mode in request.modes:
+        forced = generated if mode == "teacher_forced" else None
+        run = _decode(candidate, request.prompt, request.steps, forced=forced, report=request.reporter(mode))
+        driven.update(call.graph for call in run.calls)
+        results[mode] = summarize_mode(
+            mode,  # type: ignore[arg-type]
+            _records(reference, run, len(request.prompt), request.max_abs_logit_diff),
+            candidate_latencies_ms=run.step_latencies_ms(),
+            reference_latencies_ms=reference.step_latencies_ms(),
+            max_abs_logit_diff=request.max_abs_logit_diff,
+            min_top1_agreement=request.min_top1_agreement,
+            prefill=run.prefill(),
+            reference_prefill=reference.prefill(),
+        )
+    coverage = drive_every_graph(candidate, reference.tokens_in, reference.logits, driven, request.max_abs_logit_diff)
+    rss_growth = rss_bytes() - rss_before
+    session = candidate.model_session
+    numerics = numerics_report(
+        candidate_header if candidate_header is not None else session.model,
+        (session.providers_active or ("?",))[0],
+        shadowed=candidate_header is not None,
+    )
+    graphs = (
+        [name for name, _, _ in candidate.graphs()]
+        if isinstance(candidate, GraphSetDecoder)
+        else [Path(candidate.source).name]
+    )
+    return _CandidateRuns(
+        results, coverage, rss_growth, _fallbacks(candidate), session.providers_active, graphs, numerics
     )
 
 

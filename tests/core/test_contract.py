@@ -145,3 +145,63 @@ def test_read_refuses_an_invalid_contract_naming_the_source() -> None:
     model.metadata_props[CONTRACT_KEY] = json.dumps({**fields, "kv_dtype": "float64"})
     with pytest.raises(ContractError, match=r"m\.onnx: metadata_props\['onnxdeploy\.contract'\] is invalid"):
         read_contract(model, source="m.onnx")
+
+
+def _io(contract_: DecodeContract, **changes: tuple[int, list] | None) -> tuple[list, list]:
+    """Graph inputs and outputs exactly as ``contract_`` declares them, then ``changes`` (name -> (dtype, dims) or
+    None to drop it)."""
+    inputs, outputs = {}, {}
+    for name, _, is_input, dtypes, shape in contract_.declared_tensors():
+        dims = [10 if d == "V" else d for d in shape]
+        (inputs if is_input else outputs)[name] = (min(dtypes), dims)
+    for name, change in changes.items():
+        target = outputs if name in outputs or name.startswith("out_") else inputs
+        if change is None:
+            target.pop(name)
+        else:
+            target[name] = change
+    make = helper.make_tensor_value_info
+    return [make(n, t, d) for n, (t, d) in inputs.items()], [make(n, t, d) for n, (t, d) in outputs.items()]
+
+
+def test_mismatches_of_a_graph_the_contract_describes_are_none() -> None:
+    for c in (contract(), contract(kv_layout="BSH2D", cache=[BSH2D_ENTRY]), contract(prefill_logits="last")):
+        assert c.mismatches(*_io(c)) == []
+
+
+def test_mismatches_name_each_tensor_with_its_kind_in_declaration_order() -> None:
+    c = contract()
+    inputs, outputs = _io(
+        c,
+        ids=(TensorProto.INT32, [2, 3]),  # dtype
+        mask=(TensorProto.INT64, [2, "cache"]),  # a symbol where the contract fixes 16
+        pk=(TensorProto.FLOAT, [2, 4, 32, 8]),  # a static dim that conflicts
+        ov=None,  # a present output the graph lacks
+        out_hidden=(TensorProto.FLOAT, [2, 3, 8]),  # an output the contract does not name
+        extra=(TensorProto.INT64, [1]),  # an input nobody feeds
+    )
+    found = c.mismatches(inputs, outputs, defaults={"slots"})
+    assert [(m.kind, m.name) for m in found] == [
+        ("dtype", "ids"),
+        ("not_static", "mask"),
+        ("shape", "pk"),
+        ("missing", "ov"),
+        ("unnamed_input", "extra"),
+        ("unnamed_output", "out_hidden"),
+    ]
+    assert found[0].message == "'ids' (input_ids) has dtype int32, the contract requires int64"
+    assert "(2, 4, 32, 8)" in found[2].message and "(2, 4, 16, 8)" in found[2].message
+    assert found[2].role == "layer 0 past cache" and found[3].message.endswith("is not a graph output")
+
+
+def test_mismatches_of_an_input_that_is_an_initializer_and_an_output_without_shape() -> None:
+    c = contract()
+    inputs, outputs = _io(c, slots=None)
+    outputs = [helper.make_tensor_value_info(v.name, v.type.tensor_type.elem_type, None) for v in outputs]
+    found = c.mismatches(inputs, outputs, defaults={"slots"})
+    assert [(m.kind, m.name) for m in found] == [("missing", "slots"), ("unverified", "ok"), ("unverified", "ov")] + [
+        ("unverified", "logits")
+    ]
+    assert found[0].message == "input 'slots' (cache_position) is an initializer"
+    vocab = contract().mismatches(*_io(c, logits=(TensorProto.FLOAT, [2, 3, "vocab"])))
+    assert [m.kind for m in vocab] == ["not_static"] and vocab[0].message.endswith("with a static V")

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from onnxdeploy.config import load_pipeline
-from onnxdeploy.contract import read_contract
+from onnxdeploy.contract import read_contract, write_contract
 from onnxdeploy.graph import tensor_dims
 from onnxdeploy.model_io import load_model, stage_artifacts
 from onnxdeploy.pass_context import make_pass_context
@@ -28,7 +28,10 @@ from onnxdeploy.passes.mask_rewrite import MaskRewritePass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.pipeline import run_pipeline
 from onnxdeploy.runner import open_decoder, verify
+from onnxdeploy.runner.accuracy import DEFAULT_ENTRIES, WEIGHT_ONLY_ENTRIES, evaluate_accuracy, teacher_forced_logits
+from onnxdeploy.runner.decoder import make_decoder
 from onnxdeploy.runner.graph_set import GraphSetDecoder
+from onnxdeploy.runner.session import open_session
 from tests.conftest import ALL_FIXTURE_NAMES, BF16_FIXTURE_NAMES, fixture_entry
 
 SET_FIXTURES = [*ALL_FIXTURE_NAMES, *BF16_FIXTURE_NAMES]
@@ -247,3 +250,72 @@ def test_a_pipeline_writes_reports_checks_and_verifies_the_set(tmp_path: Path) -
         "model.s1.c16.onnx",
         "model.onnx",
     }
+
+
+# -- graph-set bugs of issue 14: accuracy, session options, graphs verification did not drive ----------------------
+
+SMALL_SET = {"step_lens": [1, 4], "max_cache_lens": [32, 64]}
+"""model.onnx (1, 64), model.s1.c32.onnx, model.s4.c32.onnx, model.s4.c64.onnx; buckets return the last logits."""
+
+
+@pytest.fixture(scope="module")
+def small_set(tmp_path_factory) -> Path:
+    primary, _ = _write_set("llama_gqa_optimum", tmp_path_factory.mktemp("small") / "out", **SMALL_SET)
+    return primary
+
+
+def test_accuracy_on_a_set_whose_buckets_return_the_last_logits_compares_every_position(small_set: Path) -> None:
+    original = fixture_entry("llama_gqa_optimum")["model_path"]
+    tokens = _prompt("llama_gqa_optimum", 40)  # crosses the 32-slot cache into the 64 one
+    got = teacher_forced_logits(small_set, tokens)
+    want = teacher_forced_logits(original, tokens)
+    assert got.shape == want.shape == (40, fixture_entry("llama_gqa_optimum")["config"]["vocab"])
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    report = evaluate_accuracy(original, small_set, tokens, max_mean_kl=1e-6, min_top1_agreement=1.0)
+    assert report.passed, report.failures
+    for figures in (report.weight_only, report.default_optimized):
+        assert figures.positions == 39 and figures.top1_agreement == 1.0 and figures.mean_kl < 1e-6
+
+
+def test_every_graph_of_a_set_opens_with_the_session_config_entries_asked_for(small_set: Path) -> None:
+    """verify.accuracy's default_optimized (prepacking on) and weight_only (fp32 fusion) differ in every graph."""
+    for entries in (WEIGHT_ONLY_ENTRIES, DEFAULT_ENTRIES):
+        with make_decoder(open_session(small_set, config_entries=entries)) as decoder:
+            assert isinstance(decoder, GraphSetDecoder) and len(decoder.sessions()) == 4
+            for session in decoder.sessions():
+                options = session.session.get_session_options()
+                for name, value in entries.items():
+                    assert options.get_session_config_entry(name) == value, (session.path, name)
+                assert session.config_entries == entries
+
+
+def test_verify_drives_every_graph_of_the_set_and_says_which(small_set: Path) -> None:
+    # 3 + 3 positions: the modes use the padded 4-bucket and the step-1 graph of the 32 cache only
+    report = verify(
+        fixture_entry("llama_gqa_optimum")["model_path"], small_set, prompt=_prompt("llama_gqa_optimum", 3), steps=3
+    )
+    assert report.passed, (report.failures, [m.failures for m in report.modes.values()])
+    for mode in report.modes.values():
+        assert set(mode.positions_by_graph) == {"model.s4.c32.onnx", "model.s1.c32.onnx"}
+    assert set(report.graphs_driven) == set(report.graphs) and len(report.graphs) == 4
+    assert all(calls > 0 for calls in report.graphs_driven.values()), report.graphs_driven
+    assert set(report.graphs_driven_apart) == {"model.onnx", "model.s4.c64.onnx"}
+
+
+def test_verify_fails_naming_a_graph_of_the_set_it_could_not_drive(tmp_path: Path) -> None:
+    primary, _ = _write_set("llama_gqa_optimum", tmp_path / "out", **SMALL_SET)
+    for bucket in ("model.s4.c32.onnx", "model.s4.c64.onnx"):  # buckets that take only whole chunks
+        header = onnx.load(str(primary.parent / bucket), load_external_data=False)
+        contract = read_contract(header)
+        assert contract is not None
+        write_contract(header, contract.model_copy(update={"padding": None}))
+        onnx.save(header, str(primary.parent / bucket))
+    report = verify(
+        fixture_entry("llama_gqa_optimum")["model_path"], primary, prompt=_prompt("llama_gqa_optimum", 2), steps=1
+    )
+    assert not report.passed
+    assert all(mode.passed for mode in report.modes.values())  # what was compared matched: the gap fails it
+    assert report.graphs_driven["model.s4.c32.onnx"] == report.graphs_driven["model.s4.c64.onnx"] == 0
+    missed = [line for line in report.failures if "was not driven" in line]
+    assert len(missed) == 2 and "model.s4.c32.onnx" in missed[0] and "model.s4.c64.onnx" in missed[1], missed
+    assert report.graphs_driven["model.onnx"] == 1 and report.graphs_driven_apart == ["model.onnx"]

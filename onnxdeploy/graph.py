@@ -26,6 +26,7 @@ __all__ = [
     "ORT_NUMPY_TYPES",
     "const_array",
     "const_ints",
+    "const_tensor",
     "consumers",
     "default_opset",
     "downstream_nodes",
@@ -72,15 +73,36 @@ def default_opset(model: ir.Model | ir.Graph | onnx.ModelProto, default: int = 0
     return imports.get("", imports.get("ai.onnx", default))
 
 
-def const_array(value: ir.Value | None) -> np.ndarray | None:
-    """The constant a value holds (an initializer, or a ``Constant`` node's output), as a numpy array, else None.
+_CONSTANT_LISTS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
 
-    Reads through onnx_ir's :func:`onnx_ir.convenience.get_const_tensor` (which also reads ``value_ints`` /
-    ``value_float`` Constants); an external initializer is memory-mapped, not copied.
+
+def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The constant tensor a value holds (an initializer, or a ``Constant`` node's output), else None.
+
+    Reads what onnx_ir's :func:`onnx_ir.convenience.get_const_tensor` reads (``value``, ``value_float(s)``,
+    ``value_int(s)``) but never writes: that function renames a ``Constant``'s tensor to its output's name, and after
+    ``clone`` the tensor is shared with the pass's input. An external initializer stays memory-mapped.
     """
     if value is None:
         return None
-    tensor = ir.convenience.get_const_tensor(value)
+    if value.const_value is not None:
+        return value.const_value
+    node = value.producer()
+    if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attributes) != 1:
+        return None
+    name, attr = next(iter(node.attributes.items()))
+    if attr.is_ref():
+        return None
+    if name == "value":
+        return attr.as_tensor()
+    if name in _CONSTANT_LISTS:
+        return ir.tensor(np.array(attr.value, dtype=_CONSTANT_LISTS[name]), name=value.name)
+    return None
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """:func:`const_tensor` as a numpy array (memory-mapped for an external initializer), else None."""
+    tensor = const_tensor(value)
     return None if tensor is None else tensor.numpy()
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxdeploy.graph import const_array
+from onnxdeploy.graph import const_array, const_tensor
 from onnxdeploy.passes._edit import add_initializer, fresh_name, make_node
 from onnxdeploy.passes._quant_targets import Target
 from onnxdeploy.passes._value_fold import PROBES, ValueFold, concrete_dims, plan_value_fold
@@ -157,7 +157,7 @@ def _producer_region(
             return None
         region.append(node)
         for i, inp in enumerate(node.inputs):
-            tensor = None if inp is None else ir.convenience.get_const_tensor(inp)
+            tensor = None if inp is None else const_tensor(inp)
             if tensor is None:
                 if inp is not None:
                     todo.append(inp)

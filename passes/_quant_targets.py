@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import PreconditionError
+from onnxdeploy.graph import const_tensor
 
 __all__ = ["Target", "Weight", "find_targets", "resolve_weight"]
 
@@ -46,7 +47,7 @@ class Weight:
     @property
     def tensor(self) -> ir.TensorProtocol:
         """The stored tensor (memory-mapped when external)."""
-        tensor = ir.convenience.get_const_tensor(self.root)
+        tensor = const_tensor(self.root)
         assert tensor is not None
         return tensor
 
@@ -78,7 +79,7 @@ def resolve_weight(value: ir.Value | None) -> Weight | None:
     chain: list[ir.Node] = []
     transposed = False
     cur = value
-    while ir.convenience.get_const_tensor(cur) is None:
+    while const_tensor(cur) is None:
         node = cur.producer()
         step = _chain_step(node)
         if step is None:
@@ -89,7 +90,7 @@ def resolve_weight(value: ir.Value | None) -> Weight | None:
         cur = node.inputs[0]
         if cur is None:
             return None
-    tensor = ir.convenience.get_const_tensor(cur)
+    tensor = const_tensor(cur)
     assert tensor is not None
     if len(tensor.shape) != 2 or not tensor.dtype.is_floating_point():
         return None

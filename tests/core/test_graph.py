@@ -85,3 +85,16 @@ def test_one_dtype_table():
     assert onnx.TensorProto.FLOAT16 in graph.FLOAT_ELEM_TYPES and onnx.TensorProto.INT64 not in graph.FLOAT_ELEM_TYPES
     with pytest.raises(TypeError):
         graph.numpy_dtype_of(ir.DataType.UNDEFINED)
+
+
+def test_reading_a_constant_never_renames_its_tensor():
+    """onnx_ir's get_const_tensor renames a Constant's tensor; after clone() that tensor is the input's too."""
+    model = _model()
+    f = next(n for n in model.graph if n.outputs[0].name == "f")
+    tensor = f.attributes["value"].as_tensor()
+    before = tensor.name
+    copy = model.clone()
+    value = next(n for n in copy.graph if n.outputs[0].name == "f").outputs[0]
+    value.name = "renamed_in_the_copy"
+    assert graph.const_tensor(value) is tensor  # shared with the input
+    assert tensor.name == before

@@ -24,6 +24,7 @@ from onnxdeploy.checks._graph import (
     skeleton,
 )
 from onnxdeploy.checks.base import Check, CheckContext, register_check
+from onnxdeploy.graph import default_opset
 from onnxdeploy.model_io import external_location, tensor_nbytes
 from onnxdeploy.report import Finding
 
@@ -131,7 +132,7 @@ def _set_aside_unknown_default_ops(model: onnx.ModelProto) -> tuple[onnx.ModelPr
     domain; onnx's checker stops at the first one. Moved to a declared private domain, they are skipped and the
     rest of the graph is still checked; an op neither defines stays and is rejected. The model is not changed.
     """
-    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    version = default_opset(model)
     unknown: dict[str, int] = {}
     for node in model.graph.node:
         if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type, "") and _ort_defines(node.op_type):

@@ -22,11 +22,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx
+import onnx_ir as ir
 from onnx import TensorProto
 
 from onnxdeploy.checks._graph import dtype_name, format_dims, infer, iter_graphs, list_names, node_ref, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
 from onnxdeploy.errors import ConfigError
+from onnxdeploy.graph import opset_imports
 from onnxdeploy.matrices import Matrix, OpEntry, get_target, schema_version_of
 from onnxdeploy.matrices.schema import Limit
 from onnxdeploy.report import Finding
@@ -75,10 +77,6 @@ def _matrix(context: CheckContext) -> Matrix | None:
     return get_target(context.target) if context.target else None
 
 
-def _opsets(model: onnx.ModelProto) -> dict[str, int]:
-    return {_domain(imp.domain): imp.version for imp in model.opset_import}
-
-
 @register_check
 class TargetOpsetCheck(Check):
     """Compare every imported opset domain and the IR version with the target's matrix entry.
@@ -105,7 +103,7 @@ class TargetOpsetCheck(Check):
             yield self.finding("OD504", "info", "no target given; opsets not checked against a matrix")
             return
         target = matrix.target
-        for domain, version in _opsets(model).items():
+        for domain, version in opset_imports(model).items():
             rng = matrix.opsets.get(domain)
             if rng is None:
                 sources = sorted({r.source for r in matrix.opsets.values()})
@@ -324,7 +322,7 @@ class TargetOpsCheck(Check):
         matrix = _matrix(context)
         if matrix is None:
             return
-        opsets = _opsets(model)
+        opsets = opset_imports(model)
         _, types = _value_types(model)
         worded: dict[tuple[str, str], list[str]] = defaultdict(list)
         worded_entry: dict[tuple[str, str], OpEntry] = {}
@@ -378,24 +376,10 @@ class TargetOpsCheck(Check):
         type the target computes in, gets no finding of its own: its ref goes to ``emulated[(op, dtype)]``.
         """
         domain = _domain(node.domain)
-        target = matrix.target
         opset = opsets.get(domain)
         label = f"node {ref} ({domain}::{node.op_type})" if domain != "ai.onnx" else f"node {ref} ({node.op_type})"
-        rng = matrix.opsets.get(domain)
-        if rng is None or opset is None:
-            rule = f"{target} supports the op domains {sorted(matrix.opsets)}"
-            sources = sorted({r.source for r in matrix.opsets.values()})
-            hint = fix_hint(node.op_type) or f"Replace the {domain} op with standard ONNX ops."
-            finding = self.finding(
-                "OD510",
-                "error",
-                f"{label}: domain {domain} is not supported by {target}",
-                nodes=[ref],
-                hint=hint,
-                rule=rule,
-                source="; ".join(matrix.source_text(s) for s in sources),
-            )
-            return finding, None
+        if matrix.opsets.get(domain) is None or opset is None:
+            return self._unsupported_domain(matrix, node, ref, label, domain), None
         version = schema_version_of(domain, node.op_type, opset)
         if version is None and domain == "ai.onnx":
             version = opset  # an op onnx does not know at this opset: the checker reports it; match by opset
@@ -406,20 +390,9 @@ class TargetOpsCheck(Check):
         for entry in entries:
             problems = _violations(entry, node, opset, types)
             if not problems:
-                if entry.placement == "cpu_fallback":
-                    return (
-                        self.finding(
-                            "OD515",
-                            "warning",
-                            f"{label} has no accelerator lowering on {target}: it runs on the host CPU",
-                            nodes=[ref],
-                            hint=fix_hint(node.op_type),
-                            rule=f"{node.op_type}: placement cpu_fallback",
-                            source=matrix.source_text(entry.source),
-                        ),
-                        entry,
-                    )
-                return None, entry
+                return (
+                    self._on_host(matrix, node, ref, label, entry) if entry.placement == "cpu_fallback" else None
+                ), entry
             if best is None or len(problems) < len(best):
                 best, chosen = problems, entry
         assert best is not None
@@ -427,23 +400,56 @@ class TargetOpsCheck(Check):
         if dtype is not None:
             emulated[(node.op_type, dtype)].append(ref)
             return None, None
-        code = best[0][0]
-        span = f"{chosen.since}..{chosen.until or '∞'}"
-        return (
-            self.finding(
-                code,
-                "error",
-                f"{label} at schema version {version}: " + "; ".join(reason for _, reason in best),
-                nodes=[ref],
-                hint=fix_hint(node.op_type) or "Insert Casts to a supported dtype, or change the exporter's dtype.",
-                rule=f"{node.op_type} (schema versions {span}) constraints: "
-                + ", ".join(f"{p}: {'|'.join(v)}" for p, v in (chosen.types or {}).items())
-                + (f" dtypes {chosen.dtypes}" if chosen.dtypes else "")
-                + (f" attributes {chosen.attributes}" if chosen.attributes else "")
-                + (f" max_rank {chosen.max_rank}" if chosen.max_rank is not None else ""),
-                source=matrix.source_text(chosen.source),
-            ),
-            None,
+        return self._violated(matrix, node, ref, f"{label} at schema version {version}", best, chosen), None
+
+    def _unsupported_domain(self, matrix: Matrix, node: onnx.NodeProto, ref: str, label: str, domain: str) -> Finding:
+        """``OD510`` for a node whose domain the target does not take (or the model does not import)."""
+        sources = sorted({r.source for r in matrix.opsets.values()})
+        return self.finding(
+            "OD510",
+            "error",
+            f"{label}: domain {domain} is not supported by {matrix.target}",
+            nodes=[ref],
+            hint=fix_hint(node.op_type) or f"Replace the {domain} op with standard ONNX ops.",
+            rule=f"{matrix.target} supports the op domains {sorted(matrix.opsets)}",
+            source="; ".join(matrix.source_text(s) for s in sources),
+        )
+
+    def _on_host(self, matrix: Matrix, node: onnx.NodeProto, ref: str, label: str, entry: OpEntry) -> Finding:
+        """``OD515`` for a node the target takes on its host CPU only (``placement: cpu_fallback``)."""
+        return self.finding(
+            "OD515",
+            "warning",
+            f"{label} has no accelerator lowering on {matrix.target}: it runs on the host CPU",
+            nodes=[ref],
+            hint=fix_hint(node.op_type),
+            rule=f"{node.op_type}: placement cpu_fallback",
+            source=matrix.source_text(entry.source),
+        )
+
+    def _violated(
+        self,
+        matrix: Matrix,
+        node: onnx.NodeProto,
+        ref: str,
+        where: str,
+        problems: list[tuple[str, str]],
+        entry: OpEntry,
+    ) -> Finding:
+        """``OD512``-``OD514`` for the constraints of ``entry`` (the closest entry) the node breaks."""
+        span = f"{entry.since}..{entry.until or '∞'}"
+        return self.finding(
+            problems[0][0],
+            "error",
+            f"{where}: " + "; ".join(reason for _, reason in problems),
+            nodes=[ref],
+            hint=fix_hint(node.op_type) or "Insert Casts to a supported dtype, or change the exporter's dtype.",
+            rule=f"{node.op_type} (schema versions {span}) constraints: "
+            + ", ".join(f"{p}: {'|'.join(v)}" for p, v in (entry.types or {}).items())
+            + (f" dtypes {entry.dtypes}" if entry.dtypes else "")
+            + (f" attributes {entry.attributes}" if entry.attributes else "")
+            + (f" max_rank {entry.max_rank}" if entry.max_rank is not None else ""),
+            source=matrix.source_text(entry.source),
         )
 
     def _missing(
@@ -494,12 +500,11 @@ _QUANT_DTYPES: dict[int, str] = {
 
 
 def _nbytes(elem_type: int, dims: tuple[int, ...]) -> int:
-    bits = {TensorProto.INT4: 4, TensorProto.UINT4: 4}.get(elem_type)
-    if bits is None:
-        try:
-            bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
-        except (KeyError, ValueError, TypeError):
-            bits = 8
+    """A tensor's bytes, sub-byte types packed (onnx_ir's ``DataType.bitwidth``: int4 is 4 bits, float4 4)."""
+    try:
+        bits = ir.DataType(elem_type).bitwidth
+    except (ValueError, TypeError):  # no fixed width (STRING) or a type onnx_ir does not know: a byte each
+        bits = 8
     return math.ceil(math.prod(dims) * bits / 8)
 
 

@@ -231,6 +231,54 @@ def _graph_entries(max_opset: int) -> list[dict]:
     return entries
 
 
+_DTYPE_NOTES = (
+    ("int4", "QDQ (DequantizeLinear int4, opset 21+) and com.microsoft MatMulNBits kernels"),
+    ("int8", "QDQ, QLinear* and MatMulInteger kernels; elementwise math mostly float/int32/int64"),
+    ("fp16", "a subset of kernels (see types); ORT casts the rest to float32 (see emulated_types)"),
+    ("bf16", "a few kernels (Cast, ...); most math ops have no bfloat16 CPU kernel"),
+)
+"""What the CPU EP does with each weight dtype (all partly supported), from the kernel registry."""
+
+
+def _sources(version: str, read: str) -> dict[str, dict]:
+    """The matrix's ``sources``: the registries, the session probes and ORT's cast insertion, read on ``read``."""
+    registry = "onnxruntime.capi.onnxruntime_pybind11_state"
+    return {
+        "ort-registry": {
+            "doc": "ONNX Runtime kernel and schema registries of the installed wheel",
+            "section": "get_all_opkernel_def(), get_all_operator_schema()",
+            "version": f"onnxruntime {version}",
+            "address": f"{registry}.get_all_opkernel_def / get_all_operator_schema",
+            "read": read,
+        },
+        "ort-probe": {
+            "doc": "Session-creation probe of the installed wheel",
+            "section": "one Identity node at ai.onnx 18, IR versions from 8 upward until ORT refuses; one "
+            "Constant node per Constant schema version",
+            "version": f"onnxruntime {version}",
+            "address": "onnxdeploy.matrices.generate_ort_cpu.probe_max_ir_version",
+            "read": read,
+        },
+        "ort-insert-cast": {
+            "doc": "onnxruntime/core/optimizer/insert_cast_transformer.cc (InsertCastTransformer), confirmed by a "
+            "session probe of the installed wheel",
+            "section": "NeedInsertCast / ApplyImpl: a float16 input of a node no execution provider took gets a "
+            "Cast to float, the node runs on the CPU EP's float kernel; applied in inference_session.cc "
+            "TransformGraph after partitioning, at every optimization level",
+            "version": f"onnxruntime main at 05f47fa0; probed on onnxruntime {version}",
+            "address": f"{_INSERT_CAST}; onnxdeploy.matrices.generate_ort_cpu.probe_type_emulation",
+            "read": read,
+        },
+        "onnx-functions": {
+            "doc": "ONNX operator schemas with a function body (ORT expands them when no kernel matches)",
+            "section": "onnx.defs.get_all_schemas_with_history(): has_function / has_context_dependent_function",
+            "version": f"onnx {onnx.__version__}",
+            "address": "onnx.defs.get_all_schemas_with_history",
+            "read": read,
+        },
+    }
+
+
 def build_matrix(today: datetime.date | None = None) -> dict:
     """Build the ``ort-cpu`` matrix as a plain mapping (validated against :class:`Matrix`).
 
@@ -244,7 +292,6 @@ def build_matrix(today: datetime.date | None = None) -> dict:
     functions = _function_entries(kernels, max_opsets["ai.onnx"])
     ir_max = probe_max_ir_version()
     domains = sorted({e["domain"] for e in kernels})
-    registry = "onnxruntime.capi.onnxruntime_pybind11_state"
     data = {
         "schema_version": 1,
         "target": "ort-cpu",
@@ -263,52 +310,13 @@ def build_matrix(today: datetime.date | None = None) -> dict:
         "static_shapes": "not_required",
         "static_shapes_source": "ort-registry",
         "dtypes": {
-            name: {"supported": "partial", "source": "ort-registry", "note": note}
-            for name, note in (
-                ("int4", "QDQ (DequantizeLinear int4, opset 21+) and com.microsoft MatMulNBits kernels"),
-                ("int8", "QDQ, QLinear* and MatMulInteger kernels; elementwise math mostly float/int32/int64"),
-                ("fp16", "a subset of kernels (see types); ORT casts the rest to float32 (see emulated_types)"),
-                ("bf16", "a few kernels (Cast, ...); most math ops have no bfloat16 CPU kernel"),
-            )
+            name: {"supported": "partial", "source": "ort-registry", "note": note} for name, note in _DTYPE_NOTES
         },
         "limits": [],
         "ops_complete": True,
         "ops": kernels + functions + _graph_entries(max_opsets["ai.onnx"]),
         "emulated_types": probe_type_emulation(),
-        "sources": {
-            "ort-registry": {
-                "doc": "ONNX Runtime kernel and schema registries of the installed wheel",
-                "section": "get_all_opkernel_def(), get_all_operator_schema()",
-                "version": f"onnxruntime {version}",
-                "address": f"{registry}.get_all_opkernel_def / get_all_operator_schema",
-                "read": today.isoformat(),
-            },
-            "ort-probe": {
-                "doc": "Session-creation probe of the installed wheel",
-                "section": "one Identity node at ai.onnx 18, IR versions from 8 upward until ORT refuses; one "
-                "Constant node per Constant schema version",
-                "version": f"onnxruntime {version}",
-                "address": "onnxdeploy.matrices.generate_ort_cpu.probe_max_ir_version",
-                "read": today.isoformat(),
-            },
-            "ort-insert-cast": {
-                "doc": "onnxruntime/core/optimizer/insert_cast_transformer.cc (InsertCastTransformer), confirmed by a "
-                "session probe of the installed wheel",
-                "section": "NeedInsertCast / ApplyImpl: a float16 input of a node no execution provider took gets a "
-                "Cast to float, the node runs on the CPU EP's float kernel; applied in inference_session.cc "
-                "TransformGraph after partitioning, at every optimization level",
-                "version": f"onnxruntime main at 05f47fa0; probed on onnxruntime {version}",
-                "address": f"{_INSERT_CAST}; onnxdeploy.matrices.generate_ort_cpu.probe_type_emulation",
-                "read": today.isoformat(),
-            },
-            "onnx-functions": {
-                "doc": "ONNX operator schemas with a function body (ORT expands them when no kernel matches)",
-                "section": "onnx.defs.get_all_schemas_with_history(): has_function / has_context_dependent_function",
-                "version": f"onnx {onnx.__version__}",
-                "address": "onnx.defs.get_all_schemas_with_history",
-                "read": today.isoformat(),
-            },
-        },
+        "sources": _sources(version, today.isoformat()),
         "generated": {
             "by": "python -m onnxdeploy.matrices.generate_ort_cpu",
             "on": today.isoformat(),

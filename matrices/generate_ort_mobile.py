@@ -135,6 +135,35 @@ def parse_support_table(text: str, source: str) -> tuple[list[dict], list[str]]:
     return sorted(entries, key=lambda e: (e["domain"], e["op"])), notes
 
 
+def _sources(spec: dict, version: str, read: str) -> dict[str, dict]:
+    """The matrix's ``sources``: the EP's table, the usability checker, ORT's graph and host, read on ``read``."""
+    return {
+        "ep-table": {
+            "doc": f"{spec['file']} (the {spec['ep']} 'Supported ops' table, kept in sync with {spec['doc_page']})",
+            "section": "table 'Operator | Note'",
+            "version": f"onnxruntime {version} (installed wheel)",
+            "address": f"onnxruntime/tools/mobile_helpers/{spec['file']}",
+            "read": read,
+        },
+        "ort-usability-checker": {
+            "doc": "ONNX Runtime mobile usability checker (usability_checker.py)",
+            "section": "check_shapes() docstring",
+            "version": f"onnxruntime {version} (installed wheel)",
+            "address": "onnxruntime/tools/mobile_helpers/usability_checker.py",
+            "read": read,
+        },
+        "ort-graph": ORT_GRAPH_SOURCE | {"read": read},
+        "ort-host": {
+            "doc": "The hosting ONNX Runtime's schema registry and IR probe (the model loads in ORT before the "
+            "EP takes nodes)",
+            "section": "get_all_operator_schema(); onnxdeploy.matrices.generate_ort_cpu.probe_max_ir_version",
+            "version": f"onnxruntime {version}",
+            "address": "onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema",
+            "read": read,
+        },
+    }
+
+
 def build_matrix(target: str, today: datetime.date | None = None) -> dict:
     """Build the ``ort-coreml`` or ``ort-nnapi`` matrix as a plain mapping (validated against :class:`Matrix`).
 
@@ -151,7 +180,6 @@ def build_matrix(target: str, today: datetime.date | None = None) -> dict:
     entries.append(CONSTANT_ENTRY)
     max_opsets = _max_opsets()
     domains = sorted({e["domain"] for e in entries} | {"ai.onnx"})
-    wheel_path = f"onnxruntime/tools/mobile_helpers/{spec['file']}"
     data = {
         "schema_version": 1,
         "target": target,
@@ -170,31 +198,7 @@ def build_matrix(target: str, today: datetime.date | None = None) -> dict:
         "limits": [],
         "ops_complete": True,
         "ops": entries,
-        "sources": {
-            "ep-table": {
-                "doc": f"{spec['file']} (the {spec['ep']} 'Supported ops' table, kept in sync with {spec['doc_page']})",
-                "section": "table 'Operator | Note'",
-                "version": f"onnxruntime {version} (installed wheel)",
-                "address": wheel_path,
-                "read": today.isoformat(),
-            },
-            "ort-usability-checker": {
-                "doc": "ONNX Runtime mobile usability checker (usability_checker.py)",
-                "section": "check_shapes() docstring",
-                "version": f"onnxruntime {version} (installed wheel)",
-                "address": "onnxruntime/tools/mobile_helpers/usability_checker.py",
-                "read": today.isoformat(),
-            },
-            "ort-graph": ORT_GRAPH_SOURCE | {"read": today.isoformat()},
-            "ort-host": {
-                "doc": "The hosting ONNX Runtime's schema registry and IR probe (the model loads in ORT before the "
-                "EP takes nodes)",
-                "section": "get_all_operator_schema(); onnxdeploy.matrices.generate_ort_cpu.probe_max_ir_version",
-                "version": f"onnxruntime {version}",
-                "address": "onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema",
-                "read": today.isoformat(),
-            },
-        },
+        "sources": _sources(spec, version, today.isoformat()),
         "generated": {
             "by": "python -m onnxdeploy.matrices.generate_ort_mobile",
             "on": today.isoformat(),

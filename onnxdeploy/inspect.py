@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from onnx import helper
+import onnx_ir as ir
 
 from onnxdeploy.contract import read_contract
-from onnxdeploy.graph import op_histogram, opset_imports, tensor_dims
+from onnxdeploy.graph import numpy_dtype_of, op_histogram, opset_imports, tensor_dims
 from onnxdeploy.model_io import check_external_data, read_model_header, tensor_nbytes
 
 __all__ = ["inspect_model"]
@@ -17,7 +17,7 @@ __all__ = ["inspect_model"]
 
 def _tensor(vi: onnx.ValueInfoProto) -> dict[str, Any]:
     elem = vi.type.tensor_type.elem_type
-    dtype = helper.tensor_dtype_to_np_dtype(elem).name if elem else "unknown"
+    dtype = numpy_dtype_of(ir.DataType(elem)).name if elem else "unknown"
     dims = tensor_dims(vi)
     text = "?" if dims is None else "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
     return {"name": vi.name, "dtype": dtype, "shape": dims, "shape_text": text}

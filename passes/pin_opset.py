@@ -4,16 +4,17 @@ The target is 11 up to the newest opset the installed onnx knows (28 with onnx 1
 28), checked when the config is read.
 
 Uses ``onnx.version_converter.convert_version`` (onnx docs, "Version Converter") on a weightless copy, with
-what onnx 1.23 lacks done on onnx_ir around it (:mod:`onnxdeploy.passes._opset_adapters`): ops that do not
-exist at the target but have an ONNX function definition (``LayerNormalization`` below 17;
-``RMSNormalization``, ``RotaryEmbedding``, ``Attention`` below 23; ``LessOrEqual`` below 16) are expanded
-into their function body first; nodes the converter has no adapter for (``Split``-18, ``Pow``-15,
+what onnx 1.23 lacks done on onnx_ir around it: ops that do not exist at the target but have an ONNX function
+definition (``LayerNormalization`` below 17; ``RMSNormalization``, ``RotaryEmbedding``, ``Attention`` below
+23; ``LessOrEqual`` below 16) are expanded into their function body first
+(:mod:`onnxdeploy.passes._opset_functions`); nodes the converter has no adapter for (``Split``-18, ``Pow``-15,
 ``Shape``-15, ``Identity``-16, the -14 arithmetic ops, ``CastLike``, ``Trilu``, Reduce* ``axes``, any
 version that only added types) or a wrong one for (``Softmax``-13 → 12 on a non-last axis) are held out of
-it and rewritten exactly afterwards; empty tensors the bodies leave are folded away. The IR version becomes
-the lowest the result needs (opset 17 → IR 8, 11 → IR 7). Other domains (``com.microsoft``, …) are kept
-and listed in the report; default-domain ops onnx has no schema for (ORT's ``SimplifiedLayerNormalization``)
-are kept as they are. Where no exact lowering exists the error names op, node and lowest reachable opset.
+it and rewritten exactly afterwards (:mod:`onnxdeploy.passes._opset_adapters`); empty tensors the bodies
+leave are folded away. The IR version becomes the lowest the result needs (opset 17 → IR 8, 11 → IR 7).
+Other domains (``com.microsoft``, …) are kept and listed in the report; default-domain ops onnx has no
+schema for (ORT's ``SimplifiedLayerNormalization``) are kept as they are. Where no exact lowering exists
+the error names op, node and lowest reachable opset.
 """
 
 from __future__ import annotations
@@ -27,17 +28,13 @@ from pydantic import Field, field_validator
 
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.errors import PassError
+from onnxdeploy.graph import default_opset
 from onnxdeploy.model_io import proto_round_trip, stand_in_proto
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import fold_constants, infer_shapes
-from onnxdeploy.passes._opset_adapters import (
-    expand_function_ops,
-    fold_empty_tensors,
-    function_ops_to_expand,
-    hold_nodes,
-    name_created_nodes,
-    restore_held,
-)
+from onnxdeploy.passes._edit import clone, fold_constants, infer_shapes
+from onnxdeploy.passes._opset_adapters import hold_nodes, name_created_nodes, restore_held
+from onnxdeploy.passes._opset_functions import expand_function_ops, fold_empty_tensors, function_ops_to_expand
+from onnxdeploy.passes._opset_schemas import DEFAULT_DOMAINS, schema_at, since_version
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
 
@@ -69,29 +66,21 @@ class PinOpsetConfig(PassConfig):
         return opset
 
 
-def _default_opset(model: ir.Model) -> int:
-    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
-
-
 def _ops_needing_adapter(model: ir.Model, current: int, target: int) -> list[tuple[str, int]]:
     """Ops of the default domain whose schema changes between ``current`` and ``target``: (op, since_version)."""
     lo, hi = sorted((current, target))
     found = {}
     for node in model.graph:
-        if node.domain not in ("", "ai.onnx") or node.op_type in found:
+        if node.domain not in DEFAULT_DOMAINS or node.op_type in found:
             continue
-        try:
-            since = onnx.defs.get_schema(node.op_type, current, "").since_version
-        except onnx.defs.SchemaError:
+        since = since_version(node.op_type, current)
+        if since is None:
             continue
         if target < current and since > target:
             found[node.op_type] = since
         elif target > current:
-            try:
-                newer = onnx.defs.get_schema(node.op_type, hi, "").since_version
-            except onnx.defs.SchemaError:
-                continue
-            if newer > lo and newer != since:
+            newer = since_version(node.op_type, hi)
+            if newer is not None and newer > lo and newer != since:
                 found[node.op_type] = since
     return sorted(found.items())
 
@@ -128,27 +117,44 @@ class PinOpsetPass(Pass):
 
     def _convert(self, model: ir.Model, report: PassReport) -> tuple[ir.Model, bool]:
         target = self.config.opset
-        current = _default_opset(model)
-        others = {d: v for d, v in model.opset_imports.items() if d not in ("", "ai.onnx")}
+        current = default_opset(model)
+        others = {d: v for d, v in model.opset_imports.items() if d not in DEFAULT_DOMAINS}
         if others:
             report.warnings.append(f"domains kept unconverted: {others}")
         if current == target:
             report.changes.append(f"ai.onnx already at opset {target}")
             return model, False
         pending = _ops_needing_adapter(model, current, target)
-        work = proto_round_trip(model, lambda proto: proto, threshold=-1)  # a structural copy, same weights
-        infer_shapes(work)
-        expand = function_ops_to_expand(work, current, target)
-        if expand:
-            report.changes += expand_function_ops(work, expand, current, fold_constants)
-            infer_shapes(work)
+        work = _expanded_copy(model, current, target, report)
         known = {v.name: (v.dtype, v.shape) for v in _values(work)}
         unnamed = {n.outputs[0].name for n in work.graph if not n.name and n.outputs}  # the input's own
         held = hold_nodes(work, current, target)
         if held:
             report.changes.append("held from onnx's converter: " + ", ".join(f"{op} x{n}" for op, n in held.items()))
+        converted = self._run_converter(work, model, current, pending)
+        _restore_known_types(converted, known)
+        report.changes.append(f"ai.onnx opset {current} -> {target}")
+        report.changes += restore_held(converted, current, target)
+        converted.opset_imports[""] = target
+        _tidy(converted, unnamed, target, report)
+        ir_version = required_ir_version(converted)
+        if converted.ir_version != ir_version:
+            report.changes.append(f"IR version {converted.ir_version} -> {ir_version} (what opset {target} needs)")
+            converted.ir_version = ir_version
+        if pending:
+            report.changes.append("ops converted: " + ", ".join(f"{op}-{since}" for op, since in pending))
+        return converted, True
+
+    def _run_converter(self, work: ir.Model, model: ir.Model, current: int, pending: list[tuple[str, int]]) -> ir.Model:
+        """Run onnx's version converter on a weightless copy of ``work``; a failure names the op and nodes.
+
+        Raises:
+            PassError: the converter failed (names the op it is about, when one can be told, and its nodes in
+                ``model``).
+        """
+        target = self.config.opset
         try:
-            converted = proto_round_trip(work, lambda proto: version_converter.convert_version(proto, target))
+            return proto_round_trip(work, lambda proto: version_converter.convert_version(proto, target))
         except Exception as exc:  # the converter raises RuntimeError/ValueError/InferenceError
             text = str(exc)
             op = _op_from_message(text, [p[0] for p in pending])
@@ -162,48 +168,16 @@ class PinOpsetPass(Pass):
                 + (f"; nodes: {nodes[:5]}" if nodes else "")
                 + (f". Ops whose schema differs between the two opsets: {pending}" if pending else ""),
             ) from exc
-        for value in _values(converted):
-            dtype, shape = known.get(value.name, (None, None))
-            if value.dtype is None and dtype is not None:
-                value.dtype = dtype
-            if value.shape is None and shape is not None:
-                value.shape = shape
-        report.changes.append(f"ai.onnx opset {current} -> {target}")
-        report.changes += restore_held(converted, current, target)
-        converted.opset_imports[""] = target
-        folded = fold_empty_tensors(converted)
-        if folded:
-            report.changes.append(f"removed {folded} empty tensor(s)/split(s)")
-        named = name_created_nodes(converted, unnamed, target)
-        if named:
-            report.changes.append(
-                f"named {len(named)} node(s) onnx's converter made without a name: "
-                + ", ".join(named[:5])
-                + (" …" if len(named) > 5 else "")
-            )
-        repaired = _drop_stale_noop_with_empty_axes(converted, target)
-        if repaired:
-            report.changes.append(
-                f"removed noop_with_empty_axes (not in the target schema) from {len(repaired)} Reduce node(s) "
-                "the converter lowered: " + ", ".join(repaired[:5]) + (" …" if len(repaired) > 5 else "")
-            )
-        ir_version = required_ir_version(converted)
-        if converted.ir_version != ir_version:
-            report.changes.append(f"IR version {converted.ir_version} -> {ir_version} (what opset {target} needs)")
-            converted.ir_version = ir_version
-        if pending:
-            report.changes.append("ops converted: " + ", ".join(f"{op}-{since}" for op, since in pending))
-        return converted, True
 
     def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
         """The default domain is at the target opset and every node matches its schema there."""
         for model in artifacts.models():
-            if _default_opset(model) != self.config.opset:
-                raise PassError(self.name, f"ai.onnx opset is {_default_opset(model)}, expected {self.config.opset}")
+            if default_opset(model) != self.config.opset:
+                raise PassError(self.name, f"ai.onnx opset is {default_opset(model)}, expected {self.config.opset}")
             proto = stand_in_proto(model, as_inputs=True)
-            foreign = {n.op_type for n in proto.graph.node if n.domain in ("", "ai.onnx") and _no_schema(n.op_type)}
+            foreign = {n.op_type for n in proto.graph.node if n.domain in DEFAULT_DOMAINS and _no_schema(n.op_type)}
             for node in proto.graph.node:  # ORT's default-domain contrib ops: the checker does not know them
-                if node.op_type in foreign and node.domain in ("", "ai.onnx"):
+                if node.op_type in foreign and node.domain in DEFAULT_DOMAINS:
                     node.domain = "onnxdeploy.foreign"
             if foreign:
                 proto.opset_import.append(onnx.helper.make_opsetid("onnxdeploy.foreign", 1))
@@ -216,16 +190,53 @@ class PinOpsetPass(Pass):
 
 
 def _no_schema(op: str) -> bool:
-    try:
-        onnx.defs.get_schema(op, onnx.defs.onnx_opset_version(), "")
-    except onnx.defs.SchemaError:
-        return True
-    return False
+    return schema_at(op, onnx.defs.onnx_opset_version()) is None
 
 
 def _values(model: ir.Model) -> list[ir.Value]:
     graph = model.graph
     return [*graph.inputs, *(v for node in graph for v in node.outputs)]
+
+
+def _expanded_copy(model: ir.Model, current: int, target: int, report: PassReport) -> ir.Model:
+    """A copy of ``model`` (same weights) with its shapes inferred and its function ops expanded for ``target``."""
+    work = clone(model)
+    infer_shapes(work)
+    expand = function_ops_to_expand(work, current, target)
+    if expand:
+        report.changes += expand_function_ops(work, expand, current, fold_constants)
+        infer_shapes(work)
+    return work
+
+
+def _restore_known_types(converted: ir.Model, known: dict[str, tuple]) -> None:
+    """Give the converter's values the dtypes and shapes they had before it where it left them unknown."""
+    for value in _values(converted):
+        dtype, shape = known.get(value.name, (None, None))
+        if value.dtype is None and dtype is not None:
+            value.dtype = dtype
+        if value.shape is None and shape is not None:
+            value.shape = shape
+
+
+def _tidy(converted: ir.Model, unnamed: set[str], target: int, report: PassReport) -> None:
+    """After the converter: fold empty tensors, name the nodes it made, drop attributes it left stale."""
+    folded = fold_empty_tensors(converted)
+    if folded:
+        report.changes.append(f"removed {folded} empty tensor(s)/split(s)")
+    named = name_created_nodes(converted, unnamed, target)
+    if named:
+        report.changes.append(
+            f"named {len(named)} node(s) onnx's converter made without a name: "
+            + ", ".join(named[:5])
+            + (" …" if len(named) > 5 else "")
+        )
+    repaired = _drop_stale_noop_with_empty_axes(converted, target)
+    if repaired:
+        report.changes.append(
+            f"removed noop_with_empty_axes (not in the target schema) from {len(repaired)} Reduce node(s) "
+            "the converter lowered: " + ", ".join(repaired[:5]) + (" …" if len(repaired) > 5 else "")
+        )
 
 
 _IR_FOR_DTYPE = {
@@ -265,13 +276,10 @@ def _drop_stale_noop_with_empty_axes(model: ir.Model, target: int) -> list[str]:
     """
     fixed = []
     for i, node in enumerate(model.graph):
-        if node.domain not in ("", "ai.onnx") or not node.op_type.startswith("Reduce"):
+        if node.domain not in DEFAULT_DOMAINS or not node.op_type.startswith("Reduce"):
             continue
-        try:
-            schema = onnx.defs.get_schema(node.op_type, target, "")
-        except onnx.defs.SchemaError:
-            continue
-        if "noop_with_empty_axes" in schema.attributes:
+        schema = schema_at(node.op_type, target)
+        if schema is None or "noop_with_empty_axes" in schema.attributes:
             continue
         flag = node.attributes.get("noop_with_empty_axes")
         if flag is None:

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
 from onnxdeploy.checks import CheckContext
-from onnxdeploy.checks.target import TargetOpsCheck, TargetTensorsCheck, predict_supported
+from onnxdeploy.checks.target import TargetOpsCheck, TargetTensorsCheck, _nbytes, predict_supported
 from onnxdeploy.checks.topo_order import TopoOrderCheck
 from onnxdeploy.cli import app
 from onnxdeploy.config import load_pipeline
@@ -250,3 +250,9 @@ def test_size_limits_honour_applies_to(monkeypatch):
     assert flagged(applies_to="the prefill mask operand", tensors=["mask*"]) == (["mask_in"], [])
     errors, info = flagged(applies_to="the prefill mask operand on the HTP")
     assert errors == [] and len(info) == 1 and "the prefill mask operand on the HTP" in info[0], info
+
+
+def test_tensor_bytes_pack_sub_byte_types_and_count_a_byte_without_a_width():
+    assert _nbytes(TensorProto.FLOAT, (2, 3)) == 24
+    assert _nbytes(TensorProto.INT4, (3, 3)) == 5  # 9 nibbles, packed
+    assert _nbytes(TensorProto.STRING, (4,)) == 4  # no fixed width: a byte each

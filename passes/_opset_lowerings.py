@@ -1,0 +1,226 @@
+"""Lowerings that keep the node: attributes dropped or rewritten, sizes and axes moved between input and attribute.
+
+Each takes ``(node, current opset, target opset)``, edits the node for the target and returns the nodes that
+replace it (the node itself, after a ``Constant`` it now reads where one was needed); it raises
+:class:`~onnxdeploy.errors.PassError` (:func:`~onnxdeploy.passes._opset_schemas.refuse`) where the node has no
+exact form at the target. Sources: ONNX ``docs/Changelog.md`` and ``docs/Operators.md``, per op below.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxdeploy.graph import const_ints
+from onnxdeploy.passes._edit import constant_node
+from onnxdeploy.passes._opset_schemas import check_types, onnx_type_name, refuse, schema_at, stems
+
+__all__ = [
+    "lower_cast",
+    "lower_constant",
+    "lower_dequantize_linear",
+    "lower_pad",
+    "lower_reduce",
+    "lower_reshape",
+    "lower_scatter",
+    "lower_split",
+    "same_semantics",
+]
+
+
+def _target_schema(node: ir.Node, target: int) -> onnx.defs.OpSchema:
+    schema = schema_at(node.op_type, target)
+    assert schema is not None
+    return schema
+
+
+def _drop_attributes_not_in(node: ir.Node, schema: onnx.defs.OpSchema) -> None:
+    for name in [a for a in node.attributes if a not in schema.attributes]:
+        node.attributes.pop(name)
+
+
+def same_semantics(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Versions that only added types (Pow-15, Identity-14/16, Add/Sub/Mul/Div/Relu-14, GatherElements-13, …).
+
+    Attributes the target's schema lacks were checked to be at their default
+    (:func:`~onnxdeploy.passes._opset_schemas.types_only_change`).
+    """
+    _drop_attributes_not_in(node, _target_schema(node, target))
+    check_types(node, target)
+    return [node]
+
+
+def lower_scatter(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """ScatterElements/ScatterND-18 added ``reduction`` max/min; add/mul/none mean the same at 16."""
+    reduction = node.attributes.get("reduction")
+    if reduction is not None and reduction.as_string() in ("max", "min") and target < 18:
+        raise refuse(node, f"reduction='{reduction.as_string()}' first exists at opset 18", 18)
+    if reduction is not None and reduction.as_string() != "none" and target < 16:
+        raise refuse(node, f"reduction='{reduction.as_string()}' first exists at opset 16", 16)
+    if target < 16:
+        node.attributes.pop("reduction", None)
+    check_types(node, target)
+    return [node]
+
+
+def lower_cast(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Cast-19 ``saturate`` only affects float8 outputs (which the type check refuses below 19): dropped."""
+    schema = schema_at("Cast", target)
+    if schema is not None and "saturate" not in schema.attributes:
+        node.attributes.pop("saturate", None)
+    check_types(node, target)
+    return [node]
+
+
+def lower_constant(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Constant-12 ``value_float(s)``/``value_int(s)`` become a ``value`` tensor where the target lacks them."""
+    schema = _target_schema(node, target)
+    forms = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
+    for name, dtype in forms.items():
+        attr = node.attributes.get(name)
+        if attr is not None and name not in schema.attributes:
+            node.attributes.pop(name)
+            data = np.array(attr.value, dtype=dtype)
+            node.attributes["value"] = ir.AttrTensor("value", ir.tensor(data))
+    unsupported = [a for a in node.attributes if a not in schema.attributes]
+    if unsupported:
+        raise refuse(node, f"attribute {unsupported[0]} is not in Constant-{schema.since_version}", current)
+    value = node.attributes.get("value")
+    if value is not None:
+        dtype = value.as_tensor().dtype
+        allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}["T"]
+        if f"tensor({onnx_type_name(dtype)})" not in allowed:
+            raise refuse(node, f"Constant-{schema.since_version} cannot hold {dtype.name}", current)
+    return [node]
+
+
+def lower_reshape(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Reshape-14 ``allowzero``: dropped when 0, or when the shape is a constant without zeros."""
+    flag = node.attributes.pop("allowzero", None)
+    if flag is not None and flag.as_int() == 1:
+        dims = const_ints(node.inputs[1])
+        if dims is None or 0 in dims:
+            raise refuse(node, "allowzero=1 with a shape that may hold 0", 14)
+    check_types(node, target)
+    return [node]
+
+
+def lower_pad(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Pad-18 added the optional ``axes`` input and Pad-19 the ``wrap`` mode; without them Pad-13/11 mean the same.
+
+    Source: ONNX Operators.md, Pad-11/13/18/19.
+    """
+    mode = node.attributes.get("mode")
+    if mode is not None and mode.as_string() == "wrap" and target < 19:
+        raise refuse(node, "mode='wrap' first exists at opset 19", 19)
+    if len(node.inputs) > 3 and node.inputs[3] is not None and target < 18:
+        raise refuse(node, "the axes input first exists at opset 18", 18)
+    if target < 11:
+        raise refuse(node, "pads became an input at opset 11", 11)
+    if len(node.inputs) > 3:
+        node.resize_inputs(3)
+    check_types(node, target)
+    return [node]
+
+
+def lower_dequantize_linear(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """DequantizeLinear: per-axis scales need opset 13, ``block_size`` (blocked INT4) opset 21.
+
+    Source: ONNX Operators.md, DequantizeLinear-10/13/19/21 (below 13 ``x_scale`` must be a scalar).
+    """
+    block = node.attributes.get("block_size")
+    if block is not None and block.as_int() != 0 and target < 21:
+        raise refuse(node, "blocked quantization (block_size) first exists at opset 21", 21)
+    scale = node.inputs[1] if len(node.inputs) > 1 else None
+    shape = (
+        scale.const_value.shape
+        if scale is not None and scale.const_value is not None
+        else (scale.shape if scale else None)
+    )
+    per_axis = shape is None or math.prod(int(d) if isinstance(d, int) else 2 for d in shape) > 1
+    if per_axis and target < 13:
+        raise refuse(node, "a per-axis (non-scalar) x_scale first exists at opset 13", 13)
+    _drop_attributes_not_in(node, _target_schema(node, target))
+    check_types(node, target)
+    return [node]
+
+
+def _split_sizes(node: ir.Node, num: ir.Attr | None, target: int) -> list[int] | None:
+    """The Split's sizes when they must be spelled out: its constant ``split`` input, or from ``num_outputs``.
+
+    None when every output has the same size (Split-11..17 then split evenly by themselves) or the sizes
+    are an input that stays one (target 13 and up).
+    """
+    sizes = node.inputs[1] if len(node.inputs) > 1 else None
+    if sizes is not None:
+        split = const_ints(sizes)
+        if split is None and target < 13:
+            raise refuse(node, f"its split sizes '{sizes.name}' are not constant", 13)
+        return split
+    if num is None:
+        return None
+    n_out = len(node.outputs)
+    axis = node.attributes.get("axis")
+    axis = axis.as_int() if axis is not None else 0
+    shape = node.inputs[0].shape
+    dim = shape[axis] if shape is not None and -len(shape) <= axis < len(shape) else None
+    if not isinstance(dim, int):
+        raise refuse(node, "num_outputs on an axis of unknown size", 18)
+    if dim % n_out == 0:
+        return None
+    chunk = -(-dim // n_out)
+    return [chunk] * (n_out - 1) + [dim - chunk * (n_out - 1)]
+
+
+def lower_split(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Split-18 ``num_outputs`` → sizes; the sizes go to the input (13–17) or the attribute (11–12)."""
+    num = node.attributes.pop("num_outputs", None)
+    sizes = node.inputs[1] if len(node.inputs) > 1 else None
+    split = _split_sizes(node, num, target)
+    if target < 13:
+        if split is not None:
+            node.attributes["split"] = ir.AttrInt64s("split", split)
+        if sizes is not None:
+            node.resize_inputs(1)
+    elif split is not None and sizes is None:
+        constant = constant_node(f"{stems(node)[1]}__split", np.array(split, np.int64))
+        node.resize_inputs(2)
+        node.replace_input_with(1, constant.outputs[0])
+        check_types(node, target)
+        return [constant, node]
+    check_types(node, target)
+    return [node]
+
+
+def lower_reduce(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Reduce* ``axes`` input ↔ attribute (ReduceSum at 13, the others at 18); ``noop_with_empty_axes`` kept or dropped.
+
+    With ``noop_with_empty_axes=1`` and no axes the node reduces nothing: it becomes an Identity.
+    """
+    schema = _target_schema(node, target)
+    axes_value = node.inputs[1] if len(node.inputs) > 1 else None
+    axes_attr = node.attributes.get("axes")
+    axes = const_ints(axes_value) if axes_value is not None else (list(axes_attr.as_ints()) if axes_attr else None)
+    if axes_value is not None and axes is None and "axes" in schema.attributes:
+        raise refuse(node, f"its axes '{axes_value.name}' are not constant", current)
+    noop = node.attributes.get("noop_with_empty_axes")
+    if noop is not None and noop.as_int() == 1 and not axes:
+        return [ir.Node("", "Identity", [node.inputs[0]], num_outputs=1, name=node.name)]
+    if "noop_with_empty_axes" not in schema.attributes:
+        node.attributes.pop("noop_with_empty_axes", None)
+    extra: list[ir.Node] = []
+    if "axes" in schema.attributes:  # attribute form
+        node.attributes.pop("axes", None)
+        if axes:
+            node.attributes["axes"] = ir.AttrInt64s("axes", axes)
+        node.resize_inputs(1)
+    elif axes_attr is not None:  # input form, from an attribute
+        node.attributes.pop("axes")
+        extra.append(constant_node(f"{stems(node)[1]}__axes", np.array(axes, np.int64)))
+        node.resize_inputs(2)
+        node.replace_input_with(1, extra[0].outputs[0])
+    check_types(node, target)
+    return [*extra, node]

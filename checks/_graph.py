@@ -20,8 +20,6 @@ __all__ = [
     "MAX_PROTOBUF_BYTES",
     "STUB_MIN_BYTES",
     "ValueType",
-    "dtype_name",
-    "format_dims",
     "infer",
     "iter_graphs",
     "iter_tensors",
@@ -85,14 +83,6 @@ def iter_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
                     yield from attr.tensors
 
 
-def dtype_name(elem_type: int) -> str:
-    """Return the lower-case ONNX name of a ``TensorProto.DataType`` value (``1`` -> ``"float"``)."""
-    try:
-        return TensorProto.DataType.Name(elem_type).lower()
-    except ValueError:
-        return f"dtype({elem_type})"
-
-
 @dataclass(frozen=True)
 class ValueType:
     """What a ``TypeProto`` says about a value.
@@ -144,13 +134,6 @@ def value_type(type_proto: onnx.TypeProto) -> ValueType:
     if which == "optional_type":
         return ValueType("optional")
     return ValueType("missing")
-
-
-def format_dims(dims: tuple[int | str | None, ...] | None) -> str:
-    """Format dims as ``(1, batch, ?)``; ``<unknown rank>`` for ``None``."""
-    if dims is None:
-        return "<unknown rank>"
-    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
 
 
 def serialized_size(model: onnx.ModelProto) -> int | None:

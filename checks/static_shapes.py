@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import onnx
 
-from onnxdeploy.checks._graph import format_dims, infer, iter_graphs, list_names, node_ref, value_type
+from onnxdeploy.checks._graph import infer, iter_graphs, list_names, node_ref, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
+from onnxdeploy.graph import format_dims
 from onnxdeploy.report import Finding
 
 __all__ = ["StaticShapesCheck"]

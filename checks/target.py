@@ -25,10 +25,10 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto
 
-from onnxdeploy.checks._graph import dtype_name, format_dims, infer, iter_graphs, list_names, node_ref, value_type
+from onnxdeploy.checks._graph import infer, iter_graphs, list_names, node_ref, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
 from onnxdeploy.errors import ConfigError
-from onnxdeploy.graph import opset_imports
+from onnxdeploy.graph import dtype_name, format_dims, opset_imports
 from onnxdeploy.matrices import Matrix, OpEntry, get_target, schema_version_of
 from onnxdeploy.matrices.schema import Limit
 from onnxdeploy.report import Finding

@@ -14,9 +14,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxdeploy.graph import const_ints
+from onnxdeploy.graph import const_ints, dtype_name
 from onnxdeploy.passes._edit import constant_node
-from onnxdeploy.passes._opset_schemas import check_types, onnx_type_name, refuse, schema_at, stems
+from onnxdeploy.passes._opset_schemas import check_types, refuse, schema_at, stems
 
 __all__ = [
     "lower_cast",
@@ -92,7 +92,7 @@ def lower_constant(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     if value is not None:
         dtype = value.as_tensor().dtype
         allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}["T"]
-        if f"tensor({onnx_type_name(dtype)})" not in allowed:
+        if f"tensor({dtype_name(dtype.value)})" not in allowed:
             raise refuse(node, f"Constant-{schema.since_version} cannot hold {dtype.name}", current)
     return [node]
 

@@ -15,6 +15,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxdeploy.errors import PassError
+from onnxdeploy.graph import dtype_name
 
 __all__ = [
     "DEFAULT_DOMAINS",
@@ -22,7 +23,6 @@ __all__ = [
     "copy_type",
     "hand_over",
     "node_since",
-    "onnx_type_name",
     "refuse",
     "schema_at",
     "since_version",
@@ -106,11 +106,6 @@ def _formal_types(schema: onnx.defs.OpSchema) -> list[tuple[str, bool, set[str]]
     ]
 
 
-def onnx_type_name(dtype: ir.DataType) -> str:
-    """The schemas' spelling of an element type inside ``tensor(...)``, e.g. ``float16``."""
-    return onnx.helper.tensor_dtype_to_string(dtype.value).removeprefix("TensorProto.").lower()
-
-
 def check_types(node: ir.Node, target: int) -> None:
     """Refuse when an input or output dtype is outside the target schema's types (types-only changes).
 
@@ -128,7 +123,7 @@ def check_types(node: ir.Node, target: int) -> None:
     for (formal, is_output, allowed), value in params:
         if value is None or value.dtype is None:
             continue
-        name = f"tensor({onnx_type_name(value.dtype)})"
+        name = f"tensor({dtype_name(value.dtype.value)})"
         if name not in allowed:
             lowest = _lowest_with_type(node.op_type, formal, is_output, name, target)
             raise refuse(

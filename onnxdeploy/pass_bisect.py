@@ -25,9 +25,10 @@ import onnx_ir as ir
 
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.contract import read_contract
-from onnxdeploy.model_io import proto_round_trip, write_for_ort
+from onnxdeploy.model_io import proto_round_trip, stage_artifacts, write_for_ort
 from onnxdeploy.report import NodeDivergence, PassVerifyRecord
 from onnxdeploy.runner import ContractDecoder, Decoder, make_decoder, open_session, verify
+from onnxdeploy.runner.graph_set import Remainder
 
 if TYPE_CHECKING:
     from onnxdeploy.config import VerifyConfig
@@ -39,12 +40,12 @@ EACH_PASS_STEPS = 4
 
 
 def write_set_for_ort(artifacts: ArtifactSet, folder: str | Path) -> Path:
-    """Write every graph of ``artifacts`` into ``folder`` under its artifact name, for ONNX Runtime to open by path.
+    """Write every graph of ``artifacts`` side by side under ``folder``, for ONNX Runtime to open by path.
 
-    The graphs sit side by side, so the file names a contract's ``graph_set`` lists resolve beside the primary.
-    Each graph is written by :func:`onnxdeploy.model_io.write_for_ort`: the primary hard-links the input data
-    files it maps; a later graph's links would take the same names, so the mapped weights it reads are streamed
-    into its own ``<name>.data`` instead (disk, not memory).
+    The file names a contract's ``graph_set`` lists then resolve beside the primary. A lone graph is written by
+    :func:`onnxdeploy.model_io.write_for_ort` (the input data files it maps are hard-linked, not copied); a set
+    as the run writes it, by :func:`onnxdeploy.model_io.stage_artifacts` with one external data file, so a
+    weight the graphs share is written once (per-graph ``write_for_ort`` would copy it for every graph).
 
     Args:
         artifacts: the graph set (or a single graph), primary first.
@@ -53,8 +54,13 @@ def write_set_for_ort(artifacts: ArtifactSet, folder: str | Path) -> Path:
     Returns:
         The path of the primary's ``.onnx``.
     """
-    paths = [write_for_ort(a.model, folder, a.name) for a in artifacts.artifacts]
-    return paths[0]
+    primary = artifacts.artifacts[0]
+    if len(artifacts.artifacts) == 1:
+        return write_for_ort(primary.model, folder, primary.name)
+    staged = stage_artifacts(
+        [(a.name, a.model) for a in artifacts.artifacts], Path(folder), external=True, data_name="weights.data"
+    )
+    return staged.path(primary.name)
 
 
 def verify_pass_output(
@@ -66,7 +72,7 @@ def verify_pass_output(
     steps: int,
     max_abs_logit_diff: float,
     min_top1_agreement: float,
-    remainder: str = "padded",
+    remainder: Remainder = "padded",
 ) -> PassVerifyRecord:
     """Decode ``prompt`` + ``steps`` teacher-forced positions of a pass's output against the original.
 
@@ -97,7 +103,7 @@ def verify_pass_output(
             modes=("teacher_forced",),
             max_abs_logit_diff=max_abs_logit_diff,
             min_top1_agreement=min_top1_agreement,
-            remainder=remainder,  # type: ignore[arg-type]
+            remainder=remainder,
         )
     mode = report.modes["teacher_forced"]
     return PassVerifyRecord(
@@ -163,7 +169,9 @@ class EachPassVerifier:
         if self.bisect and before is not None:
             self._bisect(name, before, after, list(v.prompt), say)
 
-    def _bisect(self, name: str, before: ir.Model, after: ArtifactSet, prompt: list[int], say: Callable) -> None:
+    def _bisect(
+        self, name: str, before: ir.Model, after: ArtifactSet, prompt: list[int], say: Callable[[str], None]
+    ) -> None:
         """Find the first node of the pass's input primary whose output its output primary does not reproduce."""
         if _io_names(before) != _io_names(after.primary):
             self.note = f"bisect: pass {name} changes the graph's inputs/outputs; its nodes were not compared"

@@ -13,7 +13,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -23,6 +23,11 @@ from rich.table import Table
 
 from onnxdeploy import __version__
 from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError, OutputError
+
+if TYPE_CHECKING:  # the commands import the library lazily: `onnxdeploy --help` stays fast
+    from onnxdeploy.config import PipelineConfig
+    from onnxdeploy.pipeline import RunOutcome
+    from onnxdeploy.report import PassReport, VerifyReport
 
 __all__ = ["app", "main"]
 
@@ -188,8 +193,6 @@ def run(
     quiet: QuietOpt = False,
 ) -> None:
     """Run a pipeline: passes, checks, step-by-step verification; write the model, report.json|md|html."""
-    from onnxdeploy.config import load_pipeline
-    from onnxdeploy.pass_cache import CacheConfig
     from onnxdeploy.pipeline import run_pipeline
 
     out, err = _consoles(as_json)
@@ -197,16 +200,7 @@ def run(
         raise _fail(err, ConfigError("--output-dir is empty"), as_json=as_json)
     _interrupt_on_termination()
     try:
-        config = load_pipeline(pipeline, output_dir=output_dir)
-        if bisect:
-            if config.verify is None:
-                raise ConfigError(f"{pipeline}: --bisect needs a verify section (its prompt and thresholds)")
-            config = config.model_copy(update={"bisect": True, "verify_each_pass": True})
-        if no_cache:
-            config = config.model_copy(update={"cache": None})
-        elif cache_dir is not None:
-            section = config.cache or CacheConfig()
-            config = config.model_copy(update={"cache": section.model_copy(update={"dir": cache_dir.resolve()})})
+        config = _run_config(pipeline, output_dir, cache_dir=cache_dir, no_cache=no_cache, bisect=bisect)
         with _progress(err, quiet=quiet) as bar:
             on_step = _progress_callback(bar)
             outcome = run_pipeline(
@@ -229,45 +223,86 @@ def run(
         for reason in report.failures:
             err.print(f"FAILED: {reason}", markup=False)
     elif not as_json:
-        table = Table(title="passes")
-        for col in ("pass", "nodes", "ops added", "ops removed", "dims fixed", "time (s)"):
-            table.add_column(col)
-        for p in report.passes:
-            table.add_row(
-                p.name,
-                f"{p.nodes_before} → {p.nodes_after}",
-                _ops_text(p.ops_added, "+"),
-                _ops_text(p.ops_removed, "-"),
-                str(len(p.dims_fixed)),
-                f"{p.wall_time_s:.2f}" + (" (cached)" if p.cache == "hit" else ""),
-            )
-        out.print(table)
-        out.print("checks run: " + (", ".join(report.checks_run) or "[yellow]none[/]"))
-        if report.verify is None:
-            out.print("[yellow]verification skipped (verify: null): the output was not compared with the original[/]")
-        levels = [f.level for f in report.findings]
-        out.print(
-            f"findings: {levels.count('error')} error(s), {levels.count('warning')} warning(s), "
-            f"{levels.count('info')} info"
-        )
-        for f in report.findings:
-            if f.level != "info":
-                out.print(f"  {f.code} [{f.level}] {f.message}", highlight=False, markup=False)
-        if report.verify is not None:
-            for line in report.verify.provider_fallbacks:
-                out.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
-            out.print(_verify_table(report.verify))
-            for m in report.verify.modes.values():
-                first = "none" if m.first_divergent_step is None else f"position {m.first_divergent_step}"
-                out.print(f"{m.mode}: first divergent step: {first}")
-        shown = 10
-        for reason in report.failures[:shown]:
-            out.print(f"[red]FAILED:[/] {escape(reason)}", soft_wrap=True)
-        if len(report.failures) > shown:
-            out.print(f"[red]FAILED:[/] … and {len(report.failures) - shown} more (see {outcome.report_md})")
-        colour = "green" if report.status == "passed" else "red"
-        out.print(f"[bold {colour}]{report.status.upper()}[/]: {outcome.model_path}; report {outcome.report_html}")
+        _print_run(out, outcome)
     raise typer.Exit(outcome.exit_code)
+
+
+def _run_config(
+    pipeline: Path, output_dir: Path | None, *, cache_dir: Path | None, no_cache: bool, bisect: bool
+) -> PipelineConfig:
+    """The pipeline file with the command line's overrides (``-o``, ``--bisect``, ``--no-cache``, ``--cache-dir``).
+
+    Raises:
+        ConfigError: the pipeline is invalid, or ``--bisect`` without a verify section.
+    """
+    from onnxdeploy.config import load_pipeline
+    from onnxdeploy.pass_cache import CacheConfig
+
+    config = load_pipeline(pipeline, output_dir=output_dir)
+    if bisect:
+        if config.verify is None:
+            raise ConfigError(f"{pipeline}: --bisect needs a verify section (its prompt and thresholds)")
+        config = config.model_copy(update={"bisect": True, "verify_each_pass": True})
+    if no_cache:
+        config = config.model_copy(update={"cache": None})
+    elif cache_dir is not None:
+        section = config.cache or CacheConfig()
+        config = config.model_copy(update={"cache": section.model_copy(update={"dir": cache_dir.resolve()})})
+    return config
+
+
+def _print_run(out: Console, outcome: RunOutcome) -> None:
+    """The run's summary on ``out``: passes, checks and findings, verification, failures, the verdict."""
+    report = outcome.report
+    out.print(_passes_table(report.passes))
+    out.print("checks run: " + (", ".join(report.checks_run) or "[yellow]none[/]"))
+    if report.verify is None:
+        out.print("[yellow]verification skipped (verify: null): the output was not compared with the original[/]")
+    levels = [f.level for f in report.findings]
+    out.print(
+        f"findings: {levels.count('error')} error(s), {levels.count('warning')} warning(s), {levels.count('info')} info"
+    )
+    for f in report.findings:
+        if f.level != "info":
+            out.print(f"  {f.code} [{f.level}] {f.message}", highlight=False, markup=False)
+    if report.verify is not None:
+        for line in report.verify.provider_fallbacks:
+            out.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+        out.print(_verify_table(report.verify))
+        _print_first_divergent(out, report.verify)
+    shown = 10
+    for reason in report.failures[:shown]:
+        out.print(f"[red]FAILED:[/] {escape(reason)}", soft_wrap=True)
+    if len(report.failures) > shown:
+        out.print(f"[red]FAILED:[/] … and {len(report.failures) - shown} more (see {outcome.report_md})")
+    colour = "green" if report.status == "passed" else "red"
+    out.print(f"[bold {colour}]{report.status.upper()}[/]: {outcome.model_path}; report {outcome.report_html}")
+
+
+def _passes_table(passes: list[PassReport]) -> Table:
+    table = Table(title="passes")
+    for col in ("pass", "nodes", "ops added", "ops removed", "dims fixed", "time (s)"):
+        table.add_column(col)
+    for p in passes:
+        table.add_row(
+            p.name,
+            f"{p.nodes_before} → {p.nodes_after}",
+            _ops_text(p.ops_added, "+"),
+            _ops_text(p.ops_removed, "-"),
+            str(len(p.dims_fixed)),
+            f"{p.wall_time_s:.2f}" + (" (cached)" if p.cache == "hit" else ""),
+        )
+    return table
+
+
+def _print_first_divergent(out: Console, verify: VerifyReport, *, with_failures: bool = False) -> None:
+    """Per mode: its first divergent step (and, with ``with_failures``, its failure lines)."""
+    for m in verify.modes.values():
+        first = "none" if m.first_divergent_step is None else f"position {m.first_divergent_step}"
+        out.print(f"{m.mode}: first divergent step: {first}")
+        if with_failures:
+            for msg in m.failures:  # each line starts with its mode
+                out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
 
 
 @app.command()
@@ -374,28 +409,12 @@ def verify_cmd(
 
     A candidate whose contract lists a graph set (prefill buckets, several cache lengths) is driven as a set.
     """
-    from onnxdeploy.artifacts import write_text_atomic
-    from onnxdeploy.model_io import check_not_an_input, input_files
     from onnxdeploy.report import SCHEMA_VERSION, summarise_verify
     from onnxdeploy.runner import verify
 
     out, err = _consoles(as_json)
     try:
-        tokens = [int(t) for t in prompt.split(",")]
-    except ValueError:
-        error = ConfigError(f"--prompt must be comma-separated integers, got {prompt!r}")
-        raise _fail(err, error, as_json=as_json) from None
-    if not tokens:
-        raise _fail(err, ConfigError("--prompt is empty"), as_json=as_json)
-    requested = [name.strip() for name in providers.split(",") if name.strip()]
-    if not requested:
-        raise _fail(err, ConfigError("--providers is empty"), as_json=as_json)
-    if remainder not in ("padded", "buckets"):
-        raise _fail(err, ConfigError(f"--remainder must be 'padded' or 'buckets', got {remainder!r}"), as_json=as_json)
-    if report is not None and not report.parent.is_dir():
-        error = OutputError(f"--report {report}: folder {report.parent} does not exist; create it or choose another")
-        raise _fail(err, error, as_json=as_json)
-    try:
+        tokens, requested = _verify_args(prompt, providers, remainder, report)
         with _progress(err, quiet=quiet) as bar:
             on_verify = _progress_callback(bar)
             result = verify(
@@ -421,14 +440,9 @@ def verify_cmd(
     )
     if report is not None:
         try:
-            inputs = input_files(original) | input_files(candidate)
-            check_not_an_input(report, inputs, "--report")
-            write_text_atomic(report, payload)
+            _write_verify_report(report, payload, original, candidate)
         except OnnxDeployError as exc:
             raise _fail(err, exc, as_json=as_json) from None
-        except OSError as exc:
-            error = OutputError(f"cannot write --report {report}: {exc.strerror or exc}")
-            raise _fail(err, error, as_json=as_json) from None
     if not quiet:
         for line in result.provider_fallbacks:
             err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
@@ -438,16 +452,56 @@ def verify_cmd(
         for msg in [*result.failures, *(line for m in result.modes.values() for line in m.failures)]:
             err.print(f"FAILED: {msg}", markup=False)
     elif not as_json:
-        out.print(_verify_table(result))
-        for m in result.modes.values():
-            first = "none" if m.first_divergent_step is None else f"position {m.first_divergent_step}"
-            out.print(f"{m.mode}: first divergent step: {first}")
-            for msg in m.failures:  # each line starts with its mode
-                out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
-        for msg in result.failures:
-            out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
-        out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")
+        _print_verify(out, result)
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAILED)
+
+
+def _print_verify(out: Console, result: VerifyReport) -> None:
+    """``onnxdeploy verify``'s summary: the modes' table, first divergent steps, failures, the verdict."""
+    out.print(_verify_table(result))
+    _print_first_divergent(out, result, with_failures=True)
+    for msg in result.failures:
+        out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
+    out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")
+
+
+def _verify_args(prompt: str, providers: str, remainder: str, report: Path | None) -> tuple[list[int], list[str]]:
+    """``onnxdeploy verify``'s options checked before any model is read: the prompt ids and the providers.
+
+    Raises:
+        ConfigError: the prompt is empty or not comma-separated integers, no provider, an unknown remainder.
+        OutputError: ``--report``'s folder does not exist.
+    """
+    try:
+        tokens = [int(t) for t in prompt.split(",")]
+    except ValueError:
+        raise ConfigError(f"--prompt must be comma-separated integers, got {prompt!r}") from None
+    if not tokens:
+        raise ConfigError("--prompt is empty")
+    requested = [name.strip() for name in providers.split(",") if name.strip()]
+    if not requested:
+        raise ConfigError("--providers is empty")
+    if remainder not in ("padded", "buckets"):
+        raise ConfigError(f"--remainder must be 'padded' or 'buckets', got {remainder!r}")
+    if report is not None and not report.parent.is_dir():
+        raise OutputError(f"--report {report}: folder {report.parent} does not exist; create it or choose another")
+    return tokens, requested
+
+
+def _write_verify_report(report: Path, payload: str, original: Path, candidate: Path) -> None:
+    """Write ``--report`` atomically.
+
+    Raises:
+        OutputError: it would overwrite one of the models' files, or it cannot be written.
+    """
+    from onnxdeploy.artifacts import write_text_atomic
+    from onnxdeploy.model_io import check_not_an_input, input_files
+
+    try:
+        check_not_an_input(report, input_files(original) | input_files(candidate), "--report")
+        write_text_atomic(report, payload)
+    except OSError as exc:
+        raise OutputError(f"cannot write --report {report}: {exc.strerror or exc}") from None
 
 
 matrix_app = typer.Typer(

@@ -1,53 +1,91 @@
 """Which pass broke it, and where: a short decode after each pass, and the first diverging node of a pass.
 
 ``verify_each_pass`` (pipeline key) decodes a few positions of every pass's output against the original
-(:func:`verify_pass_output`); the first pass over the thresholds is named. ``bisect`` (pipeline key and
+(:func:`verify_pass_output`; a graph set is written whole and driven as the runner drives a set); the first
+pass over the thresholds is named (:class:`EachPassVerifier`). ``bisect`` (pipeline key and
 ``onnxdeploy run --bisect``) then compares that pass's input and output graph node by node
-(:func:`first_divergent_node`): both graphs get every node output as an extra graph output (on copies that
-share the weights, written with :func:`onnxdeploy.model_io.write_for_ort`), both are decoded over the same
-tokens, and each intermediate of the pass's input is mapped to one of its output — by name where both graphs
-have a value of that name and shape, else by data flow and value: a value of the same dtype and shape
-holding the same numbers. The first node, in the input graph's order, whose output maps to a value holding
-other numbers, or to none while every input of the node maps, is the first diverging node.
+(:func:`first_divergent_node`; of a set, the primary graphs): both graphs get every node output as an extra
+graph output (on copies that share the weights, written with :func:`onnxdeploy.model_io.write_for_ort`), both
+are decoded over the same tokens, and each intermediate of the pass's input is mapped to one of its output — by
+name where both graphs have a value of that name and shape, else by data flow and value: a value of the same
+dtype and shape holding the same numbers. The first node, in the input graph's order, whose output maps to a
+value holding other numbers, or to none while every input of the node maps, is the first diverging node.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxdeploy.model_io import proto_round_trip, write_for_ort
+from onnxdeploy.artifacts import ArtifactSet
+from onnxdeploy.contract import read_contract
+from onnxdeploy.model_io import proto_round_trip, stage_artifacts, write_for_ort
 from onnxdeploy.report import NodeDivergence, PassVerifyRecord
-from onnxdeploy.runner import open_decoder, verify
+from onnxdeploy.runner import ContractDecoder, Decoder, make_decoder, open_session, verify
+from onnxdeploy.runner.graph_set import Remainder
 
-__all__ = ["first_divergent_node", "verify_pass_output"]
+if TYPE_CHECKING:
+    from onnxdeploy.config import VerifyConfig
+
+__all__ = ["EACH_PASS_STEPS", "EachPassVerifier", "first_divergent_node", "verify_pass_output", "write_set_for_ort"]
+
+EACH_PASS_STEPS = 4
+"""Generated positions decoded after each pass by ``verify_each_pass`` (after the verify prompt)."""
+
+
+def write_set_for_ort(artifacts: ArtifactSet, folder: str | Path) -> Path:
+    """Write every graph of ``artifacts`` side by side under ``folder``, for ONNX Runtime to open by path.
+
+    The file names a contract's ``graph_set`` lists then resolve beside the primary. A lone graph is written by
+    :func:`onnxdeploy.model_io.write_for_ort` (the input data files it maps are hard-linked, not copied); a set
+    as the run writes it, by :func:`onnxdeploy.model_io.stage_artifacts` with one external data file, so a
+    weight the graphs share is written once (per-graph ``write_for_ort`` would copy it for every graph).
+
+    Args:
+        artifacts: the graph set (or a single graph), primary first.
+        folder: an existing scratch folder the caller removes later.
+
+    Returns:
+        The path of the primary's ``.onnx``.
+    """
+    primary = artifacts.artifacts[0]
+    if len(artifacts.artifacts) == 1:
+        return write_for_ort(primary.model, folder, primary.name)
+    staged = stage_artifacts(
+        [(a.name, a.model) for a in artifacts.artifacts], Path(folder), external=True, data_name="weights.data"
+    )
+    return staged.path(primary.name)
 
 
 def verify_pass_output(
     original: str | Path,
-    model: ir.Model,
+    artifacts: ArtifactSet,
     pass_name: str,
     *,
     prompt: Sequence[int],
     steps: int,
     max_abs_logit_diff: float,
     min_top1_agreement: float,
+    remainder: Remainder = "padded",
 ) -> PassVerifyRecord:
     """Decode ``prompt`` + ``steps`` teacher-forced positions of a pass's output against the original.
 
     Args:
         original: the input model file (exporter convention or contract).
-        model: the pass's output graph (the set's primary); written to a scratch folder for ORT.
+        artifacts: the pass's output, every graph of it (a graph set is driven as a set: prompt through the
+            buckets, cache-length switches); written to a scratch folder for ORT.
         pass_name: for the record.
         prompt: token ids.
         steps: generated positions after the prompt.
         max_abs_logit_diff: largest allowed |logit difference|.
         min_top1_agreement: smallest allowed fraction of positions with the same argmax.
+        remainder: a graph set's remainder policy, ``padded`` or ``buckets`` (``verify.remainder``).
 
     Returns:
         The record; ``diverged`` is True when a threshold is broken.
@@ -56,7 +94,7 @@ def verify_pass_output(
         DecodeRunError / ContractError: the output cannot be decoded (as :func:`onnxdeploy.runner.verify`).
     """
     with tempfile.TemporaryDirectory(prefix="onnxdeploy-each-pass-") as folder:
-        path = write_for_ort(model, folder)
+        path = write_set_for_ort(artifacts, folder)
         report = verify(
             str(original),
             str(path),
@@ -65,6 +103,7 @@ def verify_pass_output(
             modes=("teacher_forced",),
             max_abs_logit_diff=max_abs_logit_diff,
             min_top1_agreement=min_top1_agreement,
+            remainder=remainder,
         )
     mode = report.modes["teacher_forced"]
     return PassVerifyRecord(
@@ -75,6 +114,104 @@ def verify_pass_output(
         first_divergent_step=mode.first_divergent_step,
         diverged=not report.passed,
     )
+
+
+class EachPassVerifier:
+    """``verify_each_pass`` / ``bisect``: a short decode after each pass, the first diverging pass and node.
+
+    Args:
+        original: the input model file.
+        verify: the pipeline's ``verify`` section (prompt, thresholds, remainder); None verifies nothing.
+        enabled: ``verify_each_pass``.
+        bisect: ``bisect``: compare the first diverging pass's input and output node by node.
+    """
+
+    def __init__(self, original: Path, verify: VerifyConfig | None, *, enabled: bool, bisect: bool) -> None:
+        self.original = original
+        self.verify = verify if enabled else None
+        self.bisect = bisect
+        self.records: list[PassVerifyRecord] = []
+        self.first_pass: str | None = None
+        self.node: NodeDivergence | None = None
+        self.note: str | None = None
+
+    def wants_input(self) -> bool:
+        """Whether the next pass's input must be kept (bisect, nothing diverged yet)."""
+        return self.bisect and self.first_pass is None
+
+    def after(self, name: str, before: ir.Model | None, after: ArtifactSet, say: Callable[[str], None]) -> None:
+        """Decode the pass's output set; on the first divergence (with bisect) compare its primary node by node.
+
+        Args:
+            name: the pass.
+            before: the primary graph the pass was given (kept when :meth:`wants_input`), else None.
+            after: the artifact set it returned.
+            say: progress lines.
+        """
+        v = self.verify
+        if v is None:
+            return
+        say(f"verify after pass {name}")
+        record = verify_pass_output(
+            self.original,
+            after,
+            name,
+            prompt=list(v.prompt),
+            steps=min(v.steps, EACH_PASS_STEPS),
+            max_abs_logit_diff=v.max_abs_logit_diff,
+            min_top1_agreement=v.min_top1_agreement,
+            remainder=v.remainder,
+        )
+        self.records.append(record)
+        if not record.diverged or self.first_pass is not None:
+            return
+        self.first_pass = name
+        if self.bisect and before is not None:
+            self._bisect(name, before, after, list(v.prompt), say)
+
+    def _bisect(
+        self, name: str, before: ir.Model, after: ArtifactSet, prompt: list[int], say: Callable[[str], None]
+    ) -> None:
+        """Find the first node of the pass's input primary whose output its output primary does not reproduce."""
+        if _io_names(before) != _io_names(after.primary):
+            self.note = f"bisect: pass {name} changes the graph's inputs/outputs; its nodes were not compared"
+            return
+        say(f"bisect: comparing the input and output of pass {name} node by node")
+        found = first_divergent_node(before, after.primary, prompt)
+        self.node = found.model_copy(update={"pass_name": name}) if found is not None else None
+        if found is None and len(after.artifacts) > 1:
+            self.note = (
+                f"bisect: the primary graph {after.artifacts[0].name} reproduces pass {name}'s input; the "
+                "divergence is in another graph of the set"
+            )
+
+    def failures(self) -> list[str]:
+        """Lines for ``report.failures``: the first diverging pass, and its first diverging node if found."""
+        if self.first_pass is None:
+            return []
+        line = f"verify_each_pass: pass {self.first_pass} is the first whose output diverges from the original"
+        if self.node is not None:
+            line += f"; first diverging node: {self.node.op_type} '{self.node.node}' (output {self.node.output})"
+        elif self.note:
+            line += f"; {self.note}"
+        return [line]
+
+
+def _io_names(model: ir.Model) -> tuple[list[str], list[str]]:
+    return [v.name for v in model.graph.inputs], [v.name for v in model.graph.outputs]
+
+
+def _open_alone(path: Path) -> Decoder:
+    """A decode loop over the graph at ``path`` only: a step-1 graph of a set is driven alone (no sibling read)."""
+    session = open_session(path)
+    try:
+        contract = read_contract(session.model, source=str(path))
+        if contract is not None and contract.step_len == 1:
+            return ContractDecoder(session, contract)
+        return make_decoder(session)
+    except BaseException:
+        session.close()
+        raise
 
 
 def _with_intermediates(model: ir.Model) -> tuple[ir.Model, list[str]]:
@@ -98,7 +235,7 @@ def _intermediates(model: ir.Model, tokens: Sequence[int], folder: Path) -> tupl
     """Decode ``tokens`` on ``model`` with every intermediate fetched: one ``name -> array`` per session run."""
     copy, names = _with_intermediates(model)
     path = write_for_ort(copy, folder)
-    with open_decoder(path) as decoder:
+    with _open_alone(path) as decoder:
         decoder.extra_outputs = names
         decoder.feed(list(tokens))
         runs = list(decoder.extra_results)

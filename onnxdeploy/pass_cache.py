@@ -67,6 +67,7 @@ from onnxdeploy import __version__
 from onnxdeploy.errors import OnnxDeployError
 from onnxdeploy.model_io import (
     LoadedModel,
+    StagedArtifacts,
     WeightsPolicy,
     load_model,
     sha256_file,
@@ -338,28 +339,7 @@ class PassCache:
         staged = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            staged = stage_artifacts(
-                [(a.name, a.model) for a in artifacts.artifacts],
-                self.folder,
-                external=True,
-                data_name=_WEIGHTS,
-                size_threshold_bytes=0,
-            )
-            meta = {
-                "key": key,
-                "artifacts": [a.name for a in artifacts.artifacts],
-                "weights": {
-                    "mode": artifacts.weights.mode,
-                    "size_threshold_bytes": artifacts.weights.size_threshold_bytes,
-                    "auto_external_above_bytes": artifacts.weights.auto_external_above_bytes,
-                },
-                "input_was_external": artifacts.input_was_external,
-                "notes": artifacts.notes,
-                "reports": [r.model_dump(mode="json") for r in reports],
-                "findings": [f.model_dump(mode="json") for f in findings],
-                "created": time.time(),
-            }
-            staged.add_text(_ENTRY_JSON, json.dumps(meta, indent=1))
+            staged = self._stage_entry(key, artifacts, reports, findings)
             sums = {
                 name: {"bytes": staged.path(name).stat().st_size, "sha256": sha256_file(staged.path(name))}
                 for name in staged.files
@@ -367,33 +347,82 @@ class PassCache:
             previous = self.folder / self.keys[n - 2] if n >= 2 else None
             linked = _WEIGHTS in sums and _link_if_same(previous, staged.path(_WEIGHTS), sums[_WEIGHTS])
             staged.add_text(_CHECKSUMS, json.dumps({"files": sums}, indent=1))
-            with self._locked():
-                if key in self._bad:  # a corrupted entry another run was reading: replace it if it is free now
-                    fd = _flock(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    if fd is None and entry.is_dir():
-                        staged.discard()
-                        self._tell(
-                            f"pass cache: {entry} is corrupted and still read by another run; not stored", report=True
-                        )
-                        return "not_stored"
-                    if fd is not None:
-                        _drop(entry, fd)
-                    self._bad.discard(key)
-                try:
-                    os.rename(staged.staging, entry)  # one step: a reader sees the whole entry or none
-                except OSError:
-                    if not entry.is_dir():
-                        raise
-                    staged.discard()  # another run stored the same key meanwhile
-                self._stored.add(key)
-                removed, freed, busy = self._evict()
+            evicted = self._publish(key, staged)
         except (OnnxDeployError, OSError) as exc:
             if staged is not None:
                 staged.discard()
             self._tell(f"pass cache: cannot store in {self.folder} ({exc}); the run goes on without it", report=True)
             return "not_stored"
+        if evicted is None:
+            return "not_stored"
+        self._tell_stored(n, sum(f["bytes"] for f in sums.values()), linked, *evicted)
+        return "stored"
+
+    def _stage_entry(
+        self, key: str, artifacts: ArtifactSet, reports: list[PassReport], findings: list[Finding]
+    ) -> StagedArtifacts:
+        """Write an entry's graphs, its one ``weights.data`` and ``entry.json`` in a staging folder of the cache."""
+        staged = stage_artifacts(
+            [(a.name, a.model) for a in artifacts.artifacts],
+            self.folder,
+            external=True,
+            data_name=_WEIGHTS,
+            size_threshold_bytes=0,
+        )
+        meta = {
+            "key": key,
+            "artifacts": [a.name for a in artifacts.artifacts],
+            "weights": {
+                "mode": artifacts.weights.mode,
+                "size_threshold_bytes": artifacts.weights.size_threshold_bytes,
+                "auto_external_above_bytes": artifacts.weights.auto_external_above_bytes,
+            },
+            "input_was_external": artifacts.input_was_external,
+            "notes": artifacts.notes,
+            "reports": [r.model_dump(mode="json") for r in reports],
+            "findings": [f.model_dump(mode="json") for f in findings],
+            "created": time.time(),
+        }
+        try:
+            staged.add_text(_ENTRY_JSON, json.dumps(meta, indent=1))
+        except BaseException:
+            staged.discard()
+            raise
+        return staged
+
+    def _publish(self, key: str, staged: StagedArtifacts) -> tuple[int, int, int] | None:
+        """Rename the staged entry into place (cache folder locked), then evict down to ``max_bytes``.
+
+        Returns:
+            What :meth:`_evict` returns, or None when the entry was not stored: a corrupted entry of the same
+            key is still read by another run (the staged one is discarded, a note says so).
+        """
+        entry = self.folder / key
+        with self._locked():
+            if key in self._bad:  # a corrupted entry another run was reading: replace it if it is free now
+                fd = _flock(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if fd is None and entry.is_dir():
+                    staged.discard()
+                    self._tell(
+                        f"pass cache: {entry} is corrupted and still read by another run; not stored", report=True
+                    )
+                    return None
+                if fd is not None:
+                    _drop(entry, fd)
+                self._bad.discard(key)
+            try:
+                os.rename(staged.staging, entry)  # one step: a reader sees the whole entry or none
+            except OSError:
+                if not entry.is_dir():
+                    raise
+                staged.discard()  # another run stored the same key meanwhile
+            self._stored.add(key)
+            return self._evict()
+
+    def _tell_stored(self, n: int, stored_bytes: int, linked: bool, removed: int, freed: int, busy: int) -> None:
+        """The console lines of a store: its size, the weights link, what was evicted or kept."""
         self._tell(
-            f"pass cache: stored the artifacts after pass {n} ({sum(f['bytes'] for f in sums.values())} bytes"
+            f"pass cache: stored the artifacts after pass {n} ({stored_bytes} bytes"
             + (f"; {_WEIGHTS} hard-linked to pass {n - 1}'s: the same bytes)" if linked else ")")
         )
         if removed:
@@ -406,7 +435,6 @@ class PassCache:
                 f"pass cache: {busy} {'entry' if busy == 1 else 'entries'} over cache.max_bytes={self.max_bytes} "
                 "kept: another run is reading them"
             )
-        return "stored"
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -76,8 +76,30 @@ def render_markdown(report: RunReport) -> str:
         The Markdown text (UTF-8), one document.
     """
     lines = [f"# onnxdeploy run report — **{report.status.upper()}**", ""]
+    lines += _markdown_summary(report)
+    if report.notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
+    if report.failures:
+        lines += ["## Failures", ""] + [f"- {f}" for f in report.failures] + [""]
+    lines += _markdown_passes(report)
+    lines += _markdown_findings(report)
+    if report.verify is None:
+        lines += [
+            "## Verification",
+            "",
+            "Skipped (`verify: null`): the output was **not** compared with the original.",
+            "",
+        ]
+    else:
+        lines += _markdown_verify(report.verify)
+    lines += _markdown_accuracy(report)
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_summary(report: RunReport) -> list[str]:
+    """Files, pipeline, target, versions; the graphs of a set."""
     html_file = next((f for f in report.output_files if f.endswith("report.html")), None)
-    lines += [
+    lines = [
         f"- input model: `{report.input_model}`",
         f"- output model: `{report.output_model}`",
         "- files written: " + (", ".join(f"`{f}`" for f in report.output_files) or "—"),
@@ -100,36 +122,43 @@ def render_markdown(report: RunReport) -> str:
             f"| `{g.file}` | {g.role} | {g.step_len} | {g.max_cache_len} | {g.prefill_logits} |" for g in report.graphs
         ]
         lines.append("")
-    if report.notes:
-        lines += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
-    if report.failures:
-        lines += ["## Failures", ""] + [f"- {f}" for f in report.failures] + [""]
-    if report.passes:
-        lines += [
-            "## Passes",
-            "",
-            "| pass | modified | nodes | initializer bytes | ops added | ops removed | time (s) |",
-        ]
-        lines += ["|---|---|---|---|---|---|---|"]
-        for p in report.passes:
-            added = ", ".join(f"{k}+{v}" for k, v in p.ops_added.items()) or "—"
-            removed = ", ".join(f"{k}−{v}" for k, v in p.ops_removed.items()) or "—"
-            lines.append(
-                f"| {p.name} | {p.modified} | {p.nodes_before} → {p.nodes_after} | "
-                f"{p.initializer_bytes_before} → {p.initializer_bytes_after} | {added} | {removed} | "
-                f"{p.wall_time_s:.2f} |"
-            )
+    return lines
+
+
+def _markdown_passes(report: RunReport) -> list[str]:
+    """One table row per pass, then each pass's config, changes, fixed dims (capped) and warnings."""
+    if not report.passes:
+        return []
+    lines = [
+        "## Passes",
+        "",
+        "| pass | modified | nodes | initializer bytes | ops added | ops removed | time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in report.passes:
+        added = ", ".join(f"{k}+{v}" for k, v in p.ops_added.items()) or "—"
+        removed = ", ".join(f"{k}−{v}" for k, v in p.ops_removed.items()) or "—"
+        lines.append(
+            f"| {p.name} | {p.modified} | {p.nodes_before} → {p.nodes_after} | "
+            f"{p.initializer_bytes_before} → {p.initializer_bytes_after} | {added} | {removed} | "
+            f"{p.wall_time_s:.2f} |"
+        )
+    lines.append("")
+    for p in report.passes:
+        lines += [f"### {p.name}", "", f"config: `{yaml_inline(p.config)}`", ""]
+        lines += [f"- {c}" for c in p.changes]
+        if p.dims_fixed:
+            more = len(p.dims_fixed) - MARKDOWN_MAX_DIMS
+            listed = "; ".join(p.dims_fixed[:MARKDOWN_MAX_DIMS]) + (f"; … ({more} more)" if more > 0 else "")
+            lines += ["", f"dims fixed ({len(p.dims_fixed)}): {listed}"]
+        lines += [f"- warning: {w}" for w in p.warnings]
         lines.append("")
-        for p in report.passes:
-            lines += [f"### {p.name}", "", f"config: `{yaml_inline(p.config)}`", ""]
-            lines += [f"- {c}" for c in p.changes]
-            if p.dims_fixed:
-                more = len(p.dims_fixed) - MARKDOWN_MAX_DIMS
-                listed = "; ".join(p.dims_fixed[:MARKDOWN_MAX_DIMS]) + (f"; … ({more} more)" if more > 0 else "")
-                lines += ["", f"dims fixed ({len(p.dims_fixed)}): {listed}"]
-            lines += [f"- warning: {w}" for w in p.warnings]
-            lines.append("")
-    lines += ["## Findings", "", "Checks run: " + (", ".join(report.checks_run) or "none"), ""]
+    return lines
+
+
+def _markdown_findings(report: RunReport) -> list[str]:
+    """The checks run and their findings (at most :data:`MARKDOWN_MAX_FINDINGS` listed)."""
+    lines = ["## Findings", "", "Checks run: " + (", ".join(report.checks_run) or "none"), ""]
     if report.findings:
         lines += ["| code | level | check | message | nodes | hint |", "|---|---|---|---|---|---|"]
         for f in report.findings[:MARKDOWN_MAX_FINDINGS]:
@@ -142,30 +171,26 @@ def render_markdown(report: RunReport) -> str:
     else:
         lines.append("No findings.")
     lines.append("")
-    if report.verify is None:
-        lines += [
-            "## Verification",
-            "",
-            "Skipped (`verify: null`): the output was **not** compared with the original.",
-            "",
-        ]
-    else:
-        lines += _markdown_verify(report.verify)
-    if report.accuracy is not None:
-        a = report.accuracy
-        lines += [
-            "## Accuracy (teacher-forced, held-out tokens)",
-            "",
-            "| session | positions | mean KL | max KL | top-1 | ppl original | ppl candidate | ratio |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for name, fig in (("weight_only", a.weight_only), ("default_optimized", a.default_optimized)):
-            lines.append(
-                f"| {name} | {fig.positions} | {fig.mean_kl:.4g} | {fig.max_kl:.4g} | {fig.top1_agreement:.3f} | "
-                f"{fig.ppl_original:.4g} | {fig.ppl_candidate:.4g} | {fig.ppl_ratio:.4f} |"
-            )
-        lines += [""] + [f"- **failed:** {line}" for line in a.failures] + [""]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _markdown_accuracy(report: RunReport) -> list[str]:
+    """``verify.accuracy``'s figures per session, and its failures."""
+    a = report.accuracy
+    if a is None:
+        return []
+    lines = [
+        "## Accuracy (teacher-forced, held-out tokens)",
+        "",
+        "| session | positions | mean KL | max KL | top-1 | ppl original | ppl candidate | ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, fig in (("weight_only", a.weight_only), ("default_optimized", a.default_optimized)):
+        lines.append(
+            f"| {name} | {fig.positions} | {fig.mean_kl:.4g} | {fig.max_kl:.4g} | {fig.top1_agreement:.3f} | "
+            f"{fig.ppl_original:.4g} | {fig.ppl_candidate:.4g} | {fig.ppl_ratio:.4f} |"
+        )
+    return lines + [""] + [f"- **failed:** {line}" for line in a.failures] + [""]
 
 
 def _markdown_verify(v: VerifyReport) -> list[str]:
@@ -481,8 +506,6 @@ def _graphs_of(m: ModeResult, fallback: str) -> list[tuple[str, list[StepRecord]
 
 
 def _html_verify(v: VerifyReport, max_rows: int) -> list[str]:
-    from onnxdeploy.plots import error_plot, latency_plot  # matplotlib is imported only when a report is drawn
-
     out = [
         "<h2>Verification</h2>",
         f"<p>Original <code>{_h(v.original)}</code> against candidate <code>{_h(v.candidate)}</code>; providers "
@@ -496,6 +519,21 @@ def _html_verify(v: VerifyReport, max_rows: int) -> list[str]:
         )
     out += [f'<p class="warning">provider fallback: {_h(line)}</p>' for line in v.provider_fallbacks]
     out += [f'<p class="error">failed: {_h(line)}</p>' for line in v.failures]
+    out.append(_html_modes_table(v))
+    for m in v.modes.values():
+        out += [f'<p class="error">failed: {_h(line)}</p>' for line in m.failures]
+    index = 0
+    for m in v.modes.values():
+        out.append(f"<h3>{_h(m.mode)}: logit error and latency against position</h3>")
+        for graph, steps in _graphs_of(m, fallback=v.candidate.rsplit("/", 1)[-1]):
+            index += 1
+            out += _html_plots(v, m, graph, steps, index)
+        out.append(_html_step_table(summarise_steps(m, max_rows)))
+    return out
+
+
+def _html_modes_table(v: VerifyReport) -> str:
+    """One row per mode: verdict, agreement, error, latency against the original, prefill."""
     rows = []
     for m in v.modes.values():
         lat, ref = m.latency_ms, m.reference_latency_ms
@@ -514,53 +552,45 @@ def _html_verify(v: VerifyReport, max_rows: int) -> list[str]:
                 "—" if m.prefill is None else f"{m.prefill.total_ms:.2f} ({m.prefill.calls} calls)",
             )
         )
-    out.append(
-        _table(
-            [
-                "mode",
-                "passed",
-                "positions",
-                "top-1",
-                "max |Δ logit|",
-                "first divergent",
-                "p50 ms cand / orig",
-                "p99 ms cand / orig",
-                "spikes",
-                "prefill ms",
-            ],
-            rows,
-            numeric=(2, 3, 4, 6, 7, 8, 9),
-        )
+    headers = [
+        "mode",
+        "passed",
+        "positions",
+        "top-1",
+        "max |Δ logit|",
+        "first divergent",
+        "p50 ms cand / orig",
+        "p99 ms cand / orig",
+        "spikes",
+        "prefill ms",
+    ]
+    return _table(headers, rows, numeric=(2, 3, 4, 6, 7, 8, 9))
+
+
+def _html_plots(v: VerifyReport, m: ModeResult, graph: str, steps: list[StepRecord], index: int) -> list[str]:
+    """The error plot and the latency plot of one candidate graph in one mode, side by side."""
+    from onnxdeploy.plots import error_plot, latency_plot  # matplotlib is imported only when a report is drawn
+
+    calls = [c for c in (m.prefill.per_call if m.prefill else []) if c.graph == graph]
+    caption = f"{graph} — {m.mode}: {len(steps)} positions ({steps[0].position}–{steps[-1].position})"
+    error = error_plot(
+        steps,
+        threshold=v.max_abs_logit_diff_threshold,
+        title=f"max |Δ logit| · {graph}",
+        plot_id=f"e{index}",
+        first_divergent=m.first_divergent_step,
     )
-    for m in v.modes.values():
-        out += [f'<p class="error">failed: {_h(line)}</p>' for line in m.failures]
-    index = 0
-    for m in v.modes.values():
-        out.append(f"<h3>{_h(m.mode)}: logit error and latency against position</h3>")
-        spike = spike_threshold_ms(m)
-        for graph, steps in _graphs_of(m, fallback=v.candidate.rsplit("/", 1)[-1]):
-            calls = [c for c in (m.prefill.per_call if m.prefill else []) if c.graph == graph]
-            index += 1
-            caption = f"{graph} — {m.mode}: {len(steps)} positions ({steps[0].position}–{steps[-1].position})"
-            error = error_plot(
-                steps,
-                threshold=v.max_abs_logit_diff_threshold,
-                title=f"max |Δ logit| · {graph}",
-                plot_id=f"e{index}",
-                first_divergent=m.first_divergent_step,
-            )
-            latency = latency_plot(steps, spike_ms=spike, title=f"latency · {graph}", plot_id=f"l{index}", calls=calls)
-            attrs = f'data-mode="{_h(m.mode)}" data-graph="{_h(graph)}"'
-            out += [
-                '<div class="plots">',
-                f'<figure class="plot" data-kind="error" {attrs}>{error}<figcaption>{_h(caption)}</figcaption>',
-                "</figure>",
-                f'<figure class="plot" data-kind="latency" {attrs}>{latency}<figcaption>{_h(caption)}</figcaption>',
-                "</figure>",
-                "</div>",
-            ]
-        out.append(_html_step_table(summarise_steps(m, max_rows)))
-    return out
+    spike = spike_threshold_ms(m)
+    latency = latency_plot(steps, spike_ms=spike, title=f"latency · {graph}", plot_id=f"l{index}", calls=calls)
+    attrs = f'data-mode="{_h(m.mode)}" data-graph="{_h(graph)}"'
+    return [
+        '<div class="plots">',
+        f'<figure class="plot" data-kind="error" {attrs}>{error}<figcaption>{_h(caption)}</figcaption>',
+        "</figure>",
+        f'<figure class="plot" data-kind="latency" {attrs}>{latency}<figcaption>{_h(caption)}</figcaption>',
+        "</figure>",
+        "</div>",
+    ]
 
 
 def _html_step_table(m: ModeResult) -> str:

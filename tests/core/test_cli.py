@@ -112,6 +112,7 @@ def test_pin_opset_without_exact_lowering_exits_2_naming_op_node_and_opset(tmp_p
 
 def test_failure_after_temporary_write_leaves_no_new_file(tmp_path, monkeypatch):
     import onnxdeploy.pipeline as pipeline
+    import onnxdeploy.run_report as run_report
 
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -120,7 +121,7 @@ def test_failure_after_temporary_write_leaves_no_new_file(tmp_path, monkeypatch)
     def boom(*args, **kwargs):
         raise RuntimeError("injected failure after the temporary write")
 
-    monkeypatch.setattr(pipeline, "render_markdown", boom)
+    monkeypatch.setattr(run_report, "render_markdown", boom)
     with pytest.raises(RuntimeError, match="injected"):
         pipeline.run_pipeline(__import__("onnxdeploy.config").config.load_pipeline(_write_pipeline(tmp_path)))
     assert sorted(p.name for p in out_dir.iterdir()) == ["keep.txt"]

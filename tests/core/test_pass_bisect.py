@@ -8,10 +8,12 @@ map them). The CLI's --bisect takes the same route.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from onnxdeploy.cli import app
@@ -33,12 +35,13 @@ def _target_matmul(model: ir.Model) -> ir.Node:
 @register_pass
 class _ScaleOneWeightPass(Pass):
     name = "test_scale_one_weight"
-    summary = "test only: scales one MatMul weight by 1.5"
+    summary = "test only: scales one MatMul weight by 1.5 (in every graph of a set)"
     config_model = PassConfig
 
     def call(self, artifacts, context, report):
-        weight = _target_matmul(artifacts.primary).inputs[1]
-        weight.const_value = ir.tensor(weight.const_value.numpy() * np.float32(1.5), name=weight.name)
+        for model in artifacts.models():
+            weight = _target_matmul(model).inputs[1]
+            weight.const_value = ir.tensor(weight.const_value.numpy() * np.float32(1.5), name=weight.name)
         return artifacts, True
 
 
@@ -121,3 +124,61 @@ def test_cli_bisect_flag(tmp_path):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["first_divergent_pass"] == "test_scale_one_weight"
     assert report["first_divergent_node"]["op_type"] == "MatMul"
+
+
+# ------------------------------------------------------------------------------------------------- graph sets
+
+GRAPH_SET = {"static_kv": {"max_cache_lens": [32, 64], "step_lens": [1, 4]}}
+
+
+def _set_pipeline(tmp_path, passes, **extra) -> Path:
+    entry = fixture_entry("llama_gqa_optimum")
+    cfg = {
+        "model": str(entry["model_path"]),
+        "output_dir": str(tmp_path / "out"),
+        "passes": passes,
+        "cache": None,
+        "verify": {"prompt": [1, 17, 42, 99, 7, 3], "steps": 3, "modes": ["teacher_forced"]},
+        **extra,
+    }
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_cli_bisect_on_a_graph_set_verifies_every_pass_as_a_set(tmp_path):
+    path = _set_pipeline(tmp_path, [GRAPH_SET, {"mask_rewrite": {}}, {"pin_opset": {"opset": 17}}])
+    result = CliRunner().invoke(app, ["run", str(path), "--bisect", "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert len(report["graphs"]) == 4
+    records = report["pass_verification"]
+    assert [r["name"] for r in records] == ["static_kv", "mask_rewrite", "pin_opset"]
+    assert not any(r["diverged"] for r in records) and all(r["positions"] == 9 for r in records)
+    assert report["first_divergent_pass"] is None and report["first_divergent_node"] is None
+
+
+def test_bisect_on_a_graph_set_names_the_diverging_node_of_its_primary(tmp_path):
+    path = _set_pipeline(tmp_path, [GRAPH_SET, {"test_scale_one_weight": {}}], verify_each_pass=True, bisect=True)
+    outcome = run_pipeline(load_pipeline(path))
+    report = outcome.report
+    assert outcome.exit_code == 1
+    assert [r.diverged for r in report.pass_verification] == [False, True]
+    assert report.first_divergent_pass == "test_scale_one_weight"
+    node = report.first_divergent_node
+    assert node is not None and node.op_type == "MatMul" and node.node == _expected_node("llama_gqa_optimum")
+
+
+def test_verify_each_pass_on_the_fast_step_example(tmp_path):
+    example = Path(__file__).parents[2] / "examples" / "llama_gqa_fast_step.yaml"
+    cfg = yaml.safe_load(example.read_text())
+    cfg["model"] = str((example.parent / cfg["model"]).resolve())
+    cfg.update(output_dir=str(tmp_path / "out"), verify_each_pass=True, cache=None)
+    path = tmp_path / "fast_step.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    outcome = run_pipeline(load_pipeline(path))
+    report = outcome.report
+    assert outcome.exit_code == 0, report.failures
+    assert [r.name for r in report.pass_verification] == [p.name for p in report.passes]
+    assert len(report.pass_verification) == 4 and not any(r.diverged for r in report.pass_verification)
+    assert len(report.graphs) == 4  # two step lengths by two cache lengths, one weights file

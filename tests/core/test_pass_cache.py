@@ -19,7 +19,7 @@ from onnxdeploy.cli import app
 from onnxdeploy.config import load_pipeline
 from onnxdeploy.model_io import load_model
 from onnxdeploy.pass_context import make_pass_context
-from onnxdeploy.pipeline import _pass_cache
+from onnxdeploy.run_stages import open_pass_cache
 from tests.conftest import PROMPT, fixture_entry
 
 runner = CliRunner()
@@ -228,7 +228,7 @@ def test_an_entry_another_run_is_reading_is_not_evicted_until_it_lets_go(tmp_pat
     cache = {"dir": str(tmp_path / "cache")}
     _run(_pipeline(tmp_path / "a", passes=one, cache=cache), tmp_path / "a" / "out")
     (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
-    reader = _pass_cache(
+    reader = open_pass_cache(
         load_pipeline(_pipeline(tmp_path / "r", passes=one, cache=cache)), load_model(FIXTURE), [], make_pass_context()
     )
     assert reader is not None and reader.lookup() is not None  # the other run, still going
@@ -269,7 +269,7 @@ def test_a_pass_that_keeps_every_weight_adds_no_copy_of_the_weights(tmp_path):
     pipeline = _pipeline(tmp_path, passes=passes)
     cold = runner.invoke(app, ["run", str(pipeline), "-o", str(tmp_path / "a"), "--cache-dir", str(cache)])
     assert cold.exit_code == 0 and "weights.data hard-linked to pass 1's" in cold.stderr, cold.stderr
-    keys = _pass_cache(load_pipeline(pipeline), load_model(FIXTURE), [], make_pass_context()).keys
+    keys = open_pass_cache(load_pipeline(pipeline), load_model(FIXTURE), [], make_pass_context()).keys
     first, second = (cache / key / "weights.data" for key in keys)
     assert first.stat().st_ino == second.stat().st_ino and first.stat().st_nlink == 2
     apparent = sum(p.stat().st_size for key in keys for p in (cache / key).iterdir())
@@ -287,12 +287,12 @@ def test_a_changed_target_default_misses(tmp_path, monkeypatch):
     assert cold.exit_code in (0, 1), cold.stderr
     config = load_pipeline(pipeline)
     config.cache.dir = cache
-    same = _pass_cache(config, load_model(FIXTURE), [], make_pass_context(target="rknn-rk3588"))
+    same = open_pass_cache(config, load_model(FIXTURE), [], make_pass_context(target="rknn-rk3588"))
     assert same.lookup() is not None, "the unchanged target is served from the cache"
     same.close()
     real = matrices.get_target("rknn-rk3588")
     assert real.defaults.cache_write == "where"
     changed = real.model_copy(update={"defaults": real.defaults.model_copy(update={"cache_write": "scatter_nd"})})
     monkeypatch.setattr(matrices, "get_target", lambda name: changed if name == "rknn-rk3588" else real)
-    other = _pass_cache(config, load_model(FIXTURE), [], make_pass_context(target="rknn-rk3588"))
+    other = open_pass_cache(config, load_model(FIXTURE), [], make_pass_context(target="rknn-rk3588"))
     assert other.keys != same.keys and other.lookup() is None, "a changed default is a miss"

@@ -1,4 +1,4 @@
-"""Checks: inspect a model and report findings (DESIGN.md, "Checks"; STYLE.md rule 4).
+"""Checks: inspect a model and report findings (docs/ARCHITECTURE.md, "Core interfaces").
 
 A check never raises for a problem of the model; it returns :class:`~onnxdeploy.report.Finding` objects
 with a stable code, a level, the nodes/tensors concerned and a hint. Pipelines name checks by their

@@ -1,7 +1,7 @@
 """The check interface, its context, and the registry of check names used in ``pipeline.yaml``.
 
 A check inspects a model and returns :class:`~onnxdeploy.report.Finding` objects; it never raises for
-a problem of the model (DESIGN.md, "Core interfaces"; STYLE.md rule 4), so one run reports everything.
+a problem of the model (docs/ARCHITECTURE.md, "Core interfaces"), so one run reports everything.
 """
 
 from __future__ import annotations

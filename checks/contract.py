@@ -1,6 +1,6 @@
 """``contract``: the decode contract is present, valid, and agrees with the graph's I/O.
 
-Source: DESIGN.md, "The decode contract" (fields, shapes, dtypes), :class:`onnxdeploy.contract.DecodeContract`
+Source: docs/ARCHITECTURE.md and the README, "The decode contract" (fields, shapes, dtypes), :class:`onnxdeploy.contract.DecodeContract`
 and :func:`onnxdeploy.contract.read_contract` (``metadata_props["onnxdeploy.contract"]``).
 """
 

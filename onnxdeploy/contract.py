@@ -1,4 +1,4 @@
-"""The decode contract: how a host drives a transformed decoder (DESIGN.md, "The decode contract").
+"""The decode contract: how a host drives a transformed decoder (docs/ARCHITECTURE.md, "The decode contract").
 
 A transformed model carries the contract as JSON in ``metadata_props`` under the key
 ``onnxdeploy.contract`` so the runner, or a C++ host on the device, can feed it without guessing.

@@ -1,6 +1,6 @@
 """Model files: load, save, the protobuf limit and external data — the one module that owns them.
 
-Models of any size (DESIGN.md, "Models of any size"): weights are never copied or serialised to move a
+Models of any size (docs/ARCHITECTURE.md, "Models of any size"): weights are never copied or serialised to move a
 model between stages.
 
 * :func:`read_model_header` parses the ``.onnx`` file without tensor data and refuses what cannot be a

@@ -87,7 +87,7 @@ def run_pipeline(
 
     Memory stays near the model's size whatever it is: the input's weights are memory-mapped, passes edit
     the graph only, checks read the written graph without its weights, and verification opens one ONNX
-    Runtime session at a time by path (DESIGN.md, "Models of any size").
+    Runtime session at a time by path (docs/ARCHITECTURE.md, "Models of any size").
 
     Args:
         config: from :func:`onnxdeploy.config.load_pipeline`.

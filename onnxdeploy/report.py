@@ -1,7 +1,7 @@
 """Report models: per pass, per check finding, per verification step, and the run report.
 
-The run report JSON (``report.json``) is the CI interface; its fields are listed in DESIGN.md
-("The pipeline file") and the README ("Report fields"). ``schema_version`` changes when a field
+The run report JSON (``report.json``) is the CI interface; its fields are listed in the README
+("Report fields"). ``schema_version`` changes when a field
 changes meaning.
 """
 

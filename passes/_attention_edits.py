@@ -1,6 +1,6 @@
 """Attention edits on a static graph: no copy of the cache on its way into attention.
 
-DESIGN.md, "What a static decode step costs", says why.
+Why: the exporters' GQA head repeat copies the whole cache every step (README, "Benchmarks").
 
 A cache read :func:`~onnxdeploy.passes._cache_reads.find_cache_reads` recognises as the head repeat of the
 buffer (K transposed or V as it is) times scalars is replaced by grouped attention: the small operand,

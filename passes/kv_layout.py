@@ -1,6 +1,6 @@
 """``kv_layout``: the static cache in the layout an NPU wants, head dim padded, written in that layout.
 
-What the pass does (DESIGN.md, "Passes" → ``kv_layout``), on every graph of the artifact set (decode graph and
+What the pass does (README, "Passes" → ``kv_layout``), on every graph of the artifact set (decode graph and
 prefill buckets; each carries its own contract). Input: static BHSD graphs (``static_kv`` ran first); shapes
 below use ``B`` batch, ``H`` = ``H_kv``, ``L`` = ``max_cache_len``, ``S`` = ``step_len``, ``D`` the model's head
 dim and ``Dp`` the padded one (``D`` rounded up to a multiple of ``pad_head_dim_to``):

@@ -1,6 +1,6 @@
 """``mask_rewrite``: the exporter's mask construction becomes an O(max_cache_len) mask from ``cache_position``.
 
-What the pass does (DESIGN.md, "Passes" → ``mask_rewrite``), on every graph of the artifact set (the decode
+What the pass does (README, "Passes" → ``mask_rewrite``), on every graph of the artifact set (the decode
 graph and prefill buckets; each carries its own contract):
 
 * Finds each attention Softmax by data flow: its input comes from ``MatMul(Q, Kᵀ)`` (through scale

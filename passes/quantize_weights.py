@@ -1,6 +1,6 @@
 """``quantize_weights``: weight-only INT8/INT4 for MatMul/Gemm (and optionally embedding Gather) weights.
 
-What the pass does (DESIGN.md, "Passes" → ``quantize_weights``; issue 7):
+What the pass does (README, "Passes" → ``quantize_weights``):
 
 * **Targets.** ``MatMul`` and ``Gemm`` (either ``transB``; ``transA=0``, ``alpha=beta=1``) whose weight input is
   constant: an initializer (or ``Constant``) reached through a chain of ``Cast``/``Transpose``/``Identity``

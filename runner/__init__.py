@@ -1,4 +1,4 @@
-"""Runner: step-by-step decode verification on ONNX Runtime (DESIGN.md, "Runner").
+"""Runner: step-by-step decode verification on ONNX Runtime (docs/ARCHITECTURE.md, "Runner").
 
 Two decode loops share the :class:`Decoder` interface: :class:`ExporterDecoder` for models that follow
 the exporter convention (dynamic KV cache) and :class:`ContractDecoder` for models carrying a decode

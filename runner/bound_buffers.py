@@ -5,7 +5,7 @@ written (ScatterElements at ``cache_position``). Fed as numpy arrays, ONNX Runti
 output and the Scatter kernel first copies the whole past into it: ``2 × layers`` buffer copies per call
 (~4.7 ms of a ~40 ms step on the 125M LLaMA export of ``benchmarks/decode.py`` at ``max_cache_len`` 1024).
 Bound to the same memory, ORT 1.32's CPU ScatterElements skips the copy when its input and output share a
-buffer and writes the call's slots in place (DESIGN.md, "Passes" → ``static_kv``).
+buffer and writes the call's slots in place (README, "Passes" → ``static_kv``).
 
 Whether a kernel may alias its input and output is the kernel's business, not the graph's, so the decoder
 checks it once per session (:meth:`ContractDecoder.check_binding`): one call on random cache contents with

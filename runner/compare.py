@@ -1,4 +1,4 @@
-"""Per-position logit comparison and per-mode summaries (DESIGN.md, "Runner").
+"""Per-position logit comparison and per-mode summaries (docs/ARCHITECTURE.md, "Runner").
 
 All logit metrics compare one position's vocabulary row of the candidate against the reference
 (the original model); latencies are per ``session.run`` call, in ms.

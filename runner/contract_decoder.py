@@ -1,4 +1,4 @@
-"""Decode loop for a transformed model that carries a decode contract (DESIGN.md, "The decode contract").
+"""Decode loop for a transformed model that carries a decode contract (docs/ARCHITECTURE.md, "The decode contract").
 
 The host owns fixed cache buffers of ``max_cache_len`` slots, zero at reset. Each call feeds exactly
 ``step_len`` tokens at positions ``p .. p + step_len - 1``: ``input_ids`` (B, step_len),

@@ -1,6 +1,6 @@
 """ONNX Runtime sessions for verification: by path, weights mapped not copied, deterministic options.
 
-Models of any size (DESIGN.md, "Models of any size"): a session is opened **by path** after
+Models of any size (docs/ARCHITECTURE.md, "Models of any size"): a session is opened **by path** after
 :func:`onnxdeploy.model_io.read_model_header` has checked the file and every external-data reference,
 with prepacking off so ORT memory-maps external weights instead of copying them (56 MB instead of
 2.15 GB after load for a 1 GiB weight). A model whose data file resolves somewhere other than

@@ -146,33 +146,18 @@ def rewrite_cache_writes(
     changes = []
     for ct in tensors:
         view.redirect_readers(ct)
-        if cache_write == "scatter_elements":
-            write = make_node(
-                "ScatterElements",
-                [ct.past_input, indices, ct.new_operand],
-                name=f"{_PREFIX}/{ct.past_name}/ScatterElements",
-                axis=seq_axis,
-            )
-            written = [write]
-        else:
-            written, _ = build_cache_write(
-                graph,
-                ct.past_input,
-                ct.new_operand,  # type: ignore[arg-type]  (a Concat-appended cache has one)
-                cache_position,
-                method=cache_write,
-                seq_axis=seq_axis,
-                update_shape=(batch, kv.num_kv_heads, step_len, kv.head_dim),
-                max_cache_len=max_cache_len,
-                prefix=f"{_PREFIX}/{ct.past_name}",
-            )
-            write = written[-1]
-        updated = write.outputs[0]
-        updated.name = f"{_PREFIX}/{ct.past_name}/updated_buffer"
-        updated.dtype = kv.dtype
-        updated.shape = ir.Shape(ct.past_input.shape or [None] * 4)  # a write keeps the data's shape
-        graph.insert_before(ct.concat, written)
-        _route_present(graph, ct, updated, write, dtype=kv.dtype, cache_update=cache_update)
+        write = _write_buffer(
+            graph,
+            ct,
+            kv,
+            indices=indices,
+            cache_position=cache_position,
+            method=cache_write,
+            seq_axis=seq_axis,
+            update_shape=(batch, kv.num_kv_heads, step_len, kv.head_dim),
+            max_cache_len=max_cache_len,
+        )
+        _route_present(graph, ct, write, dtype=kv.dtype, cache_update=cache_update)
         changes.append(
             f"Concat '{ct.concat.name or '?'}' -> {write.op_type}(axis={seq_axis}) into '{ct.past_name}' at "  # type: ignore[union-attr]
             f"{cache_position.name} ({ct.kind}, present '{ct.present_name}', {cache_update})"
@@ -214,6 +199,53 @@ def _scatter_indices(
     return expand.outputs[0]
 
 
+def _write_buffer(
+    graph: ir.Graph,
+    ct: CacheTensor,
+    kv: KVCache,
+    *,
+    indices: ir.Value,
+    cache_position: ir.Value,
+    method: CacheWrite,
+    seq_axis: int,
+    update_shape: tuple[int, ...],
+    max_cache_len: int,
+) -> ir.Node:
+    """Insert, before ``ct``'s Concat, the write of its new K/V into the past buffer; return the last node.
+
+    ``scatter_elements`` shares ``indices`` (:func:`_scatter_indices`) across the cache tensors; the other
+    methods build their own (:func:`~onnxdeploy.passes._cache_write.build_cache_write`). The updated buffer is
+    named ``onnxdeploy/static_kv/<past>/updated_buffer`` and keeps the past's dtype and shape.
+    """
+    if method == "scatter_elements":
+        write = make_node(
+            "ScatterElements",
+            [ct.past_input, indices, ct.new_operand],
+            name=f"{_PREFIX}/{ct.past_name}/ScatterElements",
+            axis=seq_axis,
+        )
+        written = [write]
+    else:
+        written, _ = build_cache_write(
+            graph,
+            ct.past_input,
+            ct.new_operand,  # type: ignore[arg-type]  (a Concat-appended cache has one)
+            cache_position,
+            method=method,
+            seq_axis=seq_axis,
+            update_shape=update_shape,
+            max_cache_len=max_cache_len,
+            prefix=f"{_PREFIX}/{ct.past_name}",
+        )
+        write = written[-1]
+    updated = write.outputs[0]
+    updated.name = f"{_PREFIX}/{ct.past_name}/updated_buffer"
+    updated.dtype = kv.dtype
+    updated.shape = ir.Shape(ct.past_input.shape or [None] * 4)  # a write keeps the data's shape
+    graph.insert_before(ct.concat, written)  # type: ignore[arg-type]
+    return write
+
+
 class _PastView:
     """``Slice(past, 0, slots, axis)``: what the readers of a past input other than its write see."""
 
@@ -244,7 +276,6 @@ class _PastView:
 def _route_present(
     graph: ir.Graph,
     ct: CacheTensor,
-    updated: ir.Value,
     write: ir.Node,
     *,
     dtype: ir.DataType,
@@ -252,9 +283,10 @@ def _route_present(
 ) -> None:
     """Make ``ct``'s present output the updated buffer (``full_buffer``) or the step's K/V (``new_token_only``).
 
-    Attention reads ``updated`` either way; the Concat and the pass-throughs that led only to the old present
-    output are removed. The present output keeps its name.
+    ``write`` is the node whose output is the updated buffer; attention reads it either way. The Concat and
+    the pass-throughs that led only to the old present output are removed; the present output keeps its name.
     """
+    updated = write.outputs[0]
     concat_out = ct.concat_output
     present = ct.present_output
     if cache_update == "full_buffer":

@@ -20,7 +20,7 @@ from onnxdeploy.passes._cache_edits import (
     replace_neg_inf,
     rewrite_cache_writes,
 )
-from onnxdeploy.passes._edit import fold_and_infer
+from onnxdeploy.passes._edit import clone, fold_and_infer
 from onnxdeploy.passes._query_positions import feed_query_positions
 
 VOCAB_OUT = 80  # the weight W is (4, 80) float32 = 1280 bytes: above the 1 KiB stand-in threshold
@@ -223,6 +223,26 @@ def test_replace_neg_inf_in_initializers_and_constants(tmp_path):
     assert model.graph.initializers["init"].const_value.numpy().tolist() == [0.0, low]
     got = _run(model, {"x": np.array([1.0, 2.0], np.float32)}, tmp_path)
     assert np.isfinite(got["y"]).all() and np.isfinite(got["z"]).all()
+
+
+def test_replace_neg_inf_on_a_clone_leaves_the_shared_tensors_alone():
+    """A clone shares every tensor with its original: the -inf constants are replaced, never written into."""
+    model = ir.serde.deserialize_model(
+        onnx.parser.parse_model(
+            """
+            <ir_version: 8, opset_import: ["" : 17]>
+            g (float[2] x) => (float[2] y) <float[2] init = {0.0, -inf}> {
+                c = Constant <value = float[2] {-inf, 1.0}> ()
+                a = Add (x, init)
+                y = Add (a, c)
+            }
+            """
+        )
+    )
+    copy = clone(model)
+    assert replace_neg_inf(copy.graph) == 2
+    assert model.graph.initializers["init"].const_value.numpy().tolist() == [0.0, float("-inf")]
+    assert model.graph.node(0).attributes["value"].as_tensor().numpy().tolist() == [float("-inf"), 1.0]
 
 
 def test_replace_neg_inf_in_bfloat16_constants():

@@ -357,7 +357,9 @@ def _check_pass_settings(cfg: PipelineConfig, where: str) -> None:
     """Let each pass refuse, before any work, a combination with the rest of the pipeline it cannot run.
 
     First the order of the passes (:func:`~onnxdeploy.passes.pass_order_problem`, without the graph: the
-    pipeline re-checks it with the input graph before the first pass), then each pass's ``check_settings``.
+    pipeline re-checks it with the input graph before the first pass), then each pass's ``check_settings``
+    (reported under ``passes[i].<name>``, or under the other section's key for a
+    :class:`~onnxdeploy.settings.SettingsConflict`, e.g. ``verify.runtimes[1]``).
     """
     problem = pass_order_problem([spec.build() for spec in cfg.passes])
     if problem is not None:

@@ -235,9 +235,8 @@ class StaticKVCachePass(Pass):
                 ``step_len > 1`` graph.
         """
         cfg = self.config
-        positions = settings.verify_positions
-        if positions is not None and positions > cfg.caches()[-1]:
-            largest = cfg.caches()[-1]
+        positions, largest = settings.verify_positions, cfg.caches()[-1]
+        if positions is not None and positions > largest:
             prompt = settings.verify_prompt_len or 0
             key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
             raise ConfigError(

@@ -261,12 +261,12 @@ def test_the_input_graph_and_its_tensors_are_left_as_they_were(name):
     entry = fixture_entry(name)
     src = ir.serde.deserialize_model(onnx.load(str(entry["model_path"])))  # in-memory tensors: writable
     before = _tensor_bytes(src)
-    names = [(v.name, str(v.shape)) for v in [*src.graph.inputs, *src.graph.outputs]]
+    names = [(v.name, v.dtype, str(v.shape)) for v in [*src.graph.inputs, *src.graph.outputs]]
     ops = _ops(src)
     context = make_pass_context(model_path=entry["model_path"])
     StaticKVCachePass(StaticKVConfig(step_lens=[1, 2], max_cache_len=40, prefill_logits="last"))(src, context)
     assert _tensor_bytes(src) == before
-    assert [(v.name, str(v.shape)) for v in [*src.graph.inputs, *src.graph.outputs]] == names
+    assert [(v.name, v.dtype, str(v.shape)) for v in [*src.graph.inputs, *src.graph.outputs]] == names
     assert _ops(src) == ops and CONTRACT_KEY not in src.metadata_props
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.pass_cache import CacheConfig
 from onnxdeploy.passes import Pass, PipelineSettings, get_pass, pass_order_problem
+from onnxdeploy.settings import SettingsConflict
 
 __all__ = [
     "AccuracyConfig",
@@ -262,6 +263,7 @@ class PipelineConfig(BaseModel):
             verify_prompt_len=None if v is None else len(v.prompt),
             source=str(self.source) if self.source else "pipeline",
             calibration_tokens=self.calibration.max_tokens if self.calibration is not None else None,
+            verify_runtimes=() if v is None else tuple(s.name for s in v.runtime_specs()),
         )
 
     @model_validator(mode="after")
@@ -355,7 +357,9 @@ def _check_pass_settings(cfg: PipelineConfig, where: str) -> None:
     """Let each pass refuse, before any work, a combination with the rest of the pipeline it cannot run.
 
     First the order of the passes (:func:`~onnxdeploy.passes.pass_order_problem`, without the graph: the
-    pipeline re-checks it with the input graph before the first pass), then each pass's ``check_settings``.
+    pipeline re-checks it with the input graph before the first pass), then each pass's ``check_settings``
+    (reported under ``passes[i].<name>``, or under the other section's key for a
+    :class:`~onnxdeploy.settings.SettingsConflict`, e.g. ``verify.runtimes[1]``).
     """
     problem = pass_order_problem([spec.build() for spec in cfg.passes])
     if problem is not None:
@@ -365,35 +369,10 @@ def _check_pass_settings(cfg: PipelineConfig, where: str) -> None:
     for i, spec in enumerate(cfg.passes):
         try:
             spec.build().check_settings(settings)
+        except SettingsConflict as exc:
+            raise ConfigError(f"{where}: key '{exc.key}': {exc.located(f'passes[{i}].{spec.name}')}") from None
         except ConfigError as exc:
             raise ConfigError(f"{where}: key 'passes[{i}].{spec.name}': {exc}") from None
-
-
-def _refuse_sets_on_other_runtimes(cfg: PipelineConfig, where: Path) -> None:
-    """A runtime other than ONNX Runtime decodes one graph, one token per call: refuse a set or a chunk graph.
-
-    ``verify.runtimes``' openvino and rknn-sim drivers open the candidate alone and feed it token by token; a
-    graph set's other graphs, or a ``step_len > 1`` graph, are verified on ONNX Runtime only.
-
-    Raises:
-        ConfigError: naming ``verify.runtimes[i]`` and the ``static_kv`` pass that makes the set.
-    """
-    assert cfg.verify is not None
-    others = [(i, s.name) for i, s in enumerate(cfg.verify.runtime_specs()) if s.name != "onnxruntime"]
-    if not others:
-        return
-    for j, spec in enumerate(cfg.passes):
-        if spec.name != "static_kv":
-            continue
-        graphs = spec.build().config.graphs()  # type: ignore[attr-defined]
-        if len(graphs) > 1 or graphs[0][0] != 1:
-            i, name = others[0]
-            raise ConfigError(
-                f"{where}: key 'verify.runtimes[{i}]': {name} decodes one graph one token per call, but "
-                f"passes[{j}].static_kv makes {len(graphs)} graph(s) with step lengths "
-                f"{sorted({s for s, _ in graphs})}; verify the set on onnxruntime only, or run {name} on a "
-                "single step_len 1 graph"
-            )
 
 
 def _resolve_token_files(cfg: PipelineConfig, base: Path, where: Path) -> PipelineConfig:
@@ -490,6 +469,4 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
         update={"model": Path(os.path.abspath(model)), "output_dir": out.resolve(), "passes": passes, "source": p}
     )
     _check_pass_settings(cfg, str(p))
-    if cfg.verify is not None:
-        _refuse_sets_on_other_runtimes(cfg, p)
     return cfg

@@ -32,6 +32,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxdeploy.errors import PreconditionError
+from onnxdeploy.graph import FLOAT_TYPES, consumers, downstream_nodes, upstream_nodes, value_dims
 
 __all__ = [
     "GQA_OP",
@@ -44,7 +45,6 @@ __all__ = [
     "forward_aliases",
     "genai_head_size",
     "is_pass_through",
-    "upstream_nodes",
 ]
 
 PASS_THROUGH_OPS = frozenset({"Identity"})
@@ -55,8 +55,6 @@ GQA_OP = "com.microsoft::GroupQueryAttention"
 _GQA_PAST_INPUTS = {3: "key", 4: "value"}
 _CONCATENATING_ATTENTION = {("", "Attention"): {4: "past_key", 5: "past_value"}}
 """Attention ops that take a past and concatenate inside (ONNX opset 23 Attention): refused, op and node named."""
-
-_FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
 
 def _live_inputs(node: ir.Node) -> list[ir.Value]:
@@ -72,21 +70,13 @@ def is_pass_through(node: ir.Node) -> bool:
     return node.op_type == "Concat" and len(_live_inputs(node)) == 1
 
 
-def _consumers(value: ir.Value) -> list[ir.Node]:
-    """Distinct consumer nodes of ``value``, in use order."""
-    seen: dict[int, ir.Node] = {}
-    for use in value.uses():
-        seen.setdefault(id(use.node), use.node)
-    return list(seen.values())
-
-
 def forward_aliases(value: ir.Value) -> list[ir.Value]:
     """Return ``value`` and every value equal to it through pass-through nodes, in BFS order."""
     seen = [value]
     queue = collections.deque([value])
     while queue:
         v = queue.popleft()
-        for node in _consumers(v):
+        for node in consumers(v):
             if is_pass_through(node):
                 out = node.outputs[0]
                 if all(out is not s for s in seen):
@@ -95,44 +85,13 @@ def forward_aliases(value: ir.Value) -> list[ir.Value]:
     return seen
 
 
-def upstream_nodes(value: ir.Value, max_depth: int) -> list[ir.Node]:
-    """Return the nodes within ``max_depth`` hops upstream of ``value`` (its producer first)."""
-    found: dict[int, ir.Node] = {}
-    frontier = [value]
-    for _ in range(max_depth):
-        nxt = []
-        for v in frontier:
-            p = v.producer()
-            if p is not None and id(p) not in found:
-                found[id(p)] = p
-                nxt.extend(_live_inputs(p))
-        frontier = nxt
-    return list(found.values())
+def _node_ref(node: ir.Node, order: dict[int, int]) -> str:
+    """``'name' (OpType)`` for messages, or ``#index (OpType)`` for unnamed nodes (the index in graph order).
 
-
-def _downstream_nodes(value: ir.Value, max_depth: int) -> list[ir.Node]:
-    found: dict[int, ir.Node] = {}
-    frontier = [value]
-    for _ in range(max_depth):
-        nxt = []
-        for v in frontier:
-            for c in _consumers(v):
-                if id(c) not in found:
-                    found[id(c)] = c
-                    nxt.extend(c.outputs)
-        frontier = nxt
-    return list(found.values())
-
-
-def _label(node: ir.Node, order: dict[int, int]) -> str:
-    """``'name' (OpType)`` for messages, or ``#index (OpType)`` for unnamed nodes."""
+    Unlike :func:`onnxdeploy.graph.node_label`, an unnamed node is named by its position, which a user can
+    find in a viewer, rather than by an output name the exporter generated.
+    """
     return f"'{node.name}' ({node.op_type})" if node.name else f"#{order.get(id(node), '?')} ({node.op_type})"
-
-
-def _dims(value: ir.Value) -> list[int | str | None]:
-    if value.shape is None:
-        return []
-    return [d if isinstance(d, int) else (d.value if isinstance(d, ir.SymbolicDim) else None) for d in value.shape]
 
 
 @dataclass
@@ -238,7 +197,7 @@ def _classify(ct: CacheTensor) -> None:
     for _ in range(12):
         nxt: list[ir.Value] = []
         for v in frontier:
-            for c in _consumers(v):
+            for c in consumers(v):
                 if id(c) in seen:
                     continue
                 seen.add(id(c))
@@ -258,7 +217,7 @@ def _classify(ct: CacheTensor) -> None:
             if up.op_type == "Softmax":
                 ct.kind, ct.softmax = "value", up
                 return
-    for down in _downstream_nodes(matmul.outputs[0], 8):
+    for down in downstream_nodes(matmul.outputs[0], 8):
         if down.op_type == "Softmax":
             ct.kind, ct.softmax = "key", down
             return
@@ -295,54 +254,58 @@ def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache", head_dim
     for vi in g.inputs:
         if vi.name in g.initializers:
             continue
-        if vi.dtype not in _FLOAT_TYPES or vi.shape is None or len(vi.shape) != 4:
+        if vi.dtype not in FLOAT_TYPES or vi.shape is None or len(vi.shape) != 4:
             continue
-        aliases = forward_aliases(vi)
-        concats = []
-        for a in aliases:
-            for c in _consumers(a):
-                if c.op_type == "Concat" and c.domain in ("", "ai.onnx") and len(_live_inputs(c)) == 2:
-                    concats.append((c, a))
-        if not concats:
-            held = _attention_holding(vi, aliases, outputs, order)
-            if isinstance(held, CacheTensor):
-                found.append(held)
-            else:
-                problems.append(held)
-            continue
-        if len(concats) > 1:
-            problems.append(f"input '{vi.name}' reaches {len(concats)} two-input Concats; expected one")
-            continue
-        cnode, via = concats[0]
-        axis_attr = cnode.attributes.get("axis")
-        axis = axis_attr.as_int() if axis_attr is not None else None
-        if axis not in (2, -2):
-            problems.append(f"Concat {_label(cnode, order)} of '{vi.name}' is on axis {axis}, not the sequence axis 2")
-            continue
-        if cnode.inputs[0] is not via:
-            problems.append(f"Concat {_label(cnode, order)} takes '{vi.name}' second; expected the past first")
-            continue
-        outs = [a for a in forward_aliases(cnode.outputs[0]) if id(a) in outputs]
-        if len(outs) != 1:
-            problems.append(
-                f"Concat {_label(cnode, order)} of '{vi.name}' reaches {len(outs)} graph outputs; expected one"
-            )
-            continue
-        new = cnode.inputs[1]
-        assert new is not None
-        ct = CacheTensor(
-            past_input=vi,
-            present_output=outs[0],
-            concat=cnode,
-            past_aliases=aliases,
-            new_operand=new,
-            concat_output=cnode.outputs[0],
-        )
-        _classify(ct)
-        found.append(ct)
+        path = _cache_path(vi, outputs, order)
+        if isinstance(path, CacheTensor):
+            found.append(path)
+        else:
+            problems.append(path)
+    _refuse_paths(g, found, problems, who)
+    return _cache_of(found, _layers(found, order, who), head_dim, who)
 
+
+def _cache_path(past: ir.Value, outputs: set[int], order: dict[int, int]) -> CacheTensor | str:
+    """The cache tensor of the graph input ``past`` (Concat-appended or held by an op), else why it is none."""
+    aliases = forward_aliases(past)
+    concats = [
+        (c, a)
+        for a in aliases
+        for c in consumers(a)
+        if c.op_type == "Concat" and c.domain in ("", "ai.onnx") and len(_live_inputs(c)) == 2
+    ]
+    if not concats:
+        return _attention_holding(past, aliases, outputs, order)
+    if len(concats) > 1:
+        return f"input '{past.name}' reaches {len(concats)} two-input Concats; expected one"
+    cnode, via = concats[0]
+    axis_attr = cnode.attributes.get("axis")
+    axis = axis_attr.as_int() if axis_attr is not None else None
+    if axis not in (2, -2):
+        return f"Concat {_node_ref(cnode, order)} of '{past.name}' is on axis {axis}, not the sequence axis 2"
+    if cnode.inputs[0] is not via:
+        return f"Concat {_node_ref(cnode, order)} takes '{past.name}' second; expected the past first"
+    outs = [a for a in forward_aliases(cnode.outputs[0]) if id(a) in outputs]
+    if len(outs) != 1:
+        return f"Concat {_node_ref(cnode, order)} of '{past.name}' reaches {len(outs)} graph outputs; expected one"
+    new = cnode.inputs[1]
+    assert new is not None
+    ct = CacheTensor(
+        past_input=past,
+        present_output=outs[0],
+        concat=cnode,
+        past_aliases=aliases,
+        new_operand=new,
+        concat_output=cnode.outputs[0],
+    )
+    _classify(ct)
+    return ct
+
+
+def _refuse_paths(g: ir.Graph, found: list[CacheTensor], problems: list[str], who: str) -> None:
+    """Raise when no cache path was found, a past input's path is not recognised, or the paths are unpaired."""
     if not found:
-        inputs = ", ".join(f"'{v.name}' {_dims(v)}" for v in g.inputs) or "none"
+        inputs = ", ".join(f"'{v.name}' {value_dims(v) or []}" for v in g.inputs) or "none"
         outs_text = ", ".join(f"'{v.name}'" for v in g.outputs) or "none"
         detail = ("; ".join(problems)) if problems else "no rank-4 float graph input"
         raise PreconditionError(
@@ -356,24 +319,33 @@ def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache", head_dim
     if len(found) % 2:
         raise PreconditionError(who, f"found {len(found)} cache tensors; expected key/value pairs")
 
+
+def _layers(found: list[CacheTensor], order: dict[int, int], who: str) -> list[CacheLayer]:
+    """The cache tensors as layers in graph order (sorts ``found``): one op node per layer, or by Softmax."""
     held_by_op = [c for c in found if c.attention is not None]
     if held_by_op and len(held_by_op) != len(found):
         raise PreconditionError(
             who,
             f"{len(held_by_op)} cache inputs enter {GQA_OP} and {len(found) - len(held_by_op)} a Concat; expected one",
         )
-    if held_by_op:
-        found.sort(key=lambda c: (order[id(c.attention)], c.kind != "key"))
-        layers = [CacheLayer(layer=i // 2, key=found[i], value=found[i + 1]) for i in range(0, len(found), 2)]
-        if any(la.key.attention is not la.value.attention or la.key.kind != "key" for la in layers):
-            raise PreconditionError(who, f"each {GQA_OP} node must take one past key and one past value input")
-    else:
+    if not held_by_op:
         found.sort(key=lambda c: order[id(c.concat)])
-        layers = _pair_layers(found, order)
-    shapes = {(_dims(c.past_input)[1], _dims(c.past_input)[3]) for c in found}
+        return _pair_layers(found, order)
+    found.sort(key=lambda c: (order[id(c.attention)], c.kind != "key"))
+    layers = [CacheLayer(layer=i // 2, key=found[i], value=found[i + 1]) for i in range(0, len(found), 2)]
+    if any(la.key.attention is not la.value.attention or la.key.kind != "key" for la in layers):
+        raise PreconditionError(who, f"each {GQA_OP} node must take one past key and one past value input")
+    return layers
+
+
+def _cache_of(found: list[CacheTensor], layers: list[CacheLayer], head_dim: int | None, who: str) -> KVCache:
+    """The cache of ``layers``: H_kv, D (where read), dtype and batch the past inputs agree on, or raise."""
+    dims = [value_dims(c.past_input) or [None] * 4 for c in found]
+    shapes = {(d[1], d[3]) for d in dims}
     if len(shapes) != 1:
         raise PreconditionError(who, f"cache inputs disagree on (H_kv, D): {sorted(map(str, shapes))}")
     heads, static_dim = next(iter(shapes))
+    held_by_op = layers[0].key.attention is not None
     source = "input shape"
     resolved: int | str | None = static_dim
     if held_by_op and not isinstance(static_dim, int):
@@ -391,7 +363,7 @@ def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache", head_dim
     dtypes = {c.past_input.dtype for c in found}
     if len(dtypes) != 1:
         raise PreconditionError(who, f"cache inputs have mixed dtypes: {sorted(str(d) for d in dtypes)}")
-    batches = {_dims(c.past_input)[0] for c in found}
+    batches = {d[0] for d in dims}
     batch = next(iter(batches)) if len(batches) == 1 and isinstance(next(iter(batches)), int) else None
     dtype = dtypes.pop()
     assert dtype is not None
@@ -400,7 +372,7 @@ def find_kv_cache(model: ir.Model | ir.Graph, *, who: str = "kv cache", head_dim
         num_kv_heads=heads,
         head_dim=resolved,
         dtype=dtype,
-        batch=batch,
+        batch=batch,  # type: ignore[arg-type]
         attention_op=GQA_OP if held_by_op else None,
         head_dim_source=source,
     )
@@ -419,7 +391,7 @@ def _attention_holding(
                 present = node.outputs[1 if kind == "key" else 2]
                 outs = [a for a in forward_aliases(present) if id(a) in outputs]
                 if len(outs) != 1:
-                    return f"{GQA_OP} {_label(node, order)}'s present {kind} reaches {len(outs)} graph outputs"
+                    return f"{GQA_OP} {_node_ref(node, order)}'s present {kind} reaches {len(outs)} graph outputs"
                 return CacheTensor(
                     past_input=past,
                     present_output=outs[0],
@@ -433,12 +405,16 @@ def _attention_holding(
             slot = _CONCATENATING_ATTENTION.get((node.domain if node.domain != "ai.onnx" else "", node.op_type), {})
             if index in slot:
                 return (
-                    f"input '{past.name}' enters {op} {_label(node, order)} as {slot[index]}: the op concatenates the "
-                    "cache inside, which static_kv does not rewrite (export with the cache Concat outside the op, "
+                    f"input '{past.name}' enters {op} {_node_ref(node, order)} as {slot[index]}: the op concatenates "
+                    "the cache inside, which static_kv does not rewrite (export with the cache Concat outside the op, "
                     "as torch.onnx.export(dynamo=True, opset_version=23) of transformers models does)"
                 )
     users = sorted(
-        {f"{u.node.domain or 'ai.onnx'}::{u.node.op_type} {_label(u.node, order)}" for a in aliases for u in a.uses()}
+        {
+            f"{u.node.domain or 'ai.onnx'}::{u.node.op_type} {_node_ref(u.node, order)}"
+            for a in aliases
+            for u in a.uses()
+        }
     )
     return f"input '{past.name}' reaches no two-input Concat (read by {', '.join(users) or 'nothing'})"
 

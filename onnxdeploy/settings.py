@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PipelineSettings"]
+from onnxdeploy.errors import ConfigError
+
+__all__ = ["PipelineSettings", "SettingsConflict"]
 
 
 @dataclass
@@ -16,9 +18,33 @@ class PipelineSettings:
         verify_prompt_len: the prompt's length in tokens (None without verification).
         source: the pipeline file, for messages.
         calibration_tokens: tokens the ``calibration`` section provides at most (None without one).
+        verify_runtimes: the ``verify.runtimes`` names in order (``onnxruntime``, ``openvino``, ``rknn-sim``);
+            empty without verification.
     """
 
     verify_positions: int | None = None
     verify_prompt_len: int | None = None
     source: str = "pipeline"
     calibration_tokens: int | None = None
+    verify_runtimes: tuple[str, ...] = ()
+
+
+class SettingsConflict(ConfigError):
+    """A pass's ``check_settings`` refusal that belongs to another section's key (e.g. ``verify.runtimes[1]``).
+
+    The pipeline loader reports it as ``<file>: key '<key>': <message>`` instead of under the pass's own key,
+    with ``{pass_key}`` in the message replaced by the pass's key (``passes[2].static_kv``).
+
+    Args:
+        key: the dotted key of the section that cannot run with the pass.
+        message: why, ``{pass_key}`` standing for the pass's key.
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        self.message = message
+        super().__init__(f"key '{key}': {self.located('this pass')}")
+
+    def located(self, pass_key: str) -> str:
+        """The message with ``{pass_key}`` replaced by ``pass_key``."""
+        return self.message.replace("{pass_key}", pass_key)

@@ -31,23 +31,14 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxdeploy.errors import PreconditionError
+from onnxdeploy.graph import node_label
 from onnxdeploy.kv_cache import GQA_OP, KVCache
+from onnxdeploy.passes._edit import add_initializer, make_node, remove_dead_nodes
 
 __all__ = ["rewrite_gqa_cache"]
 
 _PREFIX = "onnxdeploy/static_kv/gqa"
 _SEQLENS_K, _TOTAL_SEQUENCE_LENGTH, _COS_CACHE = 5, 6, 7
-
-
-def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType(ir.tensor(array).dtype)))
-    value.const_value = ir.tensor(array, name=name)
-    graph.register_initializer(value)
-    return value
-
-
-def _label(node: ir.Node) -> str:
-    return f"{GQA_OP} node '{node.name or '?'}'"
 
 
 def _check(kv: KVCache, *, batch: int, step_len: int, max_cache_len: int, cache_update: str, who: str) -> None:
@@ -56,16 +47,16 @@ def _check(kv: KVCache, *, batch: int, step_len: int, max_cache_len: int, cache_
     if cache_update != "full_buffer":
         raise PreconditionError(
             who,
-            f"cache_update {cache_update}: {_label(first)} holds the cache and outputs the whole buffer (present = "
+            f"cache_update {cache_update}: {node_label(first)} holds the cache and outputs the whole buffer (present = "
             "past buffer with the step written in), never the step's K/V alone; use cache_update: full_buffer (bind "
             "past and present to one buffer and the op writes in place)",
         )
     if step_len > 1 and batch > 1:
         raise PreconditionError(
             who,
-            f"step_len {step_len} at batch {batch}: ONNX Runtime's CPU kernel of {_label(first)} refuses a chunk of "
-            "S > 1 tokens after a past at batch > 1 ('batch_size must be 1 when sequence_length > 1 and past context "
-            "is given'); use batch 1 for prefill graphs",
+            f"step_len {step_len} at batch {batch}: ONNX Runtime's CPU kernel of {node_label(first)} refuses a chunk "
+            "of S > 1 tokens after a past at batch > 1 ('batch_size must be 1 when sequence_length > 1 and past "
+            "context is given'); use batch 1 for prefill graphs",
         )
     for node in kv.attention_nodes:
         if node.attributes.get_int("do_rotary", 0) and len(node.inputs) > _COS_CACHE:
@@ -75,14 +66,14 @@ def _check(kv: KVCache, *, batch: int, step_len: int, max_cache_len: int, cache_
             if isinstance(rows, int) and max_cache_len > rows:
                 raise PreconditionError(
                     who,
-                    f"max_cache_len {max_cache_len}: {_label(node)} reads RoPE from cos_cache '{cos.name}' of {rows} "  # type: ignore[union-attr]
-                    f"rows, so positions from {rows} on have none; use max_cache_len <= {rows} (rebuild the model "
-                    "with a longer context_length for more)",
+                    f"max_cache_len {max_cache_len}: {node_label(node)} reads RoPE from cos_cache '{cos.name}' "  # type: ignore[union-attr]
+                    f"of {rows} rows, so positions from {rows} on have none; use max_cache_len <= {rows} (rebuild the "
+                    "model with a longer context_length for more)",
                 )
 
 
 def rewrite_gqa_cache(
-    graph: ir.Graph,
+    model: ir.Model,
     kv: KVCache,
     *,
     cache_position: ir.Value,
@@ -98,11 +89,11 @@ def rewrite_gqa_cache(
     ``total_sequence_length`` int32 scalar = ``cache_position[S-1] + 1``; ``cache_position`` must hold
     consecutive slots ``p .. p+S-1`` (the contract's meaning). The past inputs keep feeding the op (their dims
     are fixed to ``(B, H_kv, L, D)`` by :func:`~onnxdeploy.passes._cache_edits.fix_io_dims`), and present is the
-    whole updated buffer. Nodes that computed the old lengths are removed, and ``attention_mask`` with them
-    when nothing else reads it.
+    whole updated buffer. Nodes that computed the old lengths are removed (with every other node and
+    initializer nothing reads), and ``attention_mask`` with them when nothing else reads it.
 
     Args:
-        graph: the graph ``kv`` was found on (edited in place).
+        model: the model whose graph ``kv`` was found on (edited in place).
         kv: its cache, held by GroupQueryAttention (``kv.attention_op`` set).
         cache_position: the int64 ``[S]`` input.
         batch: B.
@@ -119,28 +110,13 @@ def rewrite_gqa_cache(
             (the message names the node).
     """
     _check(kv, batch=batch, step_len=step_len, max_cache_len=max_cache_len, cache_update=cache_update, who=who)
+    graph = model.graph
     nodes = kv.attention_nodes
-    last_index = _const(graph, f"{_PREFIX}/last_index", np.array([step_len - 1], dtype=np.int64))
-    one = _const(graph, f"{_PREFIX}/one", np.array([1], dtype=np.int64))
-    rows = _const(graph, f"{_PREFIX}/batch_shape", np.array([batch], dtype=np.int64))
-    scalar = _const(graph, f"{_PREFIX}/scalar_shape", np.zeros((0,), dtype=np.int64))
-    last = ir.node("Gather", [cache_position, last_index], {"axis": 0}, name=f"{_PREFIX}/last_slot")
-    per_row = ir.node("Expand", [last.outputs[0], rows], name=f"{_PREFIX}/seqlens_rows")
-    seqlens = ir.node("Cast", [per_row.outputs[0]], {"to": ir.DataType.INT32}, name=f"{_PREFIX}/seqlens_k")
-    plus_one = ir.node("Add", [last.outputs[0], one], name=f"{_PREFIX}/total")
-    flat = ir.node("Reshape", [plus_one.outputs[0], scalar], name=f"{_PREFIX}/total_scalar")
-    total = ir.node("Cast", [flat.outputs[0]], {"to": ir.DataType.INT32}, name=f"{_PREFIX}/total_sequence_length")
-    made = [last, per_row, seqlens, plus_one, flat, total]
-    for node in made:
-        node.outputs[0].name = node.name
-    graph.insert_before(nodes[0], made)
-    old = set()
+    seqlens, total = _lengths(graph, cache_position, batch=batch, step_len=step_len, before=nodes[0])
     for node in nodes:
-        for index, new in ((_SEQLENS_K, seqlens.outputs[0]), (_TOTAL_SEQUENCE_LENGTH, total.outputs[0])):
-            if node.inputs[index] is not None:
-                old.add(node.inputs[index])
-            node.replace_input_with(index, new)
-    _remove_dead(graph)
+        node.replace_input_with(_SEQLENS_K, seqlens)
+        node.replace_input_with(_TOTAL_SEQUENCE_LENGTH, total)
+    remove_dead_nodes(model)
     changes = [
         f"{len(nodes)} {GQA_OP} node(s): seqlens_k = cache_position[{step_len - 1}] (int32, per row) and "
         f"total_sequence_length = cache_position[{step_len - 1}] + 1 (int32) instead of attention_mask's sum/width; "
@@ -155,12 +131,19 @@ def rewrite_gqa_cache(
     return changes
 
 
-def _remove_dead(graph: ir.Graph) -> None:
-    """Remove nodes none of whose outputs is read or a graph output, until none is left."""
-    changed = True
-    while changed:
-        changed = False
-        for node in reversed(list(graph)):
-            if all(not o.uses() and not o.is_graph_output() for o in node.outputs):
-                graph.remove(node, safe=True)
-                changed = True
+def _lengths(
+    graph: ir.Graph, cache_position: ir.Value, *, batch: int, step_len: int, before: ir.Node
+) -> tuple[ir.Value, ir.Value]:
+    """``(seqlens_k int32 (B,), total_sequence_length int32 scalar)`` from ``cache_position``, inserted ``before``."""
+    last_index = add_initializer(graph, f"{_PREFIX}/last_index", np.array([step_len - 1], dtype=np.int64))
+    one = add_initializer(graph, f"{_PREFIX}/one", np.array([1], dtype=np.int64))
+    rows = add_initializer(graph, f"{_PREFIX}/batch_shape", np.array([batch], dtype=np.int64))
+    scalar = add_initializer(graph, f"{_PREFIX}/scalar_shape", np.zeros((0,), dtype=np.int64))
+    last = make_node("Gather", [cache_position, last_index], name=f"{_PREFIX}/last_slot", axis=0)
+    per_row = make_node("Expand", [last.outputs[0], rows], name=f"{_PREFIX}/seqlens_rows")
+    seqlens = make_node("Cast", [per_row.outputs[0]], name=f"{_PREFIX}/seqlens_k", to=ir.DataType.INT32)
+    plus_one = make_node("Add", [last.outputs[0], one], name=f"{_PREFIX}/total")
+    flat = make_node("Reshape", [plus_one.outputs[0], scalar], name=f"{_PREFIX}/total_scalar")
+    total = make_node("Cast", [flat.outputs[0]], name=f"{_PREFIX}/total_sequence_length", to=ir.DataType.INT32)
+    graph.insert_before(before, [last, per_row, seqlens, plus_one, flat, total])
+    return seqlens.outputs[0], total.outputs[0]

@@ -3,36 +3,40 @@
 The steps ``static_kv`` chains, usable on their own by later passes (prefill buckets, ``kv_layout``):
 
 * :func:`add_cache_position` — the int64 ``[step_len]`` input naming the cache slots a call writes.
-* :func:`find_query_positions` / :func:`feed_query_positions` — find the exporter's query-position vector
-  (``past_len + arange(S)``) by running the original at two past lengths, and feed ``cache_position`` there.
 * :func:`rewrite_cache_writes` — past inputs become fixed buffers written at ``cache_position`` (ScatterElements,
-  ScatterND or a select: :func:`build_cache_write`, any layout); every other reader of the past sees a Slice view of
-  ``max_cache_len - S`` slots.
+  ScatterND or a select: :func:`onnxdeploy.passes._cache_write.build_cache_write`, any layout); every other reader
+  of the past sees a Slice view of ``max_cache_len - S`` slots.
 * :func:`fix_io_dims` — fixed batch, step length and cache length on the graph inputs.
 * :func:`replace_neg_inf` — ``-inf`` constants become the dtype's lowest finite value.
 * :func:`build_contract` — the decode contract the host reads (written with :func:`onnxdeploy.contract.write_contract`).
+* :func:`cast_cache_boundary` — a cache stored in another dtype than the graph computes in.
 
-Weights are never read or copied: onnxsim and onnx shape inference see protos whose large initializers
-are typed stand-ins (:mod:`onnxdeploy.model_io`).
+The exporter's query-position vector, which ``cache_position`` replaces, is found by
+:mod:`onnxdeploy.passes._query_positions`. Weights are never read or copied: onnxsim and onnx shape inference
+see protos whose large initializers are typed stand-ins (:mod:`onnxdeploy.model_io`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
-import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 
-from onnxdeploy import model_io
 from onnxdeploy.contract import KV_DTYPES, CacheBinding, CacheWrite, ContractInputs, DecodeContract
 from onnxdeploy.errors import PreconditionError
-from onnxdeploy.graph import float32_shadow_graph
-from onnxdeploy.kv_cache import KVCache, find_logits_output, upstream_nodes
-from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import forget_shapes
-from onnxdeploy.passes._probe import open_probe, pruned_copy
+from onnxdeploy.graph import FLOAT_TYPES
+from onnxdeploy.kv_cache import CacheTensor, KVCache, find_logits_output
+from onnxdeploy.passes._cache_write import build_cache_write
+from onnxdeploy.passes._edit import (
+    add_initializer,
+    forget_shapes,
+    make_node,
+    names_in_use,
+    remove_dead_chain,
+    take_name,
+)
 
 __all__ = [
     "CACHE_POSITION",
@@ -40,8 +44,7 @@ __all__ = [
     "add_cache_position",
     "build_cache_write",
     "build_contract",
-    "feed_query_positions",
-    "find_query_positions",
+    "cast_cache_boundary",
     "fix_io_dims",
     "replace_neg_inf",
     "rewrite_cache_writes",
@@ -54,37 +57,11 @@ KNOWN_INPUTS = ("input_ids", "attention_mask", "position_ids")
 """Non-cache inputs of the exporter convention."""
 
 _PREFIX = "onnxdeploy/static_kv"
-_POSITION_OFFSET = 11  # position_ids fed during probing are offset so they cannot pass for past + arange(S)
-_PROBE_PAST = (3, 5)
-_PROBE_STEP = 2
 _NEG_INF_SCAN_LIMIT = 1 << 20  # memory-mapped initializers above 1 MiB are weights, not mask constants
 
 
-def _int64_const(graph: ir.Graph, name: str, values: list[int]) -> ir.Value:
-    """Add an int64 1-D initializer ``name`` (once) and return its value."""
-    if name in graph.initializers:
-        return graph.initializers[name]
-    tensor = ir.tensor(np.asarray(values, dtype=np.int64), name=name)
-    value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(ir.DataType.INT64))
-    value.const_value = tensor
-    graph.register_initializer(value)
-    return value
-
-
-def _names_in_use(graph: ir.Graph) -> set[str]:
-    names = {str(v.name) for v in graph.inputs} | set(graph.initializers)
-    names |= {str(o.name) for node in graph for o in node.outputs}
-    return names
-
-
-def _take_name(value: ir.Value, name: str) -> None:
-    """Give ``value`` the name ``name``, renaming whatever value held it first."""
-    graph = value.graph
-    if graph is not None:
-        for v in [*graph.outputs, *(o for node in graph for o in node.outputs)]:
-            if v.name == name and v is not value:
-                v.name = f"{name}/replaced"
-    value.name = name
+def _int64(values: Sequence[int]) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------- cache position
@@ -104,169 +81,11 @@ def add_cache_position(graph: ir.Graph, step_len: int, *, who: str = "static_kv"
     Raises:
         PreconditionError: the graph already has a value named ``cache_position``.
     """
-    if CACHE_POSITION in _names_in_use(graph):
+    if CACHE_POSITION in names_in_use(graph):
         raise PreconditionError(who, f"the graph already has a tensor named '{CACHE_POSITION}'")
     value = ir.Value(name=CACHE_POSITION, shape=ir.Shape([step_len]), type=ir.TensorType(ir.DataType.INT64))
     graph.inputs.append(value)
     return value
-
-
-def _int64_rank1_values(model: ir.Model) -> set[str]:
-    """Names of values shape inference types as int64 of rank 1 (or of unknown rank), on a stand-in proto."""
-    inferred = onnx.shape_inference.infer_shapes(model_io.stand_in_proto(model), strict_mode=False)
-    names = set()
-    for vi in inferred.graph.value_info:
-        tt = vi.type.tensor_type
-        if tt.elem_type == onnx.TensorProto.INT64 and (not tt.HasField("shape") or len(tt.shape.dim) == 1):
-            names.add(vi.name)
-    return names
-
-
-def _computed_from_weights(graph: ir.Graph) -> set[str]:
-    """Names of values whose computation reads a whole weight (an initializer above 1 KiB), directly or upstream.
-
-    A Gather from a weight (the embedding lookup) reads only the rows it is asked for, so it does not count;
-    any other reader of a weight (MatMul, Gemm, …) does. The query-position vector is shape arithmetic on the
-    inputs and the embedding output, never on other weights, so the probe leaves these values out and maps
-    next to nothing of the model's weights.
-    """
-    tainted: set[str] = set()
-    for node in graph:  # topological order (sorted at load)
-        for i, value in enumerate(node.inputs):
-            if value is None:
-                continue
-            weight = value.const_value is not None and value.const_value.nbytes > model_io.STAND_IN_THRESHOLD_BYTES
-            lookup = weight and node.op_type == "Gather" and i == 0
-            if (weight and not lookup) or value.name in tainted:
-                tainted.update(str(o.name) for o in node.outputs)
-                break
-    return tainted
-
-
-def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, who: str = "static_kv") -> list[str]:
-    """Find the exporter's query-position tensors (value ``past_len + arange(S)``, int64 ``[S]``) by running it.
-
-    A structural copy of ``model`` pruned to the int64 rank-1 intermediate values that are not computed from
-    a whole weight (see :func:`_computed_from_weights`), with those values as its outputs, is written to the
-    scratch folder (:func:`onnxdeploy.model_io.write_for_ort`: the embedding table it may keep is hard-linked,
-    not copied, and only the looked-up rows are read) and run twice on ONNX Runtime, at past lengths 3 and 5
-    with S=2, zero caches ``(B, H_kv, past, D)``, and ``position_ids`` offset by 11 (so the RoPE positions
-    cannot be mistaken for it). B is the export's own batch when ``input_ids`` has a static batch dim, else 1.
-    Values equal to ``past_len + arange(S)`` in both runs are candidates; the ones not computed from another
-    candidate are returned (transformers' ``cache_position``: ``Range(past_len, past_len + S)``). The session
-    and the probe files are removed before returning. A bfloat16 export's probe runs as its float32 shadow
-    (:func:`onnxdeploy.graph.float32_shadow_graph`; the int64 position arithmetic is the same).
-
-    Args:
-        model: the exporter-convention decoder (dynamic past length); unchanged.
-        kv: its cache, from :func:`onnxdeploy.kv_cache.find_kv_cache`.
-        context: gives the scratch folder and the session factory.
-        who: the pass named in errors.
-
-    Returns:
-        Names of the root query-position values (empty when the export has none).
-
-    Raises:
-        PreconditionError: ONNX Runtime cannot load or run the original model.
-    """
-    graph = model.graph
-    int64_rank1 = _int64_rank1_values(model)
-    outputs_now = {o.name for o in graph.outputs}
-    from_weights = _computed_from_weights(graph)
-    candidates = [
-        str(out.name)
-        for node in graph
-        if node.op_type != "Constant"
-        for out in node.outputs
-        if out.name in int64_rank1 and out.name not in outputs_now and out.name not in from_weights
-    ]
-    if not candidates:
-        return []
-    # A structural copy that computes the candidates only: the rest of the graph and its weights are removed,
-    # so the probe maps and reads next to nothing of the model's weights.
-    probe = pruned_copy(model, candidates, keep_inputs=True, shadow=False)
-    for value in probe.graph.outputs:
-        value.dtype = ir.DataType.INT64
-    # a bfloat16 export: ORT's CPU EP has no bfloat16 kernels and its Python API feeds no bfloat16 arrays
-    cache_dtype = np.dtype(np.float32) if float32_shadow_graph(probe) else np.dtype(kv.numpy_dtype)
-    with open_probe(probe, context, who=who, what="the original model") as opened:
-        del probe
-        matches = _probe(opened.session, model, kv, candidates, who, cache_dtype)
-    if not matches:
-        return []
-    by_name = ir.convenience.create_value_mapping(graph)
-    roots = []
-    for name in sorted(matches):
-        value = by_name[name]
-        producer = value.producer()
-        derived = any(
-            o.name in matches and o is not value
-            for up in upstream_nodes(value, 64)
-            if up is not producer
-            for o in up.outputs
-        )
-        if not derived:
-            roots.append(name)
-    return roots
-
-
-def _export_batch(graph: ir.Graph) -> int:
-    """The export's fixed batch: dim 0 of ``input_ids`` when static, else 1."""
-    ids = next((v for v in graph.inputs if v.name == "input_ids"), None)
-    if ids is not None and ids.shape is not None and len(ids.shape) >= 1 and isinstance(ids.shape[0], int):
-        return ids.shape[0]
-    return 1
-
-
-def _probe(
-    sess: ort.InferenceSession, model: ir.Model, kv: KVCache, candidates: list[str], who: str, cache_dtype: np.dtype
-) -> set[str]:
-    """Run the probe at each past length; return the candidates equal to ``past + arange(S)`` every time.
-
-    The zero caches are fed as ``cache_dtype`` (float32 for the float32 shadow of a bfloat16 export).
-    """
-    inputs = {v.name for v in model.graph.inputs}
-    batch = _export_batch(model.graph)
-    s = _PROBE_STEP
-    matches: set[str] | None = None
-    for past in _PROBE_PAST:
-        feeds: dict[str, np.ndarray] = {
-            t.past_name: np.zeros((batch, kv.num_kv_heads, past, kv.head_dim), dtype=cache_dtype) for t in kv.tensors
-        }
-        feeds["input_ids"] = np.tile(np.array([[1, 2]], dtype=np.int64), (batch, 1))
-        if "attention_mask" in inputs:
-            feeds["attention_mask"] = np.ones((batch, past + s), dtype=np.int64)
-        if "position_ids" in inputs:
-            feeds["position_ids"] = np.tile(past + _POSITION_OFFSET + np.arange(s, dtype=np.int64), (batch, 1))
-        try:
-            results = sess.run(candidates, feeds)
-        except Exception as exc:  # ORT raises several unrelated exception types
-            raise PreconditionError(
-                who, f"ONNX Runtime cannot run the original model at past length {past}: {exc}"
-            ) from exc
-        expected = past + np.arange(s, dtype=np.int64)
-        hit = {
-            n
-            for n, v in zip(candidates, results, strict=True)
-            if v.ndim == 1 and v.shape == (s,) and np.array_equal(v, expected)
-        }
-        matches = hit if matches is None else matches & hit
-    return matches or set()
-
-
-def feed_query_positions(graph: ir.Graph, names: list[str], cache_position: ir.Value) -> None:
-    """Make every reader of the query-position values read ``cache_position`` (int64 ``[S]``) instead.
-
-    The values' producers are left for constant folding to drop.
-
-    Args:
-        graph: the decoder's main graph (edited in place).
-        names: values from :func:`find_query_positions`.
-        cache_position: the input from :func:`add_cache_position`.
-    """
-    by_name = ir.convenience.create_value_mapping(graph)
-    for name in names:
-        by_name[name].replace_all_uses_with(cache_position)
 
 
 # ------------------------------------------------------------------------------------------- cache writes
@@ -291,7 +110,7 @@ def rewrite_cache_writes(
 
     * the Concat ``(past, new)`` becomes ``ScatterElements(past, idx, new, axis=seq_axis)``, ``idx`` being
       ``cache_position`` broadcast to ``(B, H_kv, S, D)`` — attention reads the whole ``L``-slot buffer (other
-      ``cache_write`` methods: :func:`build_cache_write`);
+      ``cache_write`` methods: :func:`~onnxdeploy.passes._cache_write.build_cache_write`);
     * every other reader of the past (the exporters' shape arithmetic: mask width, GQA head-repeat shape)
       reads ``Slice(past, 0, L - S, axis=seq_axis)``, so their ``past_len + S`` is ``L``;
     * ``full_buffer``: the present output is the updated buffer ``(B, H_kv, L, D)``; ``new_token_only``: the
@@ -306,8 +125,9 @@ def rewrite_cache_writes(
         cache_update: ``full_buffer`` or ``new_token_only`` (see above).
         max_cache_len: L, slots of the fixed buffer.
         step_len: S, tokens per call.
-        cache_write: how the buffer is written (:func:`build_cache_write`); ``host`` writes by select inside
-            the graph (what attention reads) and is meant with ``cache_update`` ``new_token_only``.
+        cache_write: how the buffer is written (:func:`~onnxdeploy.passes._cache_write.build_cache_write`);
+            ``host`` writes by select inside the graph (what attention reads) and is meant with ``cache_update``
+            ``new_token_only``.
         batch: B, needed by ``scatter_nd`` (its index grid is a constant); default ``kv.batch`` or 1.
 
     Returns:
@@ -317,251 +137,181 @@ def rewrite_cache_writes(
         ValueError: an unsupported ``layout``, ``seq_axis`` other than the Concats', or ``max_cache_len <
             step_len``.
     """
+    _check_rewrite(layout, seq_axis, max_cache_len, step_len)
     batch = batch if batch is not None else (kv.batch or 1)
+    order = {id(n): i for i, n in enumerate(graph)}
+    tensors = sorted(kv.tensors, key=lambda t: order[id(t.concat)])
+    indices = _scatter_indices(graph, cache_position, tensors[0], seq_axis=seq_axis, step_len=step_len)
+    view = _PastView(graph, seq_axis=seq_axis, slots=max_cache_len - step_len, dtype=kv.dtype)
+    changes = []
+    for ct in tensors:
+        view.redirect_readers(ct)
+        write = _write_buffer(
+            graph,
+            ct,
+            kv,
+            indices=indices,
+            cache_position=cache_position,
+            method=cache_write,
+            seq_axis=seq_axis,
+            update_shape=(batch, kv.num_kv_heads, step_len, kv.head_dim),
+            max_cache_len=max_cache_len,
+        )
+        _route_present(graph, ct, write, dtype=kv.dtype, cache_update=cache_update)
+        changes.append(
+            f"Concat '{ct.concat.name or '?'}' -> {write.op_type}(axis={seq_axis}) into '{ct.past_name}' at "  # type: ignore[union-attr]
+            f"{cache_position.name} ({ct.kind}, present '{ct.present_name}', {cache_update})"
+        )
+    return changes
+
+
+def _check_rewrite(layout: str, seq_axis: int, max_cache_len: int, step_len: int) -> None:
+    """Refuse what :func:`rewrite_cache_writes` does not rewrite (its ``Raises``)."""
     if layout != "BHSD":
         raise ValueError(f"rewrite_cache_writes rewrites BHSD caches only, not {layout}")
     if seq_axis not in (2, -2):
         raise ValueError(f"seq_axis {seq_axis}: a BHSD cache appends on axis 2")
     if max_cache_len < step_len:
         raise ValueError(f"max_cache_len={max_cache_len} is smaller than step_len={step_len}")
-    order = {id(n): i for i, n in enumerate(graph)}
-    tensors = sorted(kv.tensors, key=lambda t: order[id(t.concat)])
-    first = tensors[0]
 
-    # One index tensor for every write: cache_position (S,) broadcast to the update shape (B, H_kv, S, D).
-    # The update shape is read from the graph so it folds to a constant once the inputs are static.
+
+def _scatter_indices(
+    graph: ir.Graph, cache_position: ir.Value, first: CacheTensor, *, seq_axis: int, step_len: int
+) -> ir.Value:
+    """One index tensor for every ScatterElements write: ``cache_position`` (S,) broadcast to ``(B, H_kv, S, D)``.
+
+    The update shape is read from the graph (``Shape`` of the first cache tensor's new K/V, inserted before its
+    Concat) so it folds to a constant once the inputs are static.
+    """
     pos_shape = [1, 1, 1, 1]
     pos_shape[seq_axis] = step_len
-    reshape = ir.node(
-        "Reshape",
-        [cache_position, _int64_const(graph, f"{_PREFIX}/pos_shape", pos_shape)],
-        name=f"{_PREFIX}/pos_reshape",
+    shape = add_initializer(graph, f"{_PREFIX}/pos_shape", _int64(pos_shape), reuse=True)
+    reshape = make_node("Reshape", [cache_position, shape], name=f"{_PREFIX}/pos_reshape", output=f"{_PREFIX}/pos_4d")
+    update_shape = make_node("Shape", [first.new_operand], name=f"{_PREFIX}/update_shape")
+    expand = make_node(
+        "Expand",
+        [reshape.outputs[0], update_shape.outputs[0]],
+        name=f"{_PREFIX}/pos_expand",
+        output=f"{_PREFIX}/scatter_indices",
+        dtype=ir.DataType.INT64,
     )
-    reshape.outputs[0].name = f"{_PREFIX}/pos_4d"
-    update_shape = ir.node("Shape", [first.new_operand], name=f"{_PREFIX}/update_shape")
-    update_shape.outputs[0].name = f"{_PREFIX}/update_shape"
-    expand = ir.node("Expand", [reshape.outputs[0], update_shape.outputs[0]], name=f"{_PREFIX}/pos_expand")
-    indices = expand.outputs[0]
-    indices.name = f"{_PREFIX}/scatter_indices"
-    indices.dtype = ir.DataType.INT64
-    graph.insert_before(first.concat, [reshape, update_shape, expand])
-
-    starts = _int64_const(graph, f"{_PREFIX}/view_starts", [0])
-    ends = _int64_const(graph, f"{_PREFIX}/view_ends", [max_cache_len - step_len])
-    axes = _int64_const(graph, f"{_PREFIX}/view_axes", [seq_axis])
-    changes = []
-    for ct in tensors:
-        past = ct.past_name
-        view_node = ir.node("Slice", [ct.past_input, starts, ends, axes], name=f"{_PREFIX}/{past}/past_view/Slice")
-        view = view_node.outputs[0]
-        view.name = f"{_PREFIX}/{past}/past_view"
-        view.dtype = kv.dtype
-        graph.insert_before(graph[0], view_node)
-        for alias in ct.past_aliases:
-            for use in list(alias.uses()):
-                if use.node is not ct.concat and use.node is not view_node:
-                    use.node.replace_input_with(use.idx, view)
-
-        if cache_write == "scatter_elements":
-            scatter = ir.node(
-                "ScatterElements",
-                [ct.past_input, indices, ct.new_operand],
-                {"axis": seq_axis},
-                name=f"{_PREFIX}/{past}/ScatterElements",
-            )
-            written = [scatter]
-        else:
-            written, _ = build_cache_write(
-                graph,
-                ct.past_input,
-                ct.new_operand,
-                cache_position,
-                method=cache_write,
-                seq_axis=seq_axis,
-                update_shape=(batch, kv.num_kv_heads, step_len, kv.head_dim),
-                max_cache_len=max_cache_len,
-                prefix=f"{_PREFIX}/{past}",
-            )
-            scatter = written[-1]
-        updated = scatter.outputs[0]
-        updated.name = f"{_PREFIX}/{past}/updated_buffer"
-        updated.dtype = kv.dtype
-        updated.shape = ir.Shape(ct.past_input.shape or [None] * 4)  # a write keeps the data's shape
-        graph.insert_before(ct.concat, written)
-        concat_out = ct.concat_output
-        present = ct.present_output
-        present_name = ct.present_name
-        if cache_update == "full_buffer":
-            concat_was_output = concat_out.is_graph_output()
-            concat_name = str(concat_out.name)
-            concat_out.replace_all_uses_with(updated, replace_graph_outputs=True)
-            if concat_was_output:
-                _take_name(updated, concat_name)
-        else:
-            new_node = ir.node("Identity", [ct.new_operand], name=f"{_PREFIX}/{present_name}/new")
-            graph.insert_after(scatter, new_node)
-            new_out = new_node.outputs[0]
-            new_out.dtype = kv.dtype
-            new_out.shape = ir.Shape(ct.new_operand.shape or [None] * 4)
-            slot = next(i for i, o in enumerate(graph.outputs) if o is present)
-            graph.outputs[slot] = new_out
-            _take_name(new_out, present_name)
-            concat_out.replace_all_uses_with(updated)
-        graph.remove(ct.concat, safe=True)
-        _remove_dead_chain(graph, present)
-        changes.append(
-            f"Concat '{ct.concat.name or '?'}' -> {scatter.op_type}(axis={seq_axis}) into '{past}' at "
-            f"{cache_position.name} ({ct.kind}, present '{present_name}', {cache_update})"
-        )
-    return changes
+    graph.insert_before(first.concat, [reshape, update_shape, expand])  # type: ignore[arg-type]
+    return expand.outputs[0]
 
 
-def _remove_dead_chain(graph: ir.Graph, value: ir.Value) -> None:
-    """Remove ``value``'s producer and its pass-through ancestors while nothing reads them."""
-    while value.graph is graph and not value.uses() and not value.is_graph_output():
-        node = value.producer()
-        if node is None or node.graph is not graph or any(o.uses() or o.is_graph_output() for o in node.outputs):
-            return
-        inputs = [i for i in node.inputs if i is not None]
-        graph.remove(node, safe=True)
-        if len(inputs) != 1:
-            return
-        value = inputs[0]
-
-
-def _write_node(op: str, inputs: list[ir.Value], name: str, dtype: ir.DataType, **attributes: object) -> ir.Node:
-    node = ir.node(op, inputs, attributes or None, name=f"{name}/{op}")
-    node.outputs[0].name = name
-    node.outputs[0].dtype = dtype
-    return node
-
-
-def build_cache_write(
+def _write_buffer(
     graph: ir.Graph,
-    buffer: ir.Value,
-    update: ir.Value,
-    cache_position: ir.Value,
+    ct: CacheTensor,
+    kv: KVCache,
     *,
+    indices: ir.Value,
+    cache_position: ir.Value,
     method: CacheWrite,
     seq_axis: int,
     update_shape: tuple[int, ...],
     max_cache_len: int,
-    prefix: str,
-) -> tuple[list[ir.Node], ir.Value]:
-    """Nodes that write ``update`` into ``buffer`` at the slots ``cache_position`` names, on ``seq_axis``.
+) -> ir.Node:
+    """Insert, before ``ct``'s Concat, the write of its new K/V into the past buffer; return the last node.
 
-    ``buffer`` has ``max_cache_len`` slots on ``seq_axis`` (any layout: BHSD ``(B, H_kv, L, D)``, BSH2D
-    ``(B, L, H_kv, 2·D)``, K of BHDS_K ``(B, H_kv, D, L)``); ``update`` has ``update_shape``, the same with ``S``
-    on ``seq_axis``; ``cache_position`` is int64 ``[S]``, distinct slots. Every method gives the same buffer,
-    bit for bit (each only moves elements):
-
-    * ``scatter_elements``: ``ScatterElements(buffer, idx, update, axis=seq_axis)``, ``idx`` = ``cache_position``
-      expanded to ``update_shape`` (opset ≥ 11).
-    * ``scatter_nd``: ``ScatterND(buffer, idx, update)``, ``idx`` ``(*update_shape[:seq_axis + 1], seq_axis + 1)``:
-      a constant index grid of the leading axes and ``cache_position`` last (opset ≥ 11).
-    * ``where`` (and ``host``, the write attention reads inside a ``new_token_only`` graph): a select with ops NPU
-      compilers lower where they lack a Scatter (RK3588). ``S = 1``: ``Where(Equal(slots, cache_position),
-      update, buffer)``, ``slots`` the constant int64 slot index ``0..L-1`` along ``seq_axis``, ``update``
-      broadcast over the slots. ``S > 1``: ``src = ArgMax(Equal(slots, cache_position))`` (which of the S rows
-      lands in each slot), ``hit = Equal(Gather(cache_position, src), slots)``, ``Where(hit, Gather(update, src,
-      axis=seq_axis), buffer)``.
-
-    Args:
-        graph: the graph (constants are registered on it, by name, once).
-        buffer: the cache buffer, in the compute dtype.
-        update: the call's K/V in the buffer's layout, ``update_shape``.
-        cache_position: int64 ``[S]``.
-        method: a :data:`~onnxdeploy.contract.CacheWrite`.
-        seq_axis: the slot axis of ``buffer`` and ``update`` (non-negative).
-        update_shape: static shape of ``update``.
-        max_cache_len: L, slots of ``buffer``.
-        prefix: names of the new nodes and values start with it (unique per write).
-
-    Returns:
-        ``(nodes in topological order, the updated buffer)``; the caller inserts the nodes.
-
-    Raises:
-        ValueError: an unknown ``method``.
+    ``scatter_elements`` shares ``indices`` (:func:`_scatter_indices`) across the cache tensors; the other
+    methods build their own (:func:`~onnxdeploy.passes._cache_write.build_cache_write`). The updated buffer is
+    named ``onnxdeploy/static_kv/<past>/updated_buffer`` and keeps the past's dtype and shape.
     """
-    rank = len(update_shape)
-    S = update_shape[seq_axis]
-    dtype = update.dtype or buffer.dtype or ir.DataType.FLOAT
-    i64 = ir.DataType.INT64
-    nodes: list[ir.Node] = []
-
-    def const(name: str, values: np.ndarray) -> ir.Value:
-        key = f"{_PREFIX}/write/{name}"
-        if key in graph.initializers:
-            return graph.initializers[key]
-        tensor = ir.tensor(np.ascontiguousarray(values), name=key)
-        value = ir.Value(name=key, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype))
-        value.const_value = tensor
-        graph.register_initializer(value)
-        return value
-
-    def add(op: str, inputs: list[ir.Value], out: str, out_dtype: ir.DataType, **attributes: object) -> ir.Value:
-        node = _write_node(op, inputs, f"{prefix}/{out}", out_dtype, **attributes)
-        nodes.append(node)
-        return node.outputs[0]
-
-    shape_key = "x".join(map(str, update_shape))
     if method == "scatter_elements":
-        pos_shape = [1] * rank
-        pos_shape[seq_axis] = S
-        pos = add(
-            "Reshape",
-            [cache_position, const(f"shape_{'x'.join(map(str, pos_shape))}", np.array(pos_shape))],
-            "positions",
-            i64,
+        write = make_node(
+            "ScatterElements",
+            [ct.past_input, indices, ct.new_operand],
+            name=f"{_PREFIX}/{ct.past_name}/ScatterElements",
+            axis=seq_axis,
         )
-        idx = add("Expand", [pos, const(f"shape_{shape_key}", np.array(update_shape))], "indices", i64)
-        out = add("ScatterElements", [buffer, idx, update], "updated", dtype, axis=seq_axis)
-    elif method == "scatter_nd":
-        lead = list(update_shape[: seq_axis + 1])
-        pos_shape = [1] * seq_axis + [S, 1]
-        pos = add(
-            "Reshape",
-            [cache_position, const(f"shape_{'x'.join(map(str, pos_shape))}", np.array(pos_shape))],
-            "positions",
-            i64,
-        )
-        pos = add(
-            "Expand", [pos, const(f"shape_{'x'.join(map(str, lead))}x1", np.array([*lead, 1]))], "slot_index", i64
-        )
-        if seq_axis:
-            grid = np.stack(np.indices(lead, dtype=np.int64)[:seq_axis], axis=-1)
-            pos = add("Concat", [const(f"grid_{'x'.join(map(str, lead))}", grid), pos], "indices", i64, axis=-1)
-        out = add("ScatterND", [buffer, pos, update], "updated", dtype)
-    elif method in ("where", "host"):
-        slot_shape = [1] * rank
-        slot_shape[seq_axis] = max_cache_len
-        slot_key = "x".join(map(str, slot_shape))
-        if S == 1:
-            slots = const(f"slots_{slot_key}", np.arange(max_cache_len, dtype=np.int64).reshape(slot_shape))
-            pos = add(
-                "Reshape",
-                [cache_position, const(f"shape_{'x'.join(['1'] * rank)}", np.ones(rank, np.int64))],
-                "position",
-                i64,
-            )
-            hit = add("Equal", [slots, pos], "slot_hit", ir.DataType.BOOL)
-            out = add("Where", [hit, update, buffer], "updated", dtype)
-        else:
-            column = const(f"slots_{max_cache_len}x1", np.arange(max_cache_len, dtype=np.int64).reshape(-1, 1))
-            row = add("Reshape", [cache_position, const(f"shape_1x{S}", np.array([1, S]))], "positions", i64)
-            onehot = add("Equal", [column, row], "slot_of_row", ir.DataType.BOOL)
-            scores = add("Cast", [onehot], "slot_of_row_float", ir.DataType.FLOAT, to=ir.DataType.FLOAT)
-            src = add("ArgMax", [scores], "source_row", i64, axis=1, keepdims=0)
-            written = add("Gather", [cache_position, src], "source_position", i64, axis=0)
-            flat = const(f"slots_{max_cache_len}", np.arange(max_cache_len, dtype=np.int64))
-            hit = add("Equal", [written, flat], "slot_hit_flat", ir.DataType.BOOL)
-            hit = add("Reshape", [hit, const(f"shape_{slot_key}", np.array(slot_shape))], "slot_hit", ir.DataType.BOOL)
-            rows = add("Gather", [update, src], "rows", dtype, axis=seq_axis)
-            out = add("Where", [hit, rows, buffer], "updated", dtype)
+        written = [write]
     else:
-        raise ValueError(f"unknown cache_write {method!r}; known: scatter_elements, scatter_nd, where, host")
-    out.shape = buffer.shape
-    return nodes, out
+        written, _ = build_cache_write(
+            graph,
+            ct.past_input,
+            ct.new_operand,  # type: ignore[arg-type]  (a Concat-appended cache has one)
+            cache_position,
+            method=method,
+            seq_axis=seq_axis,
+            update_shape=update_shape,
+            max_cache_len=max_cache_len,
+            prefix=f"{_PREFIX}/{ct.past_name}",
+        )
+        write = written[-1]
+    updated = write.outputs[0]
+    updated.name = f"{_PREFIX}/{ct.past_name}/updated_buffer"
+    updated.dtype = kv.dtype
+    updated.shape = ir.Shape(ct.past_input.shape or [None] * 4)  # a write keeps the data's shape
+    graph.insert_before(ct.concat, written)  # type: ignore[arg-type]
+    return write
+
+
+class _PastView:
+    """``Slice(past, 0, slots, axis)``: what the readers of a past input other than its write see."""
+
+    def __init__(self, graph: ir.Graph, *, seq_axis: int, slots: int, dtype: ir.DataType) -> None:
+        self.graph, self.dtype = graph, dtype
+        self.bounds = [
+            add_initializer(graph, f"{_PREFIX}/view_{key}", _int64(values), reuse=True)
+            for key, values in (("starts", [0]), ("ends", [slots]), ("axes", [seq_axis]))
+        ]
+
+    def redirect_readers(self, ct: CacheTensor) -> None:
+        """Insert ``ct``'s view first in the graph and make every reader of the past but its Concat read it."""
+        past = ct.past_name
+        node = make_node(
+            "Slice",
+            [ct.past_input, *self.bounds],
+            name=f"{_PREFIX}/{past}/past_view/Slice",
+            output=f"{_PREFIX}/{past}/past_view",
+            dtype=self.dtype,
+        )
+        self.graph.insert_before(self.graph[0], node)
+        for alias in ct.past_aliases:
+            for use in list(alias.uses()):
+                if use.node is not ct.concat and use.node is not node:
+                    use.node.replace_input_with(use.idx, node.outputs[0])
+
+
+def _route_present(
+    graph: ir.Graph,
+    ct: CacheTensor,
+    write: ir.Node,
+    *,
+    dtype: ir.DataType,
+    cache_update: Literal["full_buffer", "new_token_only"],
+) -> None:
+    """Make ``ct``'s present output the updated buffer (``full_buffer``) or the step's K/V (``new_token_only``).
+
+    ``write`` is the node whose output is the updated buffer; attention reads it either way. The Concat and
+    the pass-throughs that led only to the old present output are removed; the present output keeps its name.
+    """
+    updated = write.outputs[0]
+    concat_out = ct.concat_output
+    present = ct.present_output
+    if cache_update == "full_buffer":
+        concat_was_output = concat_out.is_graph_output()
+        concat_name = str(concat_out.name)
+        concat_out.replace_all_uses_with(updated, replace_graph_outputs=True)
+        if concat_was_output:
+            take_name(updated, concat_name)
+    else:
+        new = ct.new_operand
+        assert new is not None  # a Concat-appended cache has its step's K/V
+        node = make_node(
+            "Identity",
+            [new],
+            name=f"{_PREFIX}/{ct.present_name}/new",
+            dtype=dtype,
+            shape=list(new.shape) if new.shape is not None else [None] * 4,
+        )
+        graph.insert_after(write, node)
+        slot = next(i for i, o in enumerate(graph.outputs) if o is present)
+        graph.outputs[slot] = node.outputs[0]
+        take_name(node.outputs[0], ct.present_name)
+        concat_out.replace_all_uses_with(updated)
+    graph.remove(ct.concat, safe=True)  # type: ignore[arg-type]
+    remove_dead_chain(graph, present)
 
 
 # ----------------------------------------------------------------------------------------------- I/O dims
@@ -622,7 +372,7 @@ def fix_io_dims(graph: ir.Graph, kv: KVCache, *, batch: int, step_len: int, max_
 
 def _finite(tensor: ir.TensorProtocol) -> ir.TensorProtocol | None:
     """``tensor`` with ``-inf`` replaced by ``finfo(dtype).min``; None when it holds no ``-inf``."""
-    if tensor.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE):
+    if tensor.dtype not in FLOAT_TYPES:
         return None
     arr = tensor.numpy()
     mask = np.isneginf(arr)
@@ -780,20 +530,20 @@ def cast_cache_boundary(model: ir.Model, contract: DecodeContract, kv_dtype: str
         if compute == target:
             continue
         readers = list(value.uses())
-        cast_in = ir.node("Cast", [value], attributes={"to": compute}, name=f"{past}/cast_to_compute")
-        cast_in.outputs[0].name = f"{past}/compute"
-        cast_in.outputs[0].dtype, cast_in.outputs[0].shape = compute, value.shape
+        cast_in = make_node(
+            "Cast", [value], name=f"{past}/cast_to_compute", output=f"{past}/compute", dtype=compute, to=compute
+        )
+        cast_in.outputs[0].shape = value.shape
         for node, index in readers:
             node.replace_input_with(index, cast_in.outputs[0])
         graph.insert_before(graph.node(0), cast_in)
         value.dtype = target
         i, out = outputs[present]
-        cast_out = ir.node("Cast", [out], attributes={"to": target}, name=f"{present}/cast_to_cache")
+        cast_out = make_node("Cast", [out], name=f"{present}/cast_to_cache", dtype=target, to=target)
+        cast_out.outputs[0].shape = out.shape
         graph.append(cast_out)
-        new = cast_out.outputs[0]
-        new.dtype, new.shape = target, out.shape
         out.name = f"{present}/compute"
-        new.name = present
-        graph.outputs[i] = new
+        cast_out.outputs[0].name = present
+        graph.outputs[i] = cast_out.outputs[0]
     name = next((k for k, v in KV_DTYPES.items() if v == compute), str(compute))
     return f"cache stored as {kv_dtype} (compute {name}): Cast at each past input and present output"

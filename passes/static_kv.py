@@ -1,7 +1,7 @@
 """``static_kv``: fixed batch, step length and ``max_cache_len``; cache appended by Scatter, not Concat.
 
 What the pass does (DESIGN.md, "Passes" → ``static_kv``), each step a function of
-:mod:`onnxdeploy.passes._cache_edits`:
+:mod:`onnxdeploy.passes._cache_edits` (query positions: :mod:`onnxdeploy.passes._query_positions`):
 
 * Past K/V inputs become fixed buffers ``(B, H_kv, max_cache_len, D)``. The Concat that appended the
   step's K/V ``(B, H_kv, S, D)`` becomes ``ScatterElements(axis=2)`` (ONNX opset ≥ 11) writing at the
@@ -29,17 +29,16 @@ head runs once per call. Every contract lists the set (``graph_set``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Literal, Self
 
-import numpy as np
 import onnx_ir as ir
 from pydantic import Field, model_validator
 
 from onnxdeploy.artifacts import Artifact, ArtifactSet
 from onnxdeploy.contract import CONTRACT_KEY, CacheWrite, DecodeContract, GraphSetEntry, write_contract
 from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
+from onnxdeploy.graph import default_opset
 from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output, genai_head_size
 from onnxdeploy.passes._attention_cache import rewrite_gqa_cache
 from onnxdeploy.passes._cache_edits import (
@@ -48,22 +47,32 @@ from onnxdeploy.passes._cache_edits import (
     add_cache_position,
     build_contract,
     cast_cache_boundary,
-    feed_query_positions,
-    find_query_positions,
     fix_io_dims,
     replace_neg_inf,
     rewrite_cache_writes,
 )
+from onnxdeploy.passes._cache_memory import (
+    FOLDED_BYTES_PER_SLOT,
+    FOLDING_PEAK_BYTES_PER_SLOT,
+    RUNTIME_CACHE_COPIES,
+    MemoryEstimate,
+    estimate_memory,
+)
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import clone, fold_and_infer, infer_shapes
+from onnxdeploy.passes._edit import clone, fold_and_infer
+from onnxdeploy.passes._last_position import LAST_TOKEN_INDEX, gather_last_position
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._query_positions import feed_query_positions, find_query_positions
 from onnxdeploy.report import PassReport
-from onnxdeploy.resources import available_memory_bytes, format_bytes
-from onnxdeploy.settings import PipelineSettings
+from onnxdeploy.resources import available_memory_bytes
+from onnxdeploy.settings import PipelineSettings, SettingsConflict
 
 __all__ = [
+    "FOLDED_BYTES_PER_SLOT",
+    "FOLDING_PEAK_BYTES_PER_SLOT",
     "LAST_TOKEN_INDEX",
+    "RUNTIME_CACHE_COPIES",
     "StaticKVConfig",
     "StaticKVCachePass",
     "MemoryEstimate",
@@ -72,24 +81,7 @@ __all__ = [
     "graph_file_name",
 ]
 
-LAST_TOKEN_INDEX = "last_token_index"
-"""Name of the int64 ``(B,)`` input of a ``prefill_logits: last`` graph: the chunk index of the last real token."""
-
 _FOLDED_AWAY = ("Shape", "Range", "Trilu")
-RUNTIME_CACHE_COPIES = 3
-"""Cache buffers alive while decoding: the past inputs, the present outputs and the runner's host copies."""
-FOLDED_BYTES_PER_SLOT = 32
-"""Bytes per cache slot (per batch row and token of step_len) that folding stores as constants, an upper bound.
-
-Measured on the fixtures: folding the exporters' mask and position arithmetic over ``max_cache_len`` slots
-stores 8-24 bytes per slot (int64 ranges, bool and float masks): 10^7 slots give ~241 MB of constants.
-"""
-FOLDING_PEAK_BYTES_PER_SLOT = 320
-"""Peak bytes per cache slot (per batch row and token of step_len) while onnxsim folds, an upper bound.
-
-Measured on the fixtures: folding at 10^6 slots grows the process by ~280 MB (onnxsim evaluates the masks
-in ONNX Runtime and serialises them into protos, several copies at once).
-"""
 
 
 class StaticKVConfig(PassConfig):
@@ -179,72 +171,6 @@ class StaticKVConfig(PassConfig):
         return [primary, *rest]
 
 
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes a static graph needs while it is built and at run time, with the arithmetic spelled out.
-
-    Attributes:
-        cache_bytes: ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × copies`` (bytes).
-        cache_text: that product written out, e.g. ``2 × 2 layers × 1 × 2 heads × 64 slots × 16 × 4 bytes × 3
-            copies = 96.0 KiB``.
-        folded_bytes: constants of ``max_cache_len`` slots folding stores in the graph (bytes, upper bound).
-        folding_peak_bytes: what folding holds at its peak (bytes, upper bound).
-        folding_text: the folding arithmetic written out.
-    """
-
-    cache_bytes: int
-    cache_text: str
-    folded_bytes: int
-    folding_peak_bytes: int
-    folding_text: str
-
-    @property
-    def run_bytes(self) -> int:
-        """Bytes resident while decoding: the cache copies and the folded constants."""
-        return self.cache_bytes + self.folded_bytes
-
-    def refusal(self, available: int) -> str | None:
-        """Why ``available`` bytes are not enough (the arithmetic and the comparison), or None when they are."""
-        if self.run_bytes > available:
-            extra = f" + {format_bytes(self.folded_bytes)} folded constants" if self.folded_bytes else ""
-            return f"{self.cache_text}{extra} > {format_bytes(available)} available"
-        if self.folding_peak_bytes > available:
-            return f"folding the mask arithmetic needs {self.folding_text} > {format_bytes(available)} available"
-        return None
-
-
-def estimate_memory(kv: KVCache, cfg: StaticKVConfig, *, copies: int = RUNTIME_CACHE_COPIES) -> MemoryEstimate:
-    """Estimate the bytes of the cache buffers at run time and of the constants folding makes.
-
-    Args:
-        kv: the cache of the input model (layers, H_kv, D, dtype).
-        cfg: the pass config (batch; the largest step length and cache length of the set).
-        copies: cache buffers alive at once while decoding.
-
-    Returns:
-        The estimate with its arithmetic.
-    """
-    itemsize = kv.numpy_dtype.itemsize
-    layers = len(kv.layers)
-    max_cache_len, step_len = cfg.caches()[-1], cfg.steps()[-1]  # the largest graph of a set
-    cache = 2 * layers * cfg.batch * kv.num_kv_heads * max_cache_len * kv.head_dim * itemsize * copies
-    slots = max_cache_len * step_len * cfg.batch
-    peak = FOLDING_PEAK_BYTES_PER_SLOT * slots
-    return MemoryEstimate(
-        cache_bytes=cache,
-        cache_text=(
-            f"2 × {layers} layers × {cfg.batch} × {kv.num_kv_heads} heads × {max_cache_len} slots × "
-            f"{kv.head_dim} × {itemsize} bytes × {copies} copies = {format_bytes(cache)}"
-        ),
-        folded_bytes=FOLDED_BYTES_PER_SLOT * slots,
-        folding_peak_bytes=peak,
-        folding_text=(
-            f"~{FOLDING_PEAK_BYTES_PER_SLOT} bytes × {max_cache_len} slots × {step_len} × {cfg.batch} = "
-            f"{format_bytes(peak)}"
-        ),
-    )
-
-
 def graph_file_name(primary: str, step_len: int, max_cache_len: int) -> str:
     """File name of a non-primary graph of a set: ``model.onnx`` → ``model.s16.c1024.onnx``.
 
@@ -255,70 +181,6 @@ def graph_file_name(primary: str, step_len: int, max_cache_len: int) -> str:
     """
     path = PurePath(primary)
     return f"{path.stem}.s{step_len}.c{max_cache_len}{path.suffix}"
-
-
-_ELEMENTWISE_AFTER_HEAD = ("Identity", "Cast", "Tanh", "Mul", "Div", "Add", "Sub")
-"""Ops allowed between the LM head and the logits output (soft-capping, casts): they act per position."""
-
-
-def gather_last_position(model: ir.Model, logits_name: str, *, batch: int, who: str = "static_kv") -> str:
-    """Feed the LM head only the hidden state at ``last_token_index``: logits become ``(B, 1, V)``.
-
-    The LM head is the MatMul whose output reaches the logits output through per-position ops only
-    (:data:`_ELEMENTWISE_AFTER_HEAD` with constant other operands). Its hidden-state operand ``(B, S, H)`` is
-    replaced by ``GatherElements(hidden, Expand(Reshape(last_token_index, (B, 1, 1)), (B, 1, H)), axis=1)``
-    ``(B, 1, H)``; the new input ``last_token_index`` is int64 ``(B,)``. Shapes are re-inferred.
-
-    Args:
-        model: a static graph (shapes inferred), edited in place.
-        logits_name: its logits output.
-        batch: B.
-        who: the pass named in errors.
-
-    Returns:
-        The LM head node's name, for the report.
-
-    Raises:
-        PreconditionError: no MatMul reached that way, or its hidden-state operand is not a static
-            ``(B, S, H)``; the message suggests ``prefill_logits: all``.
-    """
-    graph = model.graph
-    value = next(v for v in graph.outputs if v.name == logits_name)
-    node = value.producer()
-    while node is not None and node.op_type != "MatMul":
-        others = [i for i in node.inputs[1:] if i is not None]
-        if node.op_type not in _ELEMENTWISE_AFTER_HEAD or any(
-            i.const_value is None or i.const_value.size != 1 for i in others
-        ):
-            node = None
-            break
-        node = node.inputs[0].producer() if node.inputs[0] is not None else None
-    hidden = node.inputs[0] if node is not None else None
-    shape = hidden.shape if hidden is not None else None
-    if node is None or hidden is None or shape is None or len(shape) != 3 or not all(isinstance(d, int) for d in shape):
-        raise PreconditionError(
-            who,
-            f"prefill_logits: last needs the LM head as a MatMul on hidden states (B, S, H) whose output reaches "
-            f"'{logits_name}' through per-position ops only; found none (hidden operand shape {shape}). "
-            "Use prefill_logits: all",
-        )
-    index = ir.Value(name=LAST_TOKEN_INDEX, shape=ir.Shape([batch]), type=ir.TensorType(ir.DataType.INT64))
-    graph.inputs.append(index)
-    prefix = "onnxdeploy/static_kv/last_position"
-    shape3 = ir.Value(name=f"{prefix}/index_shape", const_value=ir.tensor(np.array([batch, 1, 1], dtype=np.int64)))
-    wide = ir.Value(name=f"{prefix}/gather_shape", const_value=ir.tensor(np.array([1, 1, shape[2]], dtype=np.int64)))
-    for const in (shape3, wide):
-        const.const_value.name = const.name  # type: ignore[union-attr]
-        graph.register_initializer(const)
-    reshape = ir.node("Reshape", [index, shape3], name=f"{prefix}/Reshape")
-    expand = ir.node("Expand", [reshape.outputs[0], wide], name=f"{prefix}/Expand")
-    gather = ir.node("GatherElements", [hidden, expand.outputs[0]], {"axis": 1}, name=f"{prefix}/GatherElements")
-    for n, out in ((reshape, "index_3d"), (expand, "index_wide"), (gather, "hidden")):
-        n.outputs[0].name = f"{prefix}/{out}"
-    graph.insert_before(node, [reshape, expand, gather])
-    node.replace_input_with(0, gather.outputs[0])
-    infer_shapes(model)
-    return str(node.name or "?")
 
 
 @register_pass
@@ -368,18 +230,28 @@ class StaticKVCachePass(Pass):
         Raises:
             ConfigError: ``len(prompt) + steps`` above the largest cache length. The message starts with the key
                 below ``passes[i].static_kv`` (``max_cache_len=…`` or ``max_cache_lens=…``).
+            SettingsConflict: under ``verify.runtimes[i]``, a runtime other than ONNX Runtime (openvino,
+                rknn-sim: they decode one graph, one token per call) asked to verify a graph set or a
+                ``step_len > 1`` graph.
         """
         cfg = self.config
-        positions = settings.verify_positions
-        if positions is None:
-            return
-        prompt = settings.verify_prompt_len or 0
-        largest = cfg.caches()[-1]
-        if positions > largest:
+        positions, largest = settings.verify_positions, cfg.caches()[-1]
+        if positions is not None and positions > largest:
+            prompt = settings.verify_prompt_len or 0
             key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
             raise ConfigError(
                 f"{key} is smaller than the {prompt} prompt tokens + {positions - prompt} steps = {positions} "
                 "positions verification decodes; lower verify.steps or raise the largest cache length"
+            )
+        others = [(i, name) for i, name in enumerate(settings.verify_runtimes) if name != "onnxruntime"]
+        graphs = cfg.graphs()
+        if others and (len(graphs) > 1 or graphs[0][0] != 1):
+            i, name = others[0]
+            raise SettingsConflict(
+                f"verify.runtimes[{i}]",
+                f"{name} decodes one graph one token per call, but {{pass_key}} makes {len(graphs)} graph(s) with "
+                f"step lengths {sorted({s for s, _ in graphs})}; verify the set on onnxruntime only, or run {name} "
+                "on a single step_len 1 graph",
             )
 
     def check_model(self, model: ir.Model, settings: PipelineSettings) -> None:
@@ -395,20 +267,24 @@ class StaticKVCachePass(Pass):
                 folded constants, or the peak of folding, exceed
                 :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
-        if CONTRACT_KEY in model.metadata_props:
-            raise PreconditionError(
-                self.name,
-                "the model already carries metadata_props['onnxdeploy.contract'] (it was made static before); "
-                "run static_kv on the original export",
-            )
+        self._refuse_contract(model)
         kv = self._find(model)
         available = available_memory_bytes()
         if available is None:
             return
-        why = estimate_memory(kv, self.config).refusal(available)
+        largest = self.config.caches()[-1]
+        estimate = estimate_memory(kv, batch=self.config.batch, step_len=self.config.steps()[-1], max_cache_len=largest)
+        why = estimate.refusal(available)
         if why is not None:
-            raise ConfigError(
-                f"max_cache_len={self.config.caches()[-1]} does not fit in memory: {why}; lower max_cache_len or batch"
+            raise ConfigError(f"max_cache_len={largest} does not fit in memory: {why}; lower max_cache_len or batch")
+
+    def _refuse_contract(self, model: ir.Model) -> None:
+        """Refuse a graph that already carries a decode contract (static_kv ran on it before)."""
+        if CONTRACT_KEY in model.metadata_props:
+            raise PreconditionError(
+                self.name,
+                f"the model already carries metadata_props['{CONTRACT_KEY}'] (it was made static before); "
+                "run static_kv on the original export",
             )
 
     def _find(self, model: ir.Model, head_dim: int | None = None) -> KVCache:
@@ -457,53 +333,63 @@ class StaticKVCachePass(Pass):
                 f"max_cache_len={cfg.caches()[0]} is smaller than step_len={cfg.steps()[-1]}; every graph of a set "
                 "must hold its largest chunk",
             )
-        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
+        opset = default_opset(model)
         if opset < 11:
             raise PreconditionError(self.name, f"ai.onnx opset {opset} < 11 has no ScatterElements; run pin_opset")
-        if "onnxdeploy.contract" in model.metadata_props:
-            raise PreconditionError(
-                self.name,
-                "the model already carries metadata_props['onnxdeploy.contract'] (it was made static before); "
-                "run static_kv on the original export",
-            )
+        self._refuse_contract(model)
 
-    # ---------------------------------------------------------------------------------------- rewrite
-
-    def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
-        """Rewrite one structural copy of the primary graph per ``(step_len, max_cache_len)`` (class docstring)."""
-        cfg = self.config
-        original = artifacts.primary
-        head_dim = genai_head_size(context.model_path)
-        kv = self._find(original, head_dim)
-        g = original.graph
+    def _check_inputs(self, graph: ir.Graph, kv: KVCache) -> None:
+        """Refuse a graph input that is neither the cache nor one of :data:`KNOWN_INPUTS`, or no ``input_ids``."""
         cache_inputs = {t.past_name for t in kv.tensors}
         other = [
             str(v.name)
-            for v in g.inputs
-            if v.name not in cache_inputs and v.name not in KNOWN_INPUTS and v.name not in g.initializers
+            for v in graph.inputs
+            if v.name not in cache_inputs and v.name not in KNOWN_INPUTS and v.name not in graph.initializers
         ]
         if other:
             raise PreconditionError(
                 self.name,
                 f"unknown non-cache graph input(s) {other}; static_kv knows {list(KNOWN_INPUTS)} and the cache",
             )
-        if "input_ids" not in {v.name for v in g.inputs}:
+        if "input_ids" not in {v.name for v in graph.inputs}:
             raise PreconditionError(self.name, "the model has no 'input_ids' input")
 
+    # ---------------------------------------------------------------------------------------- rewrite
+
+    def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
+        """Rewrite one structural copy of the primary graph per ``(step_len, max_cache_len)`` (class docstring)."""
+        original = artifacts.primary
+        head_dim = genai_head_size(context.model_path)
+        kv = self._find(original, head_dim)
+        self._check_inputs(original.graph, kv)
         self._resolve_cache_write(kv, context, report)
-        if kv.attention_op is not None:
-            query_positions = []  # the op derives positions and the causal mask from seqlens_k
+        query_positions = self._query_positions(original, kv, context, report)
+        built = self._build_set(original, artifacts.artifacts[0].name, query_positions, report, head_dim)
+        self._write_contracts(built, report)
+        out = ArtifactSet(
+            [Artifact(name, model) for name, model, _ in built],
+            weights=artifacts.weights,
+            input_was_external=artifacts.input_was_external,
+            notes=list(artifacts.notes),
+        )
+        return out, True
+
+    def _query_positions(self, original: ir.Model, kv: KVCache, context: PassContext, report: PassReport) -> list[str]:
+        """The exporter's query-position values to feed from ``cache_position`` (none when an op holds the cache).
+
+        Raises:
+            PreconditionError: none found while a step length above 1 needs them (the causal mask).
+        """
+        if kv.attention_op is not None:  # the op derives positions and the causal mask from seqlens_k
             report.changes.append(
                 f"cache held by {kv.attention_op} ({len(kv.layers)} nodes); head dim {kv.head_dim} from the "
                 f"{kv.head_dim_source}"
             )
-        else:
-            query_positions = find_query_positions(original, kv, context, who=self.name)
+            return []
+        query_positions = find_query_positions(original, kv, context, who=self.name)
         if query_positions:
             report.changes.append(f"query-position tensor(s) {query_positions} now read the cache_position input")
-        elif kv.attention_op is not None:
-            pass
-        elif cfg.steps()[-1] > 1:
+        elif self.config.steps()[-1] > 1:
             raise PreconditionError(
                 self.name,
                 "no query-position tensor (past_len + arange(S)) found; a static step_len > 1 graph would get a "
@@ -514,9 +400,21 @@ class StaticKVCachePass(Pass):
                 "no query-position tensor found; the causal mask relies on attention_mask alone (fine for "
                 "step_len 1 without sliding window)"
             )
+        return query_positions
 
-        primary_name = artifacts.artifacts[0].name
-        pairs = cfg.graphs()
+    def _build_set(
+        self,
+        original: ir.Model,
+        primary_name: str,
+        query_positions: list[str],
+        report: PassReport,
+        head_dim: int | None,
+    ) -> list[tuple[str, ir.Model, DecodeContract]]:
+        """``(file name, static graph, contract)`` per ``(S, L)`` of the config, the primary graph first.
+
+        The primary graph's changes go to ``report``; each other graph adds one summary line and its warnings.
+        """
+        pairs = self.config.graphs()
         names = [primary_name] + [graph_file_name(primary_name, s, c) for s, c in pairs[1:]]
         built: list[tuple[str, ir.Model, DecodeContract]] = []
         for i, ((S, L), name) in enumerate(zip(pairs, names, strict=True)):
@@ -529,6 +427,10 @@ class StaticKVCachePass(Pass):
                     f"{name}: step_len {S}, max_cache_len {L}, prefill_logits {contract.prefill_logits}, "
                     f"{len(graph_report.changes)} change(s) as for {primary_name}"
                 )
+        return built
+
+    def _write_contracts(self, built: list[tuple[str, ir.Model, DecodeContract]], report: PassReport) -> None:
+        """Write each graph's contract, listing the whole set (``graph_set``) in every one."""
         graph_set = [
             GraphSetEntry(
                 file=name,
@@ -545,13 +447,6 @@ class StaticKVCachePass(Pass):
             report.changes.append(
                 f"graph set of {len(built)} sharing one weights file: {', '.join(n for n, _, _ in built)}"
             )
-        out = ArtifactSet(
-            [Artifact(name, model) for name, model, _ in built],
-            weights=artifacts.weights,
-            input_was_external=artifacts.input_was_external,
-            notes=list(artifacts.notes),
-        )
-        return out, True
 
     def _resolve_cache_write(self, kv: KVCache, context: PassContext, report: PassReport) -> None:
         """Set the cache write and update this run uses: the config's, else the target's default, else Scatter.
@@ -606,15 +501,27 @@ class StaticKVCachePass(Pass):
         Returns:
             The folded graph and its contract (``graph_set`` still empty).
         """
-        cfg = self.config
-        B = cfg.batch
-        g = model.graph
         kv = self._find(model, head_dim)
-        cache_position = add_cache_position(g, S, who=self.name)
+        self._rewrite_cache(model, kv, query_positions, S, L, report)
+        folded = self._fold(model, report)
+        contract = self._contract(folded, kv, S, L, report)
+        report.changes.append(
+            f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={self.config.batch}, "
+            f"step_len={S}, max_cache_len={L}, {self._cache_update}"
+        )
+        return folded, contract
+
+    def _rewrite_cache(
+        self, model: ir.Model, kv: KVCache, query_positions: list[str], S: int, L: int, report: PassReport
+    ) -> None:
+        """Add ``cache_position``, write the cache there (at the op, or instead of each Concat), fix the input dims."""
+        B = self.config.batch
+        graph = model.graph
+        cache_position = add_cache_position(graph, S, who=self.name)
         report.changes.append(f"added input {CACHE_POSITION} int64 [{S}]")
         if kv.attention_op is not None:  # GroupQueryAttention holds the cache: rewrite its length inputs
             report.changes += rewrite_gqa_cache(
-                g,
+                model,
                 kv,
                 cache_position=cache_position,
                 batch=B,
@@ -625,7 +532,7 @@ class StaticKVCachePass(Pass):
             )
         else:
             report.changes += rewrite_cache_writes(
-                g,
+                graph,
                 kv,
                 cache_position=cache_position,
                 seq_axis=kv.seq_axis,
@@ -635,10 +542,12 @@ class StaticKVCachePass(Pass):
                 cache_write=self._cache_write,
                 batch=B,
             )
-            feed_query_positions(g, query_positions, cache_position)
-        report.dims_fixed += fix_io_dims(g, kv, batch=B, step_len=S, max_cache_len=L)
+            feed_query_positions(graph, query_positions, cache_position)
+        report.dims_fixed += fix_io_dims(graph, kv, batch=B, step_len=S, max_cache_len=L)
 
-        n_inf = replace_neg_inf(g)
+    def _fold(self, model: ir.Model, report: PassReport) -> ir.Model:
+        """Fold the shape arithmetic (a new model), ``-inf`` constants made finite before and after."""
+        n_inf = replace_neg_inf(model.graph)
         folded = fold_and_infer(model)
         n_inf += replace_neg_inf(folded.graph)
         if n_inf:
@@ -646,7 +555,12 @@ class StaticKVCachePass(Pass):
         left = sorted({n.op_type for n in folded.graph if n.op_type in _FOLDED_AWAY})
         if left:
             report.warnings.append(f"ops left after folding: {left}")
+        return folded
 
+    def _contract(self, folded: ir.Model, kv: KVCache, S: int, L: int, report: PassReport) -> DecodeContract:
+        """The graph's contract; a prefill graph's LM head gathered to the last token, the cache cast to kv_dtype."""
+        cfg = self.config
+        B = cfg.batch
         contract = build_contract(
             folded, kv, batch=B, step_len=S, max_cache_len=L, cache_update=self._cache_update, who=self.name
         )
@@ -666,11 +580,7 @@ class StaticKVCachePass(Pass):
         if cfg.kv_dtype is not None and cfg.kv_dtype != contract.kv_dtype:
             report.changes.append(cast_cache_boundary(folded, contract, cfg.kv_dtype, who=self.name))
             contract = contract.model_copy(update={"kv_dtype": cfg.kv_dtype})
-        report.changes.append(
-            f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={B}, step_len={S}, "
-            f"max_cache_len={L}, {self._cache_update}"
-        )
-        return folded, contract
+        return contract
 
     def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
         """Every graph input and output of every graph has a fully static shape.

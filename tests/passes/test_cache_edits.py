@@ -16,16 +16,12 @@ from onnxdeploy.kv_cache import find_kv_cache, find_logits_output
 from onnxdeploy.passes._cache_edits import (
     add_cache_position,
     build_contract,
-    feed_query_positions,
-    find_query_positions,
     fix_io_dims,
     replace_neg_inf,
     rewrite_cache_writes,
 )
-from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import fold_and_infer
-from onnxdeploy.runner import open_session
-from tests.conftest import REPO
+from onnxdeploy.passes._edit import clone, fold_and_infer
+from onnxdeploy.passes._query_positions import feed_query_positions
 
 VOCAB_OUT = 80  # the weight W is (4, 80) float32 = 1280 bytes: above the 1 KiB stand-in threshold
 _W = ", ".join(f"{(i % 7 - 3) / 10:.1f}" for i in range(4 * VOCAB_OUT))
@@ -172,40 +168,6 @@ def test_rewrite_refuses_other_layouts():
         rewrite_cache_writes(model.graph, kv, cache_position=pos, layout="BSH2D", max_cache_len=L, step_len=1)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_find_query_positions_probes_with_the_exports_batch(tmp_path, batch):
-    """A toy with a static batch of 2 rejects a batch-1 feed: the probe must use the export's batch."""
-    model = _toy(batch="B" if batch == 1 else "2")
-    kv = find_kv_cache(model)
-    calls = []
-
-    def factory(path):
-        calls.append(path)
-        return open_session(path)
-
-    context = PassContext(scratch_dir=tmp_path, session_factory=factory)
-    assert find_query_positions(model, kv, context) == ["qpos"]
-    assert len(calls) == 1
-    assert list(tmp_path.iterdir()) == []  # probe model and links removed
-    # the probe never touched the model it was given
-    assert [o.name for o in model.graph.outputs] == ["logits", "present_key", "present_value", "past_seen"]
-
-
-def test_the_probe_carries_no_weight_but_the_embedding_table(tmp_path):
-    """The probe is pruned to shape arithmetic: of a real export's weights only the looked-up table remains."""
-    model = model_io.load_model(REPO / "fixtures/llama_gqa/optimum/model.onnx").model
-    kv = find_kv_cache(model)
-    kept = []
-
-    def factory(path):
-        header = onnx.load(str(path), load_external_data=False)
-        kept.extend(t.name for t in header.graph.initializer if model_io.tensor_nbytes(t) > 1024)
-        return open_session(path)
-
-    assert find_query_positions(model, kv, PassContext(scratch_dir=tmp_path, session_factory=factory))
-    assert kept == ["model.embed_tokens.weight"]
-
-
 def test_fix_io_dims_reports_each_changed_dim():
     model = _toy()
     kv = find_kv_cache(model)
@@ -261,6 +223,26 @@ def test_replace_neg_inf_in_initializers_and_constants(tmp_path):
     assert model.graph.initializers["init"].const_value.numpy().tolist() == [0.0, low]
     got = _run(model, {"x": np.array([1.0, 2.0], np.float32)}, tmp_path)
     assert np.isfinite(got["y"]).all() and np.isfinite(got["z"]).all()
+
+
+def test_replace_neg_inf_on_a_clone_leaves_the_shared_tensors_alone():
+    """A clone shares every tensor with its original: the -inf constants are replaced, never written into."""
+    model = ir.serde.deserialize_model(
+        onnx.parser.parse_model(
+            """
+            <ir_version: 8, opset_import: ["" : 17]>
+            g (float[2] x) => (float[2] y) <float[2] init = {0.0, -inf}> {
+                c = Constant <value = float[2] {-inf, 1.0}> ()
+                a = Add (x, init)
+                y = Add (a, c)
+            }
+            """
+        )
+    )
+    copy = clone(model)
+    assert replace_neg_inf(copy.graph) == 2
+    assert model.graph.initializers["init"].const_value.numpy().tolist() == [0.0, float("-inf")]
+    assert model.graph.node(0).attributes["value"].as_tensor().numpy().tolist() == [float("-inf"), 1.0]
 
 
 def test_replace_neg_inf_in_bfloat16_constants():

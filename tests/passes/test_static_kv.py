@@ -21,7 +21,7 @@ from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import open_session, verify
-from onnxdeploy.settings import PipelineSettings
+from onnxdeploy.settings import PipelineSettings, SettingsConflict
 from tests.conftest import ALL_FIXTURE_NAMES, FIXTURE_NAMES, PROMPT, FixtureExpectations, fixture_entry
 
 
@@ -82,7 +82,7 @@ def test_static_kv_is_static_and_decodes_the_same(tmp_path, name, max_cache_len,
     expect = entry["expect"]
     static_kv = StaticKVCachePass(StaticKVConfig(max_cache_len=max_cache_len, cache_update=cache_update))
     if cache_update == "new_token_only" and not expect.new_token_only:
-        with pytest.raises(PreconditionError, match=f"cache_update new_token_only: .*{expect.cache_op} node '"):
+        with pytest.raises(PreconditionError, match=f"cache_update new_token_only: .*{expect.cache_op} '"):
             static_kv(_load(name), make_pass_context())
         return
     result = static_kv(_load(name), make_pass_context())
@@ -245,6 +245,31 @@ def test_input_files_hash_the_same_after_the_pass(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "model.onnx.data"]
 
 
+def _tensor_bytes(model: ir.Model) -> dict[str, bytes]:
+    """Every initializer's and Constant/ConstantOfShape tensor's bytes, by name."""
+    found = {name: v.const_value.tobytes() for name, v in model.graph.initializers.items() if v.const_value}
+    for i, node in enumerate(model.graph):
+        attr = node.attributes.get("value")
+        if attr is not None and attr.type == ir.AttributeType.TENSOR:
+            found[f"#{i} {node.op_type}"] = attr.as_tensor().tobytes()
+    return found
+
+
+@pytest.mark.parametrize("name", ["llama_gqa_optimum", "llama_gqa_genai"])
+def test_the_input_graph_and_its_tensors_are_left_as_they_were(name):
+    """The rewritten graphs share the input's tensors (clone): each -inf or weight is replaced, never written."""
+    entry = fixture_entry(name)
+    src = ir.serde.deserialize_model(onnx.load(str(entry["model_path"])))  # in-memory tensors: writable
+    before = _tensor_bytes(src)
+    names = [(v.name, v.dtype, str(v.shape)) for v in [*src.graph.inputs, *src.graph.outputs]]
+    ops = _ops(src)
+    context = make_pass_context(model_path=entry["model_path"])
+    StaticKVCachePass(StaticKVConfig(step_lens=[1, 2], max_cache_len=40, prefill_logits="last"))(src, context)
+    assert _tensor_bytes(src) == before
+    assert [(v.name, v.dtype, str(v.shape)) for v in [*src.graph.inputs, *src.graph.outputs]] == names
+    assert _ops(src) == ops and CONTRACT_KEY not in src.metadata_props
+
+
 def test_max_cache_len_below_step_len_is_refused_by_the_config():
     with pytest.raises(ValidationError, match="step length 2 does not fit cache length 1"):
         StaticKVConfig(max_cache_len=1, step_len=2)
@@ -345,6 +370,21 @@ def test_check_settings_refuses_what_verification_cannot_run():
     sets.check_settings(PipelineSettings(verify_positions=16, verify_prompt_len=6))
     with pytest.raises(ConfigError, match=r"^max_cache_lens=\[8, 16\] is smaller than the 6 prompt tokens"):
         sets.check_settings(PipelineSettings(verify_positions=17, verify_prompt_len=6))
+
+
+def test_check_settings_refuses_a_set_or_chunk_graph_on_a_one_graph_runtime():
+    """openvino / rknn-sim decode one graph one token per call: the refusal is keyed by verify.runtimes[i]."""
+    on_two = PipelineSettings(verify_runtimes=("onnxruntime", "rknn-sim"))
+    for cfg in ({"step_lens": [1, 4], "max_cache_len": 64}, {"step_len": 4, "max_cache_len": 64}):
+        with pytest.raises(SettingsConflict) as err:
+            StaticKVCachePass(StaticKVConfig(**cfg)).check_settings(on_two)
+        assert err.value.key == "verify.runtimes[1]"
+        assert err.value.located("passes[0].static_kv").startswith(
+            "rknn-sim decodes one graph one token per call, but passes[0].static_kv makes"
+        )
+    StaticKVCachePass(StaticKVConfig(max_cache_len=64)).check_settings(on_two)
+    only_ort = PipelineSettings(verify_runtimes=("onnxruntime",))
+    StaticKVCachePass(StaticKVConfig(step_lens=[1, 4], max_cache_len=64)).check_settings(only_ort)
 
 
 def test_cache_larger_than_memory_is_refused_before_any_work(monkeypatch):

@@ -1,0 +1,198 @@
+"""Write a call's K/V into a fixed cache buffer at ``cache_position``: the four ``cache_write`` methods, any layout.
+
+:func:`build_cache_write` returns the nodes of one write (``scatter_elements``, ``scatter_nd``, or the select
+``where`` / ``host`` for NPU compilers without a Scatter lowering); every method gives the same buffer, bit for
+bit. ``static_kv`` (:func:`onnxdeploy.passes._cache_edits.rewrite_cache_writes`) and ``kv_layout`` (BSH2D,
+BHDS_K buffers) insert them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxdeploy.contract import CacheWrite
+from onnxdeploy.passes._edit import add_initializer, make_node
+
+__all__ = ["build_cache_write"]
+
+_PREFIX = "onnxdeploy/static_kv/write"
+
+
+def _int64(values: Sequence[int]) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+class _WriteNodes:
+    """The nodes of one cache write, in topological order; its constants registered on the graph by name, once."""
+
+    def __init__(self, graph: ir.Graph, prefix: str) -> None:
+        self.graph, self.prefix = graph, prefix
+        self.nodes: list[ir.Node] = []
+
+    def const(self, name: str, values: np.ndarray) -> ir.Value:
+        """The initializer ``onnxdeploy/static_kv/write/{name}`` (shared by every write of the graph)."""
+        return add_initializer(self.graph, f"{_PREFIX}/{name}", np.ascontiguousarray(values), reuse=True)
+
+    def shape(self, dims: Sequence[int]) -> ir.Value:
+        """The int64 shape constant ``dims``, named by them (``shape_1x1x2x1``)."""
+        return self.const(f"shape_{'x'.join(map(str, dims))}", _int64(dims))
+
+    def add(self, op: str, inputs: list[ir.Value], out: str, dtype: ir.DataType, **attributes: object) -> ir.Value:
+        """Append ``op`` whose output is ``{prefix}/{out}`` of ``dtype``; return that output."""
+        name = f"{self.prefix}/{out}"
+        node = make_node(op, inputs, name=f"{name}/{op}", output=name, dtype=dtype, **attributes)
+        self.nodes.append(node)
+        return node.outputs[0]
+
+
+def build_cache_write(
+    graph: ir.Graph,
+    buffer: ir.Value,
+    update: ir.Value,
+    cache_position: ir.Value,
+    *,
+    method: CacheWrite,
+    seq_axis: int,
+    update_shape: tuple[int, ...],
+    max_cache_len: int,
+    prefix: str,
+) -> tuple[list[ir.Node], ir.Value]:
+    """Nodes that write ``update`` into ``buffer`` at the slots ``cache_position`` names, on ``seq_axis``.
+
+    ``buffer`` has ``max_cache_len`` slots on ``seq_axis`` (any layout: BHSD ``(B, H_kv, L, D)``, BSH2D
+    ``(B, L, H_kv, 2·D)``, K of BHDS_K ``(B, H_kv, D, L)``); ``update`` has ``update_shape``, the same with ``S``
+    on ``seq_axis``; ``cache_position`` is int64 ``[S]``, distinct slots. Every method gives the same buffer,
+    bit for bit (each only moves elements):
+
+    * ``scatter_elements``: ``ScatterElements(buffer, idx, update, axis=seq_axis)``, ``idx`` = ``cache_position``
+      expanded to ``update_shape`` (opset ≥ 11).
+    * ``scatter_nd``: ``ScatterND(buffer, idx, update)``, ``idx`` ``(*update_shape[:seq_axis + 1], seq_axis + 1)``:
+      a constant index grid of the leading axes and ``cache_position`` last (opset ≥ 11).
+    * ``where`` (and ``host``, the write attention reads inside a ``new_token_only`` graph): a select with ops NPU
+      compilers lower where they lack a Scatter (RK3588). ``S = 1``: ``Where(Equal(slots, cache_position),
+      update, buffer)``, ``slots`` the constant int64 slot index ``0..L-1`` along ``seq_axis``, ``update``
+      broadcast over the slots. ``S > 1``: ``src = ArgMax(Equal(slots, cache_position))`` (which of the S rows
+      lands in each slot), ``hit = Equal(Gather(cache_position, src), slots)``, ``Where(hit, Gather(update, src,
+      axis=seq_axis), buffer)``.
+
+    Args:
+        graph: the graph (constants are registered on it, by name, once).
+        buffer: the cache buffer, in the compute dtype.
+        update: the call's K/V in the buffer's layout, ``update_shape``.
+        cache_position: int64 ``[S]``.
+        method: a :data:`~onnxdeploy.contract.CacheWrite`.
+        seq_axis: the slot axis of ``buffer`` and ``update`` (non-negative).
+        update_shape: static shape of ``update``.
+        max_cache_len: L, slots of ``buffer``.
+        prefix: names of the new nodes and values start with it (unique per write).
+
+    Returns:
+        ``(nodes in topological order, the updated buffer)``; the caller inserts the nodes.
+
+    Raises:
+        ValueError: an unknown ``method``.
+    """
+    build = _WRITES.get(method)
+    if build is None:
+        raise ValueError(f"unknown cache_write {method!r}; known: scatter_elements, scatter_nd, where, host")
+    w = _WriteNodes(graph, prefix)
+    dtype = update.dtype or buffer.dtype or ir.DataType.FLOAT
+    out = build(w, buffer, update, cache_position, seq_axis, tuple(update_shape), max_cache_len, dtype)
+    out.shape = buffer.shape
+    return w.nodes, out
+
+
+_WriteBuilder = Callable[[_WriteNodes, ir.Value, ir.Value, ir.Value, int, tuple[int, ...], int, ir.DataType], ir.Value]
+
+
+def _scatter_elements_write(
+    w: _WriteNodes,
+    buffer: ir.Value,
+    update: ir.Value,
+    cache_position: ir.Value,
+    seq_axis: int,
+    update_shape: tuple[int, ...],
+    max_cache_len: int,
+    dtype: ir.DataType,
+) -> ir.Value:
+    """``ScatterElements(buffer, Expand(Reshape(cache_position), update_shape), update, axis=seq_axis)``."""
+    pos_shape = [1] * len(update_shape)
+    pos_shape[seq_axis] = update_shape[seq_axis]
+    pos = w.add("Reshape", [cache_position, w.shape(pos_shape)], "positions", ir.DataType.INT64)
+    idx = w.add("Expand", [pos, w.shape(update_shape)], "indices", ir.DataType.INT64)
+    return w.add("ScatterElements", [buffer, idx, update], "updated", dtype, axis=seq_axis)
+
+
+def _scatter_nd_write(
+    w: _WriteNodes,
+    buffer: ir.Value,
+    update: ir.Value,
+    cache_position: ir.Value,
+    seq_axis: int,
+    update_shape: tuple[int, ...],
+    max_cache_len: int,
+    dtype: ir.DataType,
+) -> ir.Value:
+    """``ScatterND(buffer, idx, update)``: ``idx`` the constant grid of the leading axes, ``cache_position`` last."""
+    i64 = ir.DataType.INT64
+    lead = list(update_shape[: seq_axis + 1])
+    pos_shape = [1] * seq_axis + [update_shape[seq_axis], 1]
+    pos = w.add("Reshape", [cache_position, w.shape(pos_shape)], "positions", i64)
+    pos = w.add("Expand", [pos, w.shape([*lead, 1])], "slot_index", i64)
+    if seq_axis:
+        grid = np.stack(np.indices(lead, dtype=np.int64)[:seq_axis], axis=-1)
+        pos = w.add("Concat", [w.const(f"grid_{'x'.join(map(str, lead))}", grid), pos], "indices", i64, axis=-1)
+    return w.add("ScatterND", [buffer, pos, update], "updated", dtype)
+
+
+def _select_write(
+    w: _WriteNodes,
+    buffer: ir.Value,
+    update: ir.Value,
+    cache_position: ir.Value,
+    seq_axis: int,
+    update_shape: tuple[int, ...],
+    max_cache_len: int,
+    dtype: ir.DataType,
+) -> ir.Value:
+    """``Where`` over the slots: the one written slot (S = 1), or the row each slot takes (S > 1)."""
+    rank = len(update_shape)
+    slot_shape = [1] * rank
+    slot_shape[seq_axis] = max_cache_len
+    slot_key = "x".join(map(str, slot_shape))
+    if update_shape[seq_axis] == 1:
+        slots = w.const(f"slots_{slot_key}", np.arange(max_cache_len, dtype=np.int64).reshape(slot_shape))
+        pos = w.add("Reshape", [cache_position, w.shape([1] * rank)], "position", ir.DataType.INT64)
+        hit = w.add("Equal", [slots, pos], "slot_hit", ir.DataType.BOOL)
+        return w.add("Where", [hit, update, buffer], "updated", dtype)
+    hit, src = _rows_per_slot(w, cache_position, update_shape[seq_axis], max_cache_len)
+    hit = w.add("Reshape", [hit, w.shape(slot_shape)], "slot_hit", ir.DataType.BOOL)
+    rows = w.add("Gather", [update, src], "rows", dtype, axis=seq_axis)
+    return w.add("Where", [hit, rows, buffer], "updated", dtype)
+
+
+def _rows_per_slot(
+    w: _WriteNodes, cache_position: ir.Value, step: int, max_cache_len: int
+) -> tuple[ir.Value, ir.Value]:
+    """``(hit (L,) bool, src (L,) int64)``: slot ``l`` takes row ``src[l]`` of the ``step`` rows when ``hit[l]``."""
+    i64 = ir.DataType.INT64
+    column = w.const(f"slots_{max_cache_len}x1", np.arange(max_cache_len, dtype=np.int64).reshape(-1, 1))
+    row = w.add("Reshape", [cache_position, w.shape([1, step])], "positions", i64)
+    onehot = w.add("Equal", [column, row], "slot_of_row", ir.DataType.BOOL)
+    scores = w.add("Cast", [onehot], "slot_of_row_float", ir.DataType.FLOAT, to=ir.DataType.FLOAT)
+    src = w.add("ArgMax", [scores], "source_row", i64, axis=1, keepdims=0)
+    written = w.add("Gather", [cache_position, src], "source_position", i64, axis=0)
+    flat = w.const(f"slots_{max_cache_len}", np.arange(max_cache_len, dtype=np.int64))
+    return w.add("Equal", [written, flat], "slot_hit_flat", ir.DataType.BOOL), src
+
+
+_WRITES: dict[str, _WriteBuilder] = {
+    "scatter_elements": _scatter_elements_write,
+    "scatter_nd": _scatter_nd_write,
+    "where": _select_write,
+    "host": _select_write,
+}
+"""How each :data:`~onnxdeploy.contract.CacheWrite` method builds its nodes (:func:`build_cache_write`)."""

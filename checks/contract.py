@@ -1,7 +1,8 @@
 """``contract``: the decode contract is present, valid, and agrees with the graph's I/O.
 
-Source: docs/ARCHITECTURE.md and the README, "The decode contract" (fields, shapes, dtypes), :class:`onnxdeploy.contract.DecodeContract`
-and :func:`onnxdeploy.contract.read_contract` (``metadata_props["onnxdeploy.contract"]``).
+Source: docs/ARCHITECTURE.md and the README, "The decode contract" (fields, shapes, dtypes),
+:class:`onnxdeploy.contract.DecodeContract` and :func:`onnxdeploy.contract.read_contract`
+(``metadata_props["onnxdeploy.contract"]``).
 """
 
 from __future__ import annotations

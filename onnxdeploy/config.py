@@ -217,7 +217,7 @@ class PassSpec(BaseModel):
 
 
 class PipelineConfig(BaseModel):
-    """The validated pipeline file (DESIGN.md, "The pipeline file")."""
+    """The validated pipeline file (README, "The pipeline file")."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 

@@ -1,6 +1,6 @@
 """Find a decoder's KV cache by data flow, not by names (on an ``onnx_ir`` graph; no weights read).
 
-The cache path in real exports (DESIGN.md, "Passes", measured on optimum, TorchScript and dynamo
+The cache path in real exports (README, "Passes" → ``static_kv``, measured on optimum, TorchScript and dynamo
 exports) is: graph input ``(B, H_kv, past, D)`` → pass-throughs (Identity; the TorchScript exporter adds a
 one-input Concat) → a two-input Concat on the sequence axis (past first, the step's new K/V second) →
 pass-throughs → graph output ``(B, H_kv, past + S, D)``. Which cache tensor is the key and which the

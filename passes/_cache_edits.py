@@ -1,4 +1,5 @@
-"""Cache edits several passes need, each one step on an ``onnx_ir`` graph (DESIGN.md, "Layout").
+"""Cache edits several passes need, each one step on an ``onnx_ir`` graph (docs/ARCHITECTURE.md, "Where each concept
+lives").
 
 The steps ``static_kv`` chains, usable on their own by later passes (prefill buckets, ``kv_layout``):
 
@@ -42,7 +43,6 @@ __all__ = [
     "CACHE_POSITION",
     "KNOWN_INPUTS",
     "add_cache_position",
-    "build_cache_write",
     "build_contract",
     "cast_cache_boundary",
     "fix_io_dims",
@@ -432,7 +432,7 @@ def build_contract(
     cache_update: Literal["full_buffer", "new_token_only"],
     who: str = "static_kv",
 ) -> DecodeContract:
-    """The decode contract of a rewritten graph (DESIGN.md, "The decode contract").
+    """The decode contract of a rewritten graph (docs/ARCHITECTURE.md, "The decode contract").
 
     Cache tensors ``(batch, H_kv, max_cache_len, D)`` of the cache dtype, layout ``BHSD``; names are read
     from ``kv`` (found on the original: the rewrite keeps input and output names) and ``model``'s inputs.

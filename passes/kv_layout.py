@@ -45,7 +45,7 @@ from onnxdeploy.contract import (
 )
 from onnxdeploy.errors import PostconditionError, PreconditionError
 from onnxdeploy.graph import node_label
-from onnxdeploy.passes._cache_edits import build_cache_write
+from onnxdeploy.passes._cache_write import build_cache_write
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node, remove_dead_nodes
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, OrderFact

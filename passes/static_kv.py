@@ -1,6 +1,6 @@
 """``static_kv``: fixed batch, step length and ``max_cache_len``; cache appended by Scatter, not Concat.
 
-What the pass does (DESIGN.md, "Passes" → ``static_kv``), each step a function of
+What the pass does (README, "Passes" → ``static_kv``), each step a function of
 :mod:`onnxdeploy.passes._cache_edits` (query positions: :mod:`onnxdeploy.passes._query_positions`):
 
 * Past K/V inputs become fixed buffers ``(B, H_kv, max_cache_len, D)``. The Concat that appended the
@@ -16,7 +16,7 @@ What the pass does (DESIGN.md, "Passes" → ``static_kv``), each step a function
   position. A ``-inf`` float constant becomes the dtype's most negative finite value
   (``numpy.finfo(dtype).min``, what transformers itself uses) so a fully masked row cannot make NaN.
 * Shape arithmetic is folded (onnxsim, constant folding only, on a weightless copy) and the decode
-  contract is written to ``metadata_props`` (DESIGN.md, "The decode contract").
+  contract is written to ``metadata_props`` (docs/ARCHITECTURE.md, "The decode contract").
 
 A graph set (``step_lens`` and/or ``max_cache_lens`` lists): one graph per (step length S, cache length L),
 each the rewrite above of its own structural copy of the input (:func:`onnxdeploy.passes._edit.clone`: the copies

@@ -1,4 +1,4 @@
-"""Decode loop for a model without a contract, driven by the exporter convention (docs/ARCHITECTURE.md, "The decode contract").
+"""Decode loop for a model without a contract, driven by the exporter convention (docs/ARCHITECTURE.md, "Runner").
 
 The convention (optimum, the TorchScript and dynamo exporters): inputs ``input_ids`` (B, S) int64,
 ``attention_mask`` (B, past+S), ``position_ids`` (B, S) if present, ``past_key_values.{i}.key|value``

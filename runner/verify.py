@@ -1,4 +1,4 @@
-"""Greedy decode and step-by-step verification of a candidate model against the original (docs/ARCHITECTURE.md, "Runner").
+"""Greedy decode and step-by-step verification of a candidate against the original (docs/ARCHITECTURE.md, "Runner").
 
 Positions evaluated are ``len(prompt) + steps``: the prompt, then every generated token is fed, so
 there are logits at every fed position. Two modes:

@@ -1,5 +1,6 @@
-"""Cache edits several passes need, each one step on an ``onnx_ir`` graph (docs/ARCHITECTURE.md, "Where each concept
-lives").
+"""Cache edits several passes need, each one step on an ``onnx_ir`` graph.
+
+Where this sits among the passes' modules: docs/ARCHITECTURE.md, "Where each concept lives".
 
 The steps ``static_kv`` chains, usable on their own by later passes (prefill buckets, ``kv_layout``):
 

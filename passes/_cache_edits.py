@@ -28,7 +28,7 @@ import onnx_ir as ir
 
 from onnxdeploy.contract import KV_DTYPES, CacheBinding, CacheWrite, ContractInputs, DecodeContract
 from onnxdeploy.errors import PreconditionError
-from onnxdeploy.graph import FLOAT_TYPES
+from onnxdeploy.graph import FLOAT_TYPES, value_dims
 from onnxdeploy.kv_cache import CacheTensor, KVCache, find_logits_output
 from onnxdeploy.passes._cache_write import build_cache_write
 from onnxdeploy.passes._edit import (
@@ -318,20 +318,14 @@ def _route_present(
 # ----------------------------------------------------------------------------------------------- I/O dims
 
 
-def _dim_text(d: object) -> str:
-    if d is None:
-        return "?"
-    return str(d.value if isinstance(d, ir.SymbolicDim) else d)
-
-
 def _set_dims(value: ir.Value, dims: list[int]) -> list[str]:
     """Set ``value``'s shape to ``dims``; return ``'name[axis]: old -> new'`` for each change."""
-    old = list(value.shape) if value.shape is not None else [None] * len(dims)
+    old = value_dims(value) or [None] * len(dims)
     changes = []
     for axis, d in enumerate(dims):
         before = old[axis] if axis < len(old) else None
         if before != d:
-            changes.append(f"{value.name}[{axis}]: {_dim_text(before)} -> {d}")
+            changes.append(f"{value.name}[{axis}]: {'?' if before is None else before} -> {d}")
     value.shape = ir.Shape(dims)
     return changes
 

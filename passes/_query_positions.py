@@ -26,7 +26,7 @@ from onnxdeploy.kv_cache import KVCache
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._probe import open_probe, pruned_copy
 
-__all__ = ["feed_query_positions", "find_query_positions"]
+__all__ = ["export_batch", "feed_query_positions", "find_query_positions"]
 
 _POSITION_OFFSET = 11  # position_ids fed during probing are offset so they cannot pass for past + arange(S)
 _PROBE_PAST = (3, 5)
@@ -141,18 +141,18 @@ def _computed_from_weights(graph: ir.Graph) -> set[str]:
     return tainted
 
 
-def _export_batch(graph: ir.Graph) -> int:
-    """The export's fixed batch: dim 0 of ``input_ids`` when static, else 1."""
+def export_batch(graph: ir.Graph) -> int | None:
+    """The batch the export fixed: dim 0 of ``input_ids`` ``(B, S)`` when it is a static int, else None."""
     ids = next((v for v in graph.inputs if v.name == "input_ids"), None)
     if ids is not None and ids.shape is not None and len(ids.shape) >= 1 and isinstance(ids.shape[0], int):
         return ids.shape[0]
-    return 1
+    return None
 
 
 def _probe_feeds(model: ir.Model, kv: KVCache, past: int, cache_dtype: np.dtype) -> dict[str, np.ndarray]:
     """One call's inputs at past length ``past``: zero caches, ``S`` = 2 tokens, offset ``position_ids``."""
     inputs = {v.name for v in model.graph.inputs}
-    batch, s = _export_batch(model.graph), _PROBE_STEP
+    batch, s = export_batch(model.graph) or 1, _PROBE_STEP
     feeds: dict[str, np.ndarray] = {
         t.past_name: np.zeros((batch, kv.num_kv_heads, past, kv.head_dim), dtype=cache_dtype) for t in kv.tensors
     }

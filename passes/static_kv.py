@@ -63,7 +63,7 @@ from onnxdeploy.passes._edit import clone, fold_and_infer
 from onnxdeploy.passes._last_position import LAST_TOKEN_INDEX, gather_last_position
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
-from onnxdeploy.passes._query_positions import feed_query_positions, find_query_positions
+from onnxdeploy.passes._query_positions import export_batch, feed_query_positions, find_query_positions
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes
 from onnxdeploy.settings import PipelineSettings, SettingsConflict
@@ -304,10 +304,7 @@ class StaticKVCachePass(Pass):
                     "torch.onnx.export: a dynamic axis on the past_key_values inputs)",
                 )
         find_logits_output(model.graph, {t.present_name for t in kv.tensors}, who=self.name)
-        fixed = kv.batch
-        ids = next((v for v in model.graph.inputs if v.name == "input_ids"), None)
-        if fixed is None and ids is not None and ids.shape is not None and isinstance(ids.shape[0], int):
-            fixed = ids.shape[0]
+        fixed = kv.batch if kv.batch is not None else export_batch(model.graph)
         if fixed is not None and fixed != self.config.batch:
             raise PreconditionError(
                 self.name,

@@ -52,6 +52,22 @@ def _tensor_type(type_str: str) -> str:
     return type_str[len("tensor(") : -1] if type_str.startswith("tensor(") and type_str.endswith(")") else type_str
 
 
+def _opens(model: onnx.ModelProto, *, optimize: bool = True) -> bool:
+    """Whether ORT's CPU EP creates a session for ``model`` (quietly; graph optimizations off with ``optimize=False``).
+
+    Any refusal counts as "not accepted": ORT raises several unrelated exception types for it.
+    """
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=[_PROVIDER])
+    except Exception:  # noqa: BLE001 - any refusal means "not accepted"
+        return False
+    return True
+
+
 def _session_opens(opset: int, ir_version: int, *, constant: bool = False) -> bool:
     """Whether ORT opens a one-node model (Identity, or Constant) at ``ai.onnx`` ``opset`` and IR ``ir_version``."""
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
@@ -63,13 +79,7 @@ def _session_opens(opset: int, ir_version: int, *, constant: bool = False) -> bo
         graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = ir_version
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    try:
-        ort.InferenceSession(model.SerializeToString(), options, providers=[_PROVIDER])
-    except Exception:  # noqa: BLE001 - any refusal means "not accepted"
-        return False
-    return True
+    return _opens(model)
 
 
 def probe_max_ir_version(opset: int = 18) -> int:
@@ -118,12 +128,7 @@ def probe_type_emulation() -> dict[str, dict]:
             helper.make_graph([node], "probe", [a, b], [c]), opset_imports=[helper.make_opsetid("", 17)]
         )
         model.ir_version = 8
-        options = ort.SessionOptions()
-        options.log_severity_level = 4
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        try:
-            ort.InferenceSession(model.SerializeToString(), options, providers=[_PROVIDER])
-        except Exception:  # noqa: BLE001 - "Could not find an implementation": not emulated
+        if not _opens(model, optimize=False):  # "Could not find an implementation": not emulated
             continue
         found[name] = {
             "computes_in": "float",

@@ -37,8 +37,12 @@ MARKDOWN_MAX_DIMS = 12
 
 
 def yaml_inline(value: Any) -> str:
-    """``value`` as one line of YAML flow style (``{batch: 1, step_len: 1}``), for configs in text."""
-    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**9, allow_unicode=True).strip()
+    """``value`` as one line of YAML flow style (``{batch: 1, step_len: 1}``, ``64``, ``null``), for configs in text.
+
+    A scalar document ends with YAML's document-end marker (a line ``...``), which is not part of the value.
+    """
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**9, allow_unicode=True)
+    return text.removesuffix("\n...\n").strip()
 
 
 def _fmt(x: float | None) -> str:
@@ -292,6 +296,8 @@ figure.plot figcaption{font-size:12px;color:#555;padding:2px 4px}
 details{margin:6px 0}summary{cursor:pointer;color:#1f5fa8}
 pre{background:#fff;border:1px solid #d8dbe0;padding:6px 10px;overflow-x:auto;font-size:12px}
 tr.bad td{background:#fdecea}tr.omitted td{color:#555;font-style:italic;background:#fafafa}
+table.findings{width:100%}table.findings td:nth-child(4){min-width:24ch}
+table.findings td:nth-child(5){min-width:22ch;max-width:40ch}table.findings td:nth-child(6){min-width:20ch}
 """
 
 
@@ -303,8 +309,12 @@ def _h(value: object) -> str:
     return value if isinstance(value, _Raw) else html.escape(str(value))
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Sequence[int] = ()) -> str:
-    out = ["<table><thead><tr>", *(f"<th>{_h(h)}</th>" for h in headers), "</tr></thead><tbody>"]
+def _table(
+    headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Sequence[int] = (), css_class: str = ""
+) -> str:
+    # the findings' node lists wrap anywhere: without a floor the column shrinks to a few characters
+    opening = f'<table class="{css_class}">' if css_class else "<table>"
+    out = [f"{opening}<thead><tr>", *(f"<th>{_h(h)}</th>" for h in headers), "</tr></thead><tbody>"]
     for row in rows:
         cls = ""
         if row and isinstance(row[0], _RowClass):
@@ -494,7 +504,8 @@ def _html_findings(report: RunReport) -> list[str]:
         )
         for f in report.findings
     ]
-    return [*out, _table(["code", "level", "check", "message", "nodes", "hint", "rule / source"], rows)]
+    headers = ["code", "level", "check", "message", "nodes", "hint", "rule / source"]
+    return [*out, _table(headers, rows, css_class="findings")]
 
 
 def _graphs_of(m: ModeResult, fallback: str) -> list[tuple[str, list[StepRecord]]]:

@@ -160,11 +160,11 @@ def _file_records(
     records = []
     for path in dict.fromkeys(inputs):  # the model, then the rest, each once
         io = input_io if path == model else ([], [])
-        records.append(_file_record(path, str(path), "input", io))
+        records.append(_file_record(path, str(path.resolve()), "input", io))  # absolute, as the outputs are
     graphs = {a.name: a.model for a in artifacts.artifacts}
     for name in staged.files:
         io = graph_io(graphs[name]) if name in graphs else ([], [])
-        records.append(_file_record(staged.path(name), str(config.output_dir / name), "output", io))
+        records.append(_file_record(staged.path(name), str((config.output_dir / name).resolve()), "output", io))
     return records
 
 

@@ -124,7 +124,8 @@ def test_files_carry_sha256_and_graph_io(graph_set_run):
         record = files[name]
         assert record["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
         assert record["sha256"] in html_text
-    model_in = files[str(fixture_entry("llama_gqa_optimum")["model_path"])]
+    assert all(Path(f["path"]).is_absolute() for f in report["files"]), "every file listed by its absolute path"
+    model_in = files[str(Path(fixture_entry("llama_gqa_optimum")["model_path"]).resolve())]
     assert model_in["role"] == "input" and any(isinstance(d, str) for t in model_in["inputs"] for d in t["shape"])
     graph = files["model.s4.c32.onnx"]
     shapes = {t["name"]: t["shape"] for t in graph["inputs"]}
@@ -175,3 +176,10 @@ def test_report_max_rows_must_be_positive(tmp_path):
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(ConfigError, match="report.max_rows"):
         load_pipeline(tmp_path / "p.yaml")
+
+
+def test_yaml_inline_scalars_carry_no_document_end_marker():
+    from onnxdeploy.render import yaml_inline  # noqa: PLC0415
+
+    assert [yaml_inline(v) for v in (64, None, "auto", True, 1.5)] == ["64", "null", "auto", "true", "1.5"]
+    assert yaml_inline({"max_cache_lens": [32, 64]}) == "{max_cache_lens: [32, 64]}"

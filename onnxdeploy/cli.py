@@ -255,12 +255,16 @@ def _print_run(out: Console, outcome: RunOutcome) -> None:
     """The run's summary on ``out``: passes, checks and findings, verification, failures, the verdict."""
     report = outcome.report
     out.print(_passes_table(report.passes))
+    pass_warnings = [(p.name, w) for p in report.passes for w in p.warnings]
+    for name, warning in pass_warnings:
+        out.print(f"[yellow]warning:[/] pass {name}: {escape(warning)}", soft_wrap=True)
     out.print("checks run: " + (", ".join(report.checks_run) or "[yellow]none[/]"))
     if report.verify is None:
         out.print("[yellow]verification skipped (verify: null): the output was not compared with the original[/]")
     levels = [f.level for f in report.findings]
     out.print(
         f"findings: {levels.count('error')} error(s), {levels.count('warning')} warning(s), {levels.count('info')} info"
+        + (f"; passes: {len(pass_warnings)} warning(s)" if pass_warnings else "")
     )
     for f in report.findings:
         if f.level != "info":

@@ -70,3 +70,18 @@ def test_passes_listing_prints_defaults_as_yaml():
     assert result.exit_code == 0
     defaults = [row.split("│")[3].strip() for row in result.stdout.splitlines() if row.count("│") == 5]
     assert "null" in defaults and "[]" in defaults and "None" not in defaults
+
+
+def test_pass_warnings_are_on_the_console_and_counted(tmp_path):
+    cfg = {
+        "model": MODEL,
+        "output_dir": str(tmp_path / "out"),
+        "passes": [{"static_kv": {"max_cache_len": 32}}, {"fuse_matmuls": {"exclude": ["no_such_node*"]}}],
+        "verify": None,
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    result = runner.invoke(app, ["run", str(path), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert "warning: pass fuse_matmuls: exclude pattern 'no_such_node*' matched no node" in result.output
+    assert "; passes: 1 warning(s)" in result.output

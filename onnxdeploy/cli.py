@@ -285,12 +285,14 @@ def _print_run(out: Console, outcome: RunOutcome) -> None:
 
 def _passes_table(passes: list[PassReport]) -> Table:
     table = Table(title="passes")
-    for col in ("pass", "nodes", "ops added", "ops removed", "dims fixed", "time (s)"):
+    several = any(max(p.graphs_before, p.graphs_after) > 1 for p in passes)
+    ops = ("ops added (decode graph)", "ops removed (decode graph)") if several else ("ops added", "ops removed")
+    for col in ("pass", "nodes", *ops, "dims fixed", "time (s)"):
         table.add_column(col)
     for p in passes:
         table.add_row(
             p.name,
-            f"{p.nodes_before} → {p.nodes_after}",
+            p.nodes_text(),
             _ops_text(p.ops_added, "+"),
             _ops_text(p.ops_removed, "-"),
             str(len(p.dims_fixed)),

@@ -36,6 +36,9 @@ MARKDOWN_MAX_DIMS = 12
 """Fixed dims listed per pass in ``report.md`` at most."""
 
 
+_SET_NOTE = "Nodes are summed over the graphs of the set; ops added and removed are the decode graph's."
+
+
 def yaml_inline(value: Any) -> str:
     """``value`` as one line of YAML flow style (``{batch: 1, step_len: 1}``, ``64``, ``null``), for configs in text.
 
@@ -143,10 +146,12 @@ def _markdown_passes(report: RunReport) -> list[str]:
         added = ", ".join(f"{k}+{v}" for k, v in p.ops_added.items()) or "—"
         removed = ", ".join(f"{k}−{v}" for k, v in p.ops_removed.items()) or "—"
         lines.append(
-            f"| {p.name} | {p.modified} | {p.nodes_before} → {p.nodes_after} | "
+            f"| {p.name} | {p.modified} | {p.nodes_text()} | "
             f"{p.initializer_bytes_before} → {p.initializer_bytes_after} | {added} | {removed} | "
             f"{p.wall_time_s:.2f} |"
         )
+    if any(max(p.graphs_before, p.graphs_after) > 1 for p in report.passes):
+        lines += ["", _SET_NOTE]
     lines.append("")
     for p in report.passes:
         lines += [f"### {p.name}", "", f"config: `{yaml_inline(p.config)}`", ""]
@@ -460,7 +465,7 @@ def _html_passes(report: RunReport) -> list[str]:
         (
             p.name,
             "yes" if p.modified else "no",
-            f"{p.nodes_before} → {p.nodes_after}",
+            p.nodes_text(),
             len(p.dims_fixed),
             _ops(p.ops_added, "+"),
             _ops(p.ops_removed, "−"),
@@ -477,6 +482,8 @@ def _html_passes(report: RunReport) -> list[str]:
             numeric=(3, 7),
         ),
     ]
+    if any(max(p.graphs_before, p.graphs_after) > 1 for p in report.passes):
+        out.append(f"<p>{_h(_SET_NOTE)}</p>")
     for p in report.passes:
         body = [f"<pre>{_h(yaml.safe_dump({p.name: p.config}, sort_keys=False, allow_unicode=True))}</pre>"]
         body += ["<ul>", *(f"<li>{_h(c)}</li>" for c in p.changes)]

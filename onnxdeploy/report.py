@@ -116,7 +116,23 @@ class RuntimeComparison(BaseModel):
 
 
 class PassReport(BaseModel):
-    """What one pass did: sizes before/after, op histogram diff, dims fixed, changes, wall time (s)."""
+    """What one pass did: sizes before/after, op histogram diff, dims fixed, changes, wall time (s).
+
+    Node counts are summed over the graphs of the set; the op histograms and their diff are the primary graph's.
+    """
+
+    def nodes_text(self) -> str:
+        """``before → after`` nodes, saying when they are summed over a graph set (``626 → 938 (Σ 4 graphs)``)."""
+        graphs = max(self.graphs_before, self.graphs_after)
+        text = f"{self.nodes_before} → {self.nodes_after}"
+        if graphs > 1:
+            sizes = (
+                str(self.graphs_after)
+                if self.graphs_before == self.graphs_after
+                else f"{self.graphs_before} → {self.graphs_after}"
+            )
+            text += f" (Σ {sizes} graphs)"
+        return text
 
     model_config = ConfigDict(extra="forbid")
 
@@ -124,16 +140,22 @@ class PassReport(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     modified: bool = False
     wall_time_s: float = 0.0
-    nodes_before: int = 0
-    nodes_after: int = 0
+    nodes_before: int = Field(0, description="Nodes of every graph of the set the pass was given, summed.")
+    nodes_after: int = Field(0, description="Nodes of every graph of the set the pass returned, summed.")
+    graphs_before: int = Field(1, description="Graphs in the set the pass was given.")
+    graphs_after: int = Field(1, description="Graphs in the set the pass returned (nodes are summed over them).")
     initializers_before: int = 0
     initializers_after: int = 0
     initializer_bytes_before: int = 0
     initializer_bytes_after: int = 0
     op_histogram_before: dict[str, int] = Field(default_factory=dict)
     op_histogram_after: dict[str, int] = Field(default_factory=dict)
-    ops_added: dict[str, int] = Field(default_factory=dict, description="Op type -> count increase.")
-    ops_removed: dict[str, int] = Field(default_factory=dict, description="Op type -> count decrease.")
+    ops_added: dict[str, int] = Field(
+        default_factory=dict, description="Op type -> count increase, in the primary (decode) graph."
+    )
+    ops_removed: dict[str, int] = Field(
+        default_factory=dict, description="Op type -> count decrease, in the primary (decode) graph."
+    )
     dims_fixed: list[str] = Field(default_factory=list, description="'tensor[axis]: old -> new' entries.")
     changes: list[str] = Field(default_factory=list, description="Human-readable changes.")
     warnings: list[str] = Field(default_factory=list)

@@ -162,6 +162,7 @@ class Pass:
             name=self.name,
             config=self.config.model_dump(mode="json"),
             nodes_before=sum(len(m.graph) for m in artifacts.models()),
+            graphs_before=len(artifacts.artifacts),
             initializers_before=len(first.graph.initializers),
             initializer_bytes_before=artifacts.weight_bytes(),
             op_histogram_before=op_histogram(first),
@@ -187,6 +188,7 @@ class Pass:
         diff = {k: hist_after.get(k, 0) - report.op_histogram_before.get(k, 0) for k in sorted(keys)}
         report.modified = modified
         report.nodes_after = sum(len(m.graph) for m in out.models())
+        report.graphs_after = len(out.artifacts)
         report.initializers_after = len(out.primary.graph.initializers)
         report.initializer_bytes_after = out.weight_bytes()
         report.op_histogram_after = hist_after

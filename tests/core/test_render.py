@@ -183,3 +183,11 @@ def test_yaml_inline_scalars_carry_no_document_end_marker():
 
     assert [yaml_inline(v) for v in (64, None, "auto", True, 1.5)] == ["64", "null", "auto", "true", "1.5"]
     assert yaml_inline({"max_cache_lens": [32, 64]}) == "{max_cache_lens: [32, 64]}"
+
+
+def test_a_graph_sets_pass_table_says_its_nodes_are_summed(graph_set_run):
+    report, html_text, out = graph_set_run
+    static = next(p for p in report["passes"] if p["name"] == "static_kv")
+    assert static["graphs_before"] == 1 and static["graphs_after"] > 1
+    assert f"(Σ 1 → {static['graphs_after']} graphs)" in (out / "report.md").read_text()
+    assert "ops added and removed are the decode graph" in html_text

@@ -26,6 +26,7 @@ __all__ = [
     "PassSpec",
     "PipelineConfig",
     "RuntimeSpec",
+    "check_pass_settings",
     "default_checks",
     "load_pipeline",
     "format_validation_error",
@@ -255,8 +256,12 @@ class PipelineConfig(BaseModel):
     report: ReportConfig = Field(default_factory=ReportConfig, description="Report settings (max_rows).")
     source: Path | None = Field(None, description="Set by the loader: the pipeline file this was read from.")
 
-    def settings(self) -> PipelineSettings:
-        """What a pass may validate its config against (the verify section's sizes, the pipeline file)."""
+    def settings(self, *, accuracy_tokens: int | None = None) -> PipelineSettings:
+        """What a pass may validate its config against (the verify section's sizes, the pipeline file).
+
+        Args:
+            accuracy_tokens: the held-out tokens read from ``verify.accuracy.token_ids_file``, once read.
+        """
         v = self.verify
         return PipelineSettings(
             verify_positions=None if v is None else len(v.prompt) + v.steps,
@@ -264,6 +269,7 @@ class PipelineConfig(BaseModel):
             source=str(self.source) if self.source else "pipeline",
             calibration_tokens=self.calibration.max_tokens if self.calibration is not None else None,
             verify_runtimes=() if v is None else tuple(s.name for s in v.runtime_specs()),
+            accuracy_tokens=accuracy_tokens,
         )
 
     @model_validator(mode="after")
@@ -358,14 +364,22 @@ def _check_pass_settings(cfg: PipelineConfig, where: str) -> None:
 
     First the order of the passes (:func:`~onnxdeploy.passes.pass_order_problem`, without the graph: the
     pipeline re-checks it with the input graph before the first pass), then each pass's ``check_settings``
-    (reported under ``passes[i].<name>``, or under the other section's key for a
-    :class:`~onnxdeploy.settings.SettingsConflict`, e.g. ``verify.runtimes[1]``).
+    (:func:`check_pass_settings`).
     """
     problem = pass_order_problem([spec.build() for spec in cfg.passes])
     if problem is not None:
         i, reason = problem
         raise ConfigError(f"{where}: key 'passes[{i}].{cfg.passes[i].name}': {reason}")
-    settings = cfg.settings()
+    check_pass_settings(cfg, where, cfg.settings())
+
+
+def check_pass_settings(cfg: PipelineConfig, where: str, settings: PipelineSettings) -> None:
+    """Each pass's ``check_settings`` on ``settings``: at config load, and again once the token files are read.
+
+    Raises:
+        ConfigError: under ``passes[i].<name>``, or under the other section's key for a
+            :class:`~onnxdeploy.settings.SettingsConflict` (e.g. ``verify.runtimes[1]``).
+    """
     for i, spec in enumerate(cfg.passes):
         try:
             spec.build().check_settings(settings)

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxdeploy.config import PipelineConfig
-from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError, OutputError
+from onnxdeploy.config import PipelineConfig, check_pass_settings
+from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, ContractError, OnnxDeployError, OutputError
 from onnxdeploy.model_io import StagedArtifacts, check_not_an_input, input_files
 from onnxdeploy.pass_cache import PassCache
 from onnxdeploy.pass_context import make_pass_context
@@ -44,6 +44,7 @@ from onnxdeploy.run_stages import (
     write_nothing,
     write_stage,
 )
+from onnxdeploy.runner.verify import logits_vocab
 from onnxdeploy.token_ids import load_token_ids
 
 __all__ = ["RunOutcome", "run_pipeline"]
@@ -112,9 +113,13 @@ def run_pipeline(
     start = time.perf_counter()
     _check_output_location(config)
     # Token files are inputs too: a bad one is refused before the output folder exists, so nothing is written.
+    vocab = _vocab(config)
     inputs = _RunInputs(
-        calibration=_token_ids(config, "calibration"), held_out=(_token_ids(config, "verify.accuracy") or [None])[0]
+        calibration=_token_ids(config, "calibration", vocab),
+        held_out=(_token_ids(config, "verify.accuracy", vocab) or [None])[0],
     )
+    if inputs.held_out is not None:  # the passes may refuse a held-out sequence longer than their caches
+        check_pass_settings(config, _source(config), config.settings(accuracy_tokens=len(inputs.held_out)))
     with _claimed(config.output_dir) as run:
         run.context = make_pass_context(model_path=config.model, target=config.target, calibration=inputs.calibration)
         report = _run_stages(config, run, inputs, told, start)
@@ -288,21 +293,39 @@ def _check_output_location(config: PipelineConfig) -> None:
             break
 
 
-def _token_ids(config: PipelineConfig, key: str) -> list[list[int]]:
+def _source(config: PipelineConfig) -> str:
+    return str(config.source) if config.source else str(config.model)
+
+
+def _vocab(config: PipelineConfig) -> int | None:
+    """The input model's vocabulary size (its logits' last dim, when static) if a token file is to be read."""
+    if config.calibration is None and (config.verify is None or config.verify.accuracy is None):
+        return None
+    try:
+        return logits_vocab(config.model)
+    except ContractError:
+        return None  # no logits output found: the load stage refuses the model with its own message
+
+
+def _token_ids(config: PipelineConfig, key: str, vocab: int | None) -> list[list[int]]:
     """The token ids of ``calibration`` or ``verify.accuracy`` (``[]`` without that section).
 
+    Args:
+        config: the pipeline.
+        key: ``calibration`` or ``verify.accuracy``.
+        vocab: the input model's vocabulary size; every id must be below it (None: not checked).
+
     Raises:
-        ConfigError: the section's token_ids_file is unreadable, empty or not token ids (names the pipeline,
-            the key and the file).
+        ConfigError: the section's token_ids_file is unreadable, empty, not token ids, or holds an id outside
+            the model's vocabulary (names the pipeline, the key and the file).
     """
     section = config.calibration if key == "calibration" else config.verify and config.verify.accuracy
     if section is None:
         return []
     try:
-        return load_token_ids(section.token_ids_file, section.max_tokens)
+        return load_token_ids(section.token_ids_file, section.max_tokens, vocab=vocab)
     except ConfigError as exc:
-        where = str(config.source) if config.source else str(config.model)
-        raise ConfigError(f"{where}: key '{key}.token_ids_file': {exc}") from None
+        raise ConfigError(f"{_source(config)}: key '{key}.token_ids_file': {exc}") from None
 
 
 def _remove_if_made(out_dir: Path, made_dir: bool) -> None:

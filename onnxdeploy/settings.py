@@ -20,6 +20,8 @@ class PipelineSettings:
         calibration_tokens: tokens the ``calibration`` section provides at most (None without one).
         verify_runtimes: the ``verify.runtimes`` names in order (``onnxruntime``, ``openvino``, ``rknn-sim``);
             empty without verification.
+        accuracy_tokens: held-out tokens ``verify.accuracy`` decodes as one teacher-forced sequence through the
+            candidate (known once its file is read; None before, or without the section).
     """
 
     verify_positions: int | None = None
@@ -27,6 +29,7 @@ class PipelineSettings:
     source: str = "pipeline"
     calibration_tokens: int | None = None
     verify_runtimes: tuple[str, ...] = ()
+    accuracy_tokens: int | None = None
 
 
 class SettingsConflict(ConfigError):

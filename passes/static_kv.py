@@ -230,7 +230,8 @@ class StaticKVCachePass(Pass):
         Raises:
             ConfigError: ``len(prompt) + steps`` above the largest cache length. The message starts with the key
                 below ``passes[i].static_kv`` (``max_cache_len=…`` or ``max_cache_lens=…``).
-            SettingsConflict: under ``verify.runtimes[i]``, a runtime other than ONNX Runtime (openvino,
+            SettingsConflict: under ``verify.accuracy.max_tokens``, more held-out tokens than the largest cache
+                length; under ``verify.runtimes[i]``, a runtime other than ONNX Runtime (openvino,
                 rknn-sim: they decode one graph, one token per call) asked to verify a graph set or a
                 ``step_len > 1`` graph.
         """
@@ -242,6 +243,14 @@ class StaticKVCachePass(Pass):
             raise ConfigError(
                 f"{key} is smaller than the {prompt} prompt tokens + {positions - prompt} steps = {positions} "
                 "positions verification decodes; lower verify.steps or raise the largest cache length"
+            )
+        held_out = settings.accuracy_tokens
+        if held_out is not None and held_out > largest:
+            raise SettingsConflict(
+                "verify.accuracy.max_tokens",
+                f"the {held_out} held-out tokens are decoded as one teacher-forced sequence, but {{pass_key}} makes "
+                f"caches of at most {largest} slots; lower verify.accuracy.max_tokens to {largest} or raise the "
+                "largest cache length",
             )
         others = [(i, name) for i, name in enumerate(settings.verify_runtimes) if name != "onnxruntime"]
         graphs = cfg.graphs()

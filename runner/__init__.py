@@ -19,7 +19,7 @@ from onnxdeploy.runner.exporter_decoder import (
     exporter_logits_output,
 )
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_session, read_header, session_options
-from onnxdeploy.runner.verify import MODES, ProgressCallback, check_header, greedy_decode, verify
+from onnxdeploy.runner.verify import MODES, ProgressCallback, check_header, greedy_decode, logits_vocab, verify
 
 __all__ = [
     "evaluate_accuracy",
@@ -37,6 +37,7 @@ __all__ = [
     "exporter_logits_output",
     "greedy_decode",
     "latency_summary",
+    "logits_vocab",
     "make_decoder",
     "open_decoder",
     "open_session",

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from onnxdeploy.contract import read_contract
+from onnxdeploy.contract import DecodeContract, read_contract
 from onnxdeploy.errors import CacheOverflowError, ConfigError
 from onnxdeploy.report import CallTiming, ModeResult, NumericsReport, PrefillSummary, StepRecord, VerifyReport
 from onnxdeploy.resources import rss_bytes
@@ -49,7 +49,7 @@ from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder
 from onnxdeploy.runner.numerics import compute_dtype, float32_shadow, numerics_report
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, read_header
 
-__all__ = ["MODES", "ProgressCallback", "check_header", "greedy_decode", "verify"]
+__all__ = ["MODES", "ProgressCallback", "check_header", "greedy_decode", "logits_vocab", "verify"]
 
 MODES = ("teacher_forced", "free_running")
 """The decode modes :func:`verify` knows."""
@@ -138,6 +138,25 @@ def _warm_up(decoder: Decoder, prompt: Sequence[int], steps: int) -> None:
     decoder.reset()
 
 
+def _vocab(header: onnx.ModelProto, contract: DecodeContract | None) -> int | None:
+    """The logits output's last dim when static (the vocabulary size), else None."""
+    logits = contract.logits if contract is not None else exporter_logits_output(header)
+    declared = next((o for o in header.graph.output if o.name == logits), None)
+    dims = declared.type.tensor_type.shape.dim if declared is not None else []
+    return dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else None
+
+
+def logits_vocab(path: str | Path) -> int | None:
+    """The vocabulary size of a model file: its logits output's last dim when static, else None (no weights read).
+
+    Raises:
+        ModelLoadError: the file or its external data is refused (:func:`read_header`).
+        ContractError: a contract that does not validate; without one, no single logits output.
+    """
+    header = read_header(path)
+    return _vocab(header, read_contract(header, source=str(path)))
+
+
 def check_header(path: str | Path, prompt: list[int], positions: int) -> None:
     """Read a model's header (no weights, no session) and refuse what needs no decoding to refuse.
 
@@ -159,10 +178,7 @@ def check_header(path: str | Path, prompt: list[int], positions: int) -> None:
     source = str(path)
     header = read_header(path)
     contract = read_contract(header, source=source)
-    logits = contract.logits if contract is not None else exporter_logits_output(header)
-    declared = next((o for o in header.graph.output if o.name == logits), None)
-    dims = declared.type.tensor_type.shape.dim if declared is not None else []
-    vocab = dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else None
+    vocab = _vocab(header, contract)
     del header
     if vocab is not None and max(prompt) >= vocab:
         raise ConfigError(

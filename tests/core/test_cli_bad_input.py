@@ -280,6 +280,39 @@ CASES: dict[str, Case] = {
         ],
         ("key 'verify.accuracy.token_ids_file'", "tokens.txt", "holds no token ids"),
     ),
+    "calibration_id_outside_the_vocabulary": Case(
+        lambda tmp: [
+            "run",
+            str(_pipeline(tmp, calibration={"token_ids_file": str(_token_file(tmp, "1 2 99999 3"))})),
+        ],
+        ("key 'calibration.token_ids_file'", "tokens.txt", "99999"),
+    ),
+    "accuracy_id_outside_the_vocabulary": Case(
+        lambda tmp: [
+            "run",
+            str(
+                _pipeline(
+                    tmp, verify={"prompt": PROMPT, "accuracy": {"token_ids_file": str(_token_file(tmp, "5 6 512 7"))}}
+                )
+            ),
+        ],
+        ("key 'verify.accuracy.token_ids_file'", "tokens.txt", "512"),
+    ),
+    "accuracy_longer_than_the_cache": Case(
+        lambda tmp: [
+            "run",
+            str(
+                _pipeline(
+                    tmp,
+                    verify={
+                        "prompt": PROMPT,
+                        "accuracy": {"token_ids_file": str(_token_file(tmp, " ".join(["5"] * 80)))},
+                    },
+                )
+            ),
+        ],
+        ("key 'verify.accuracy.max_tokens'", "80 held-out tokens", "passes[0].static_kv", "at most 64 slots"),
+    ),
     "pin_opset_above_the_newest": Case(
         run_config(passes=[*static_kv(max_cache_len=64), {"pin_opset": {"opset": onnx.defs.onnx_opset_version() + 1}}]),
         ("passes[1].pin_opset.opset", f"outside the supported range 11..{onnx.defs.onnx_opset_version()}"),

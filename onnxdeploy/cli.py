@@ -273,6 +273,8 @@ def _print_run(out: Console, outcome: RunOutcome) -> None:
         for line in report.verify.provider_fallbacks:
             out.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
         out.print(_verify_table(report.verify))
+        if report.verify.graphs_driven_text():
+            out.print(report.verify.graphs_driven_text(), highlight=False, markup=False)
         _print_first_divergent(out, report.verify)
     shown = 10
     for reason in report.failures[:shown]:

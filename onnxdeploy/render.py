@@ -212,6 +212,7 @@ def _markdown_verify(v: VerifyReport) -> list[str]:
         f"top-1 agreement ≥ {v.min_top1_agreement_threshold:g}.",
         "",
         *[f"- **provider fallback:** {line}" for line in v.provider_fallbacks],
+        *([f"- {v.graphs_driven_text()}"] if v.graphs_driven_text() else []),
         "",
         "| mode | passed | positions | top-1 agreement | max abs logit diff | first divergent step | "
         "p50 ms (cand / orig) | p99 ms (cand / orig) |",

@@ -370,6 +370,16 @@ class VerifyReport(BaseModel):
         None, description="Compute dtype of the candidate and whether the provider ran it natively or emulated."
     )
 
+    def graphs_driven_text(self) -> str | None:
+        """One line naming the calls per graph of a set (and those driven outside the modes), else None."""
+        if len(self.graphs_driven) < 2:
+            return None
+        calls = ", ".join(f"{name} {n} call(s)" for name, n in self.graphs_driven.items())
+        apart = (
+            f"; driven apart from the modes: {', '.join(self.graphs_driven_apart)}" if self.graphs_driven_apart else ""
+        )
+        return f"graphs driven: {calls}{apart}"
+
 
 class GraphReport(BaseModel):
     """One graph file a run wrote (``report.json`` → ``graphs``): a decode graph or a prefill bucket."""

@@ -67,7 +67,7 @@ def drive_every_graph(
     for name, step, cache in decoder.graphs():
         if driven.get(name):
             continue
-        label = f"verify: graph {name} (step_len {step}, max_cache_len {cache})"
+        label = f"graph {name} (step_len {step}, max_cache_len {cache})"
         real = min(step, len(tokens))
         start = max(0, min(cache - step, len(tokens) - real))
         if not decoder.can_take(step, real) or start + step > cache:

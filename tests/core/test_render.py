@@ -191,3 +191,11 @@ def test_a_graph_sets_pass_table_says_its_nodes_are_summed(graph_set_run):
     assert static["graphs_before"] == 1 and static["graphs_after"] > 1
     assert f"(Σ 1 → {static['graphs_after']} graphs)" in (out / "report.md").read_text()
     assert "ops added and removed are the decode graph" in html_text
+
+
+def test_the_graphs_a_set_verification_drove_are_named_in_the_markdown(graph_set_run):
+    report, _, out = graph_set_run
+    driven = report["verify"]["graphs_driven"]
+    assert len(driven) > 1 and all(calls > 0 for calls in driven.values())
+    line = next(x for x in (out / "report.md").read_text().splitlines() if "graphs driven:" in x)
+    assert all(f"{name} {calls} call(s)" in line for name, calls in driven.items())

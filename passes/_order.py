@@ -142,7 +142,9 @@ def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) ->
     - no earlier pass provides a fact the pass needs and a later one does (``grouped_attention`` before
       ``static_kv``: a later ``static_kv`` means the input has no contract yet);
     - the ``ai.onnx`` opset the pass gets is known (the input's, or one ``pin_opset`` set, carried by passes that
-      keep it) and below the pass's minimum (``mask_rewrite`` after ``pin_opset: {opset: 11}``).
+      keep it) and below the pass's minimum (``mask_rewrite`` after ``pin_opset: {opset: 11}``);
+    - the pass sets an opset below what an earlier pass's output needs (:meth:`Pass.opset_floor`: ``pin_opset: 19``
+      after ``quantize_weights`` wrote blocked INT4 ``DequantizeLinear``, which exists from opset 21).
 
     Args:
         passes: the pipeline's passes, in order.
@@ -159,6 +161,7 @@ def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) ->
             known[BHSD_CACHE] = (-1, BHSD_CACHE.holds(contract))
     opset = None if model is None else default_opset(model, None)  # type: ignore[arg-type]
     opset_from: int | None = None  # index of the pass that set the opset; None: the input's
+    floor: tuple[int, str, int] | None = None  # (opset, what needs it, index): the highest floor written so far
     for i, p in enumerate(passes):
         problem = _fact_problem(passes, i, known) or _opset_problem(passes, i, opset, opset_from, model)
         if problem is not None:
@@ -169,6 +172,21 @@ def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) ->
             known[fact] = (i, False)
         if not p.keeps_opset:
             out = p.output_opset(opset)
+            if out is not None and floor is not None and out < floor[0] and out != opset:
+                return i, _floor_problem(passes, out, floor)
             if out != opset:  # a pass that keeps the opset it was given (with this config) is not named
                 opset, opset_from = out, i
+        written = p.opset_floor(model)
+        if written is not None and (floor is None or written[0] > floor[0]):
+            floor = (*written, i)
     return None
+
+
+def _floor_problem(passes: Sequence[Pass], out: int, floor: tuple[int, str, int]) -> str:
+    """Why a pass may not set ai.onnx opset ``out``: an earlier pass wrote ops that first exist at ``floor``."""
+    need, what, j = floor
+    return (
+        f"sets ai.onnx opset {out}, but passes[{j}].{passes[j].name} writes {what}, which first exists at opset "
+        f"{need}: pin opset {need} or higher, or move this pass before {passes[j].name}"
+        + (" (or quantize with format: matmulnbits)" if passes[j].name == "quantize_weights" else "")
+    )

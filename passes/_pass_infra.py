@@ -103,6 +103,17 @@ class Pass:
         """
         return None
 
+    def opset_floor(self, model: ir.Model | None) -> tuple[int, str] | None:
+        """The lowest ``ai.onnx`` opset the output can be converted to later and why (the ops it writes), else None.
+
+        A later ``pin_opset`` below it is refused before any pass runs (``quantize_weights``' blocked INT4
+        ``DequantizeLinear`` exists from opset 21).
+
+        Args:
+            model: the run's input graph when known (the floor may depend on its weights' dtype), else None.
+        """
+        return None
+
     def check_settings(self, settings: PipelineSettings) -> None:
         """Validate the config against the rest of the pipeline before anything runs.
 

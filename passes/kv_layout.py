@@ -43,14 +43,16 @@ from onnxdeploy.contract import (
     read_contract,
     write_contract,
 )
-from onnxdeploy.errors import PostconditionError, PreconditionError
+from onnxdeploy.errors import ConfigError, OnnxDeployError, PostconditionError, PreconditionError
 from onnxdeploy.graph import node_label
+from onnxdeploy.kv_cache import find_kv_cache
 from onnxdeploy.passes._cache_write import build_cache_write
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node, remove_dead_nodes
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, OrderFact
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.report import PassReport
+from onnxdeploy.settings import PipelineSettings
 
 __all__ = ["KVLayoutConfig", "KVLayoutPass", "padded_head_dim"]
 
@@ -488,6 +490,28 @@ class KVLayoutPass(Pass):
         """
         cfg = self.config
         return frozenset({BHSD_CACHE}) if cfg.layout != "BHSD" or cfg.pad_head_dim_to is not None else frozenset()
+
+    def check_model(self, model: ir.Model, settings: PipelineSettings) -> None:
+        """Refuse, from the input graph, an export whose cache lives inside an attention op (genai's GQA).
+
+        ``static_kv`` keeps such a cache inside ``com.microsoft::GroupQueryAttention``, which takes it only as BNSH
+        ``(B, H_kv, S, D)``: no layout can be written, so this is known before the first pass.
+
+        Raises:
+            ConfigError: the input's cache enters an attention op (names the op and the node).
+        """
+        if read_contract(model) is not None:
+            return  # a static input: requires() reads its contract and graph
+        try:
+            kv = find_kv_cache(model, who=self.name)
+        except OnnxDeployError:
+            return  # static_kv refuses the cache with its own message
+        if kv.attention_op is not None:
+            raise ConfigError(
+                f"the cache stays inside {node_label(kv.attention_nodes[0])}, which takes its cache only as BNSH "
+                "(B, H_kv, S, D) and keeps it there after static_kv; kv_layout cannot repack it: leave kv_layout out "
+                "for this export"
+            )
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
         """Rewrite a structural copy of every graph (no weight copied)."""

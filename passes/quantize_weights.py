@@ -189,6 +189,19 @@ class QuantizeWeightsPass(Pass):
         dequantized = [t for t in self._targets(model)[0] if cfg.format == "qdq" or t.kind == "gather"]
         return (19, 0) if any(t.weight.dtype in half for t in dequantized) else (13, 0)
 
+    def opset_floor(self, model: ir.Model | None) -> tuple[int, str] | None:
+        """The opset the emitted ``DequantizeLinear`` nodes need (:meth:`_opset_need`), for the pass-order check.
+
+        Without the graph an INT8 request is known to need 13 only (19 depends on the weights' dtype).
+        """
+        cfg = self.config
+        if cfg.format != "qdq" and not cfg.embedding:
+            return None
+        if cfg.bits == 4:
+            return 21, "blocked INT4 DequantizeLinear (block_size)"
+        need = 13 if model is None else self._opset_need(model)[0]
+        return need, "per-axis DequantizeLinear" + (" with float16/bfloat16 scales" if need == 19 else "")
+
     def _opset_refusal(self, model: ir.Model) -> str | None:
         need_opset, need_ir = self._opset_need(model)
         opset = default_opset(model)

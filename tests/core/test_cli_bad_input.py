@@ -19,7 +19,7 @@ import yaml
 from typer.testing import CliRunner
 
 from onnxdeploy.cli import app
-from tests.conftest import PROMPT
+from tests.conftest import PROMPT, fixture_entry
 from tests.core.test_model_io import (
     FIXTURE,
     NOT_A_MODEL,
@@ -312,6 +312,30 @@ CASES: dict[str, Case] = {
             ),
         ],
         ("key 'verify.accuracy.max_tokens'", "80 held-out tokens", "passes[0].static_kv", "at most 64 slots"),
+    ),
+    "pin_opset_below_what_int4_qdq_needs": Case(
+        run_config(
+            passes=[
+                *static_kv(max_cache_len=64),
+                {"quantize_weights": {"bits": 4, "format": "qdq"}},
+                {"pin_opset": {"opset": 19}},
+            ]
+        ),
+        ("passes[2].pin_opset", "passes[1].quantize_weights", "blocked INT4 DequantizeLinear", "opset 21"),
+    ),
+    "kv_layout_on_a_cache_inside_group_query_attention": Case(
+        lambda tmp: [
+            "run",
+            str(
+                _pipeline(
+                    tmp,
+                    model=fixture_entry("llama_gqa_genai")["model_path"],
+                    passes=[*static_kv(max_cache_len=64), {"kv_layout": {"layout": "BSH2D"}}],
+                    verify=None,
+                )
+            ),
+        ],
+        ("passes[1].kv_layout", "GroupQueryAttention", "leave kv_layout out"),
     ),
     "pin_opset_above_the_newest": Case(
         run_config(passes=[*static_kv(max_cache_len=64), {"pin_opset": {"opset": onnx.defs.onnx_opset_version() + 1}}]),

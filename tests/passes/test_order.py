@@ -103,3 +103,20 @@ def test_order_facts_are_one_predicate_each_used_by_requires_too():
     else:
         raise AssertionError("grouped_attention ran on a padded cache")
     assert bhsd.problem(static, "grouped_attention") is None
+
+
+def test_a_pin_below_what_an_earlier_pass_wrote_is_refused_before_any_pass():
+    from onnxdeploy.model_io import load_model  # noqa: PLC0415
+    from tests.conftest import fixture_entry  # noqa: PLC0415
+
+    int4 = _passes(STATIC, ("quantize_weights", {"bits": 4, "format": "qdq"}), ("pin_opset", {"opset": 19}))
+    i, reason = pass_order_problem(int4)
+    assert i == 2 and "passes[1].quantize_weights writes blocked INT4 DequantizeLinear" in reason and "21" in reason
+    assert pass_order_problem(int4[:2] + _passes(("pin_opset", {"opset": 21}))) is None
+    nbits = ("quantize_weights", {"bits": 4, "format": "matmulnbits"})
+    assert pass_order_problem(_passes(STATIC, nbits, ("pin_opset", {"opset": 17}))) is None  # com.microsoft
+    int8 = _passes(STATIC, ("quantize_weights", {"bits": 8, "format": "qdq"}), ("pin_opset", {"opset": 17}))
+    assert pass_order_problem(int8) is None  # float32 weights: per-axis DequantizeLinear-13 is enough
+    fp16 = load_model(fixture_entry("llama_gqa_fp16")["model_path"]).model
+    i, reason = pass_order_problem(int8, fp16)  # the weights' dtype decides: float16 scales need 19
+    assert i == 2 and "float16/bfloat16 scales" in reason and "opset 19" in reason

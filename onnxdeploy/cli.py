@@ -112,6 +112,26 @@ def _interrupt_on_termination() -> None:
             signal.signal(sig, signal.default_int_handler)
 
 
+def _runtimes_table(runtimes: list[Any]) -> Table:
+    """The candidate on each other runtime (``verify.runtimes``) against the original on ONNX Runtime."""
+    table = Table(title="other runtimes (teacher-forced on the original's tokens)")
+    for col in ("runtime", "device", "ok", "positions", "top-1", "max |Δ| (allowed)", "1st div"):
+        table.add_column(col, no_wrap=True)
+    for r in runtimes:
+        diff = "—" if r.max_abs_logit_diff is None else f"{r.max_abs_logit_diff:.2g}"
+        allowed = "" if r.max_abs_logit_diff_allowed is None else f" ({r.max_abs_logit_diff_allowed:.2g})"
+        table.add_row(
+            r.runtime,
+            r.device + (f" {r.precision}" if r.precision else ""),
+            "[green]yes[/]" if r.passed else "[red]no[/]",
+            str(r.positions),
+            f"{r.top1_agreement:.3f}",
+            (escape(r.refused) if r.refused else diff + allowed),
+            "none" if r.first_divergent_step is None else str(r.first_divergent_step),
+        )
+    return table
+
+
 def _verify_table(verify: Any) -> Table:
     first = next(iter(verify.modes.values()))
     table = Table(
@@ -275,6 +295,8 @@ def _print_run(out: Console, outcome: RunOutcome) -> None:
         out.print(_verify_table(report.verify))
         if report.verify.graphs_driven_text():
             out.print(report.verify.graphs_driven_text(), highlight=False, markup=False)
+        if report.runtimes:
+            out.print(_runtimes_table(report.runtimes))
         _print_first_divergent(out, report.verify)
     shown = 10
     for reason in report.failures[:shown]:

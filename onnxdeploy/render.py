@@ -99,8 +99,29 @@ def render_markdown(report: RunReport) -> str:
         ]
     else:
         lines += _markdown_verify(report.verify)
+    lines += _markdown_runtimes(report)
     lines += _markdown_accuracy(report)
     return "\n".join(lines) + "\n"
+
+
+def _markdown_runtimes(report: RunReport) -> list[str]:
+    """The candidate on each other runtime (``verify.runtimes``), as the console and the HTML show it."""
+    if not report.runtimes:
+        return []
+    lines = [
+        "## Other runtimes",
+        "",
+        "| runtime | device | passed | positions | top-1 agreement | max abs logit diff (allowed) | first divergent |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in report.runtimes:
+        diff = r.refused or f"{_fmt(r.max_abs_logit_diff)} ({_fmt(r.max_abs_logit_diff_allowed)})"
+        first = "none" if r.first_divergent_step is None else r.first_divergent_step
+        lines.append(
+            f"| {r.runtime} | {r.device} {r.precision} | {r.passed} | {r.positions} | {r.top1_agreement:.3f} | "
+            f"{_md_cell(diff)} | {first} |"
+        )
+    return [*lines, ""]
 
 
 def _markdown_summary(report: RunReport) -> list[str]:

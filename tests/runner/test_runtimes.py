@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from onnxdeploy import sdk
+from onnxdeploy.cli import app
 from onnxdeploy.config import load_pipeline
 from onnxdeploy.errors import ConfigError, DecodeRunError
 from onnxdeploy.pipeline import run_pipeline
@@ -62,10 +65,14 @@ def test_pipeline_reports_each_runtime_against_the_original(tmp_path):
         f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\noutput_dir: {tmp_path / 'out'}\n"
         "passes:\n  - static_kv: {max_cache_len: 32}\nverify: {steps: 4, runtimes: [onnxruntime, openvino]}\n"
     )
-    outcome = run_pipeline(load_pipeline(pipeline))
-    assert outcome.exit_code == 0, outcome.report.failures
-    (ov,) = outcome.report.runtimes
-    assert ov.runtime == "openvino" and ov.passed and ov.max_abs_logit_diff <= 1e-4
+    result = CliRunner().invoke(app, ["run", str(pipeline)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    (ov,) = report["runtimes"]
+    assert ov["runtime"] == "openvino" and ov["passed"] and ov["max_abs_logit_diff"] <= 1e-4
+    # the console and report.md show it as report.html does
+    assert "other runtimes" in result.output and "openvino" in result.output.split("other runtimes")[1]
+    assert "## Other runtimes" in (tmp_path / "out" / "report.md").read_text()
 
 
 _FAKE_RKNN_WORKER = """

@@ -133,7 +133,9 @@ def latency_plot(
 
     One point per position that has a single-token call (``latency_ms_candidate``). A graph that computed
     none (a prefill bucket) shows its multi-token ``calls`` instead, one point per call at its first position.
-    Points above ``spike_ms`` are crossed in red (group ``{plot_id}-spikes``) under a dashed line at ``spike_ms``.
+    Generated steps above ``spike_ms`` are crossed in red (group ``{plot_id}-spikes``) under a dashed line at
+    ``spike_ms``; prompt positions are drawn but never counted as spikes, as the verification's ``spikes`` counts
+    only the steps after the prompt.
 
     Args:
         steps: one graph's records in one mode, in position order.
@@ -175,7 +177,8 @@ def latency_plot(
                     label="original",
                 )
             if not per_call:
-                spikes = [(p, v) for p, v in points if v > spike_ms]
+                generated = {s.position for s in steps if s.phase == "generate"}
+                spikes = [(p, v) for p, v in points if v > spike_ms and p in generated]
                 if spikes:
                     ax.plot(
                         *zip(*spikes, strict=True),

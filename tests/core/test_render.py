@@ -199,3 +199,29 @@ def test_the_graphs_a_set_verification_drove_are_named_in_the_markdown(graph_set
     assert len(driven) > 1 and all(calls > 0 for calls in driven.values())
     line = next(x for x in (out / "report.md").read_text().splitlines() if "graphs driven:" in x)
     assert all(f"{name} {calls} call(s)" in line for name, calls in driven.items())
+
+
+def test_the_latency_legend_counts_spikes_as_the_table_does():
+    """A slow prompt position is drawn but is no spike: the verification's spikes count only generated steps."""
+    from onnxdeploy.plots import latency_plot  # noqa: PLC0415
+    from onnxdeploy.report import StepRecord  # noqa: PLC0415
+
+    def step(position: int, ms: float) -> StepRecord:
+        return StepRecord(
+            position=position,
+            phase="prompt" if position < 3 else "generate",
+            token_in=1,
+            top1_reference=2,
+            top1_candidate=2,
+            top1_match=True,
+            topk_overlap=1.0,
+            max_abs_logit_diff=0.0,
+            max_rel_logit_diff=0.0,
+            cosine_similarity=1.0,
+            within_tolerance=True,
+            latency_ms_candidate=ms,
+        )
+
+    steps = [step(p, 50.0 if p in (1, 6) else 1.0) for p in range(10)]
+    svg = latency_plot(steps, spike_ms=3.0, title="t", plot_id="l0")
+    assert "1 spike(s)" in svg and "2 spike(s)" not in svg

@@ -28,7 +28,7 @@ from onnxdeploy.pass_cache import PassCache
 from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes import PassContext
 from onnxdeploy.report import PhaseReport, RunReport
-from onnxdeploy.resources import peak_rss_bytes, rss_bytes
+from onnxdeploy.resources import peak_rss_bytes, process_age_s, rss_bytes
 from onnxdeploy.run_report import REPORT_FILES, report_stage
 from onnxdeploy.run_stages import (
     Say,
@@ -110,7 +110,8 @@ def run_pipeline(
         step=step_progress or (lambda _stage, _done, _total: None),
         verify=verify_progress,
     )
-    start = time.perf_counter()
+    # the run's clock starts with the process: interpreter start, imports and config load are in wall_time_s too
+    start = time.perf_counter() - (process_age_s() or 0.0)
     _check_output_location(config)
     # Token files are inputs too: a bad one is refused before the output folder exists, so nothing is written.
     vocab = _vocab(config)
@@ -140,7 +141,8 @@ def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _P
     An input onnx_ir cannot hold (a checks-only run only: :func:`~onnxdeploy.run_stages.load_stage`) skips
     to checks on the input as it is; the reports are then all the run writes.
     """
-    clock = _PhaseClock()
+    clock = _PhaseClock(start)
+    clock.done("startup")  # interpreter, imports, config, token files, the output folder's lock
     load = load_stage(config, told.say)
     clock.done("load")
     if load.artifacts is None or load.loaded is None:
@@ -148,7 +150,7 @@ def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _P
         written = write_nothing(config)
         run.staged = written.staged
         checks = check_input_stage(config, load.unloadable, told.say)
-        report = report_stage(config, load, None, written, checks, None, phases=clock.phases, start=start)
+        report = report_stage(config, load, None, written, checks, None, clock=clock, start=start)
         commit_stage(config, written.staged, wrote_model=False, say=told.say)
         return report
     assert run.context is not None
@@ -163,7 +165,7 @@ def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _P
     verified = verify_stage(config, written.staged, passes.artifacts, inputs.held_out, told.say, told.verify)
     if config.verify is not None:
         clock.done("verify")
-    report = report_stage(config, load, passes, written, checks, verified, phases=clock.phases, start=start)
+    report = report_stage(config, load, passes, written, checks, verified, clock=clock, start=start)
     commit_stage(config, written.staged, wrote_model=True, say=told.say)
     return report
 
@@ -171,9 +173,9 @@ def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _P
 class _PhaseClock:
     """Records wall time and memory at each phase boundary of a run (``report.json`` → ``phases``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: float) -> None:
         self.phases: list[PhaseReport] = []
-        self._start = time.perf_counter()
+        self._start = start
 
     def done(self, name: str) -> None:
         """Close the phase ``name``, started where the previous one ended."""

@@ -11,7 +11,7 @@ import resource
 import sys
 from pathlib import Path
 
-__all__ = ["available_memory_bytes", "format_bytes", "peak_rss_bytes", "rss_bytes"]
+__all__ = ["available_memory_bytes", "format_bytes", "peak_rss_bytes", "process_age_s", "rss_bytes"]
 
 _CGROUP_V2_MAX = Path("/sys/fs/cgroup/memory.max")
 _CGROUP_V1_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
@@ -93,3 +93,19 @@ def rss_bytes() -> int:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return peak_rss_bytes()
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux ``/proc``: its start time in clock ticks after boot), else None.
+
+    A run's wall time counts from here, so the interpreter's start and the imports before the pipeline runs are
+    in it too. Resolution: one clock tick (10 ms on Linux).
+    """
+    stat, uptime = _read(Path("/proc/self/stat")), _read(Path("/proc/uptime"))
+    if stat is None or uptime is None:
+        return None
+    try:
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime (fields counted after the name)
+        return max(0.0, float(uptime.split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (IndexError, ValueError, OSError):
+        return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import platform
 import time
 from pathlib import Path
+from typing import Protocol
 
 import onnx
 import onnx_ir
@@ -39,7 +40,7 @@ def report_stage(
     checks: Checked,
     verified: Verified | None,
     *,
-    phases: list[PhaseReport],
+    clock: PhaseClock,
     start: float,
 ) -> RunReport:
     """Assemble the run's report and stage its three files.
@@ -52,8 +53,9 @@ def report_stage(
         written: the write stage's (the staging folder the reports join).
         checks: the checks stage's.
         verified: the verify stage's; None when the input could not be loaded.
-        phases: the run's phases so far (time and memory).
-        start: ``time.perf_counter()`` at the run's start.
+        clock: the run's phase clock; the ``report`` phase (rendering report.html) closes before report.json is
+            written, so the phases account for the rendering too.
+        start: ``time.perf_counter()``'s reading at the process's start.
 
     Returns:
         The report as written to report.json (status ``failed`` when any stage has a failure).
@@ -68,7 +70,7 @@ def report_stage(
         "target": config.target,
         "checks_run": checks.names,
         "failures": failures,
-        "phases": phases,
+        "phases": clock.phases,
         "onnxdeploy_version": __version__,
         "versions": _versions(),
     }
@@ -82,7 +84,7 @@ def report_stage(
         )
     else:
         report = _written_report(config, common, load, passes, written, checks, verified, start)
-    return _stage_reports(written.staged, report, config)
+    return _stage_reports(written.staged, report, config, clock, start)
 
 
 def _written_report(
@@ -129,14 +131,32 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _stage_reports(staged: StagedArtifacts, report: RunReport, config: PipelineConfig) -> RunReport:
+class PhaseClock(Protocol):
+    """Closes a run's phases (``report.json`` → ``phases``): the pipeline's clock."""
+
+    phases: list[PhaseReport]
+
+    def done(self, name: str) -> None:
+        """Close the phase ``name``."""
+
+
+def _stage_reports(
+    staged: StagedArtifacts, report: RunReport, config: PipelineConfig, clock: PhaseClock, start: float
+) -> RunReport:
     """Stage report.html (plots of every position) and report.json/report.md (rows up to ``report.max_rows``).
+
+    The ``report`` phase (the HTML and its plots) is closed and ``wall_time_s`` read just before report.json is
+    written: only report.md's rendering and the final renames are outside them.
 
     Returns:
         The report as written to report.json (per-position rows summarised beyond ``report.max_rows``).
     """
     max_rows = config.report.max_rows
     staged.add_text("report.html", render_html(report, max_rows=max_rows))
+    clock.done("report")
+    report = report.model_copy(
+        update={"phases": list(clock.phases), "wall_time_s": round(time.perf_counter() - start, 3)}
+    )
     if report.verify is not None:
         report = report.model_copy(update={"verify": summarise_verify(report.verify, max_rows)})
     staged.add_text("report.json", report.model_dump_json(indent=2))

@@ -411,3 +411,25 @@ def test_report_says_which_checks_ran_and_when_verification_was_skipped(tmp_path
     assert report["checks_run"] == ["checker"] and report["verify"] is None
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Checks run: checker" in md and "not** compared" in md
+
+
+def test_the_phases_account_for_the_whole_run_from_the_process_start(tmp_path):
+    """wall_time_s counts from the process's start (imports included) and the phases, render included, sum to it."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    cfg = {
+        "model": str(fixture_entry("llama_gqa_optimum")["model_path"]),
+        "output_dir": str(tmp_path / "out"),
+        "passes": [{"static_kv": {"max_cache_len": 32}}],
+        "verify": {"prompt": [1, 2, 3], "steps": 3},
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg))
+    code = "import sys; from onnxdeploy.cli import main; sys.argv = ['onnxdeploy', 'run', sys.argv[1]]; main()"
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "p.yaml")], check=True, capture_output=True)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    names = [p["name"] for p in report["phases"]]
+    assert names == ["startup", "load", "passes", "write", "checks", "verify", "report"]
+    total = sum(p["wall_time_s"] for p in report["phases"])
+    assert report["phases"][0]["wall_time_s"] > 0.1  # the interpreter and the imports happened before the pipeline
+    assert abs(total - report["wall_time_s"]) < 0.05, (total, report["wall_time_s"])

@@ -485,9 +485,9 @@ def print_results(results: list[SizeResult]) -> None:
             print(f"   pass {p['name']}: {p['wall_time_s']} s{share}")
         if total is not None:
             in_passes = sum(p["wall_time_s"] or 0 for p in r.passes)
-            print(f"   report wall_time_s: {total} s; outside the passes (load, checks, verify, save): "
-                  f"{total - in_passes:.2f} s; process wall - report total (startup, imports, exit): "
-                  f"{run['wall_s'] - total:.2f} s")  # fmt: skip
+            print(f"   report wall_time_s (from the process's start): {total} s; outside the passes (startup, "
+                  f"load, checks, verify, report): {total - in_passes:.2f} s; process wall - report total (report.md, "
+                  f"renames, exit): {run['wall_s'] - total:.2f} s")  # fmt: skip
         for key, value in r.report_timings.items():
             if key != "wall_time_s":
                 print(f"   {key}: {value:g}")

@@ -323,8 +323,11 @@ figure.plot figcaption{font-size:12px;color:#555;padding:2px 4px}
 details{margin:6px 0}summary{cursor:pointer;color:#1f5fa8}
 pre{background:#fff;border:1px solid #d8dbe0;padding:6px 10px;overflow-x:auto;font-size:12px}
 tr.bad td{background:#fdecea}tr.omitted td{color:#555;font-style:italic;background:#fafafa}
-table.findings{width:100%}table.findings td:nth-child(4){min-width:24ch}
-table.findings td:nth-child(5){min-width:22ch;max-width:40ch}table.findings td:nth-child(6){min-width:20ch}
+table.findings{width:100%;table-layout:fixed}table.findings td{overflow-wrap:anywhere}
+table.findings th:nth-child(1){width:5%}table.findings th:nth-child(2){width:6%}
+table.findings th:nth-child(3){width:8%}table.findings th:nth-child(4){width:27%}
+table.findings th:nth-child(5){width:20%}table.findings th:nth-child(6){width:19%}
+table.findings th:nth-child(7){width:15%}
 """
 
 
@@ -529,12 +532,22 @@ def _html_findings(report: RunReport) -> list[str]:
             f.message,
             _code(", ".join(f.nodes[:8]) + (f" … (+{len(f.nodes) - 8})" if len(f.nodes) > 8 else "")),
             f.hint,
-            " ".join(x for x in (f.rule, f.source) if x),
+            _rule_and_source(f.rule, f.source),
         )
         for f in report.findings
     ]
     headers = ["code", "level", "check", "message", "nodes", "hint", "rule / source"]
     return [*out, _table(headers, rows, css_class="findings")]
+
+
+def _rule_and_source(rule: str | None, source: str | None) -> _Raw | str:
+    """The rule, and the source behind it folded in a ``<details>``.
+
+    A matrix citation runs to ~900 characters, which in its column grew each row to several hundred pixels.
+    """
+    if not source:
+        return rule or ""
+    return _Raw(f"{_h(rule or '')}<details><summary>source</summary>{_h(source)}</details>")
 
 
 def _graphs_of(m: ModeResult, fallback: str) -> list[tuple[str, list[StepRecord]]]:

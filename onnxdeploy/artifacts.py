@@ -12,7 +12,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 import onnx_ir as ir
@@ -21,7 +21,7 @@ from onnxdeploy.contract import DecodeContract, read_contract
 from onnxdeploy.errors import OutputError, PreconditionError
 from onnxdeploy.model_io import WeightsPolicy, default_file_mode
 
-__all__ = ["Artifact", "ArtifactSet", "ScratchWriter", "write_text_atomic"]
+__all__ = ["Artifact", "ArtifactSet", "ScratchWriter", "graph_file_name", "write_text_atomic"]
 
 
 @dataclass
@@ -35,6 +35,18 @@ class Artifact:
 
     name: str
     model: ir.Model
+
+
+def graph_file_name(primary: str, step_len: int, max_cache_len: int) -> str:
+    """File name of a non-primary graph of a set: ``model.onnx`` → ``model.s16.c1024.onnx``.
+
+    Args:
+        primary: the primary graph's file name (the pipeline's ``output_name``).
+        step_len: S of the graph.
+        max_cache_len: L of the graph.
+    """
+    path = PurePath(primary)
+    return f"{path.stem}.s{step_len}.c{max_cache_len}{path.suffix}"
 
 
 @dataclass

@@ -29,13 +29,12 @@ head runs once per call. Every contract lists the set (``graph_set``).
 
 from __future__ import annotations
 
-from pathlib import PurePath
 from typing import Literal, Self
 
 import onnx_ir as ir
 from pydantic import Field, model_validator
 
-from onnxdeploy.artifacts import Artifact, ArtifactSet
+from onnxdeploy.artifacts import Artifact, ArtifactSet, graph_file_name
 from onnxdeploy.contract import CONTRACT_KEY, CacheWrite, DecodeContract, GraphSetEntry, write_contract
 from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
 from onnxdeploy.graph import default_opset
@@ -169,18 +168,6 @@ class StaticKVConfig(PassConfig):
         primary = (steps[0], caches[-1])
         rest = sorted(((s, c) for s in steps for c in caches if (s, c) != primary), key=lambda sc: (sc[0], sc[1]))
         return [primary, *rest]
-
-
-def graph_file_name(primary: str, step_len: int, max_cache_len: int) -> str:
-    """File name of a non-primary graph of a set: ``model.onnx`` → ``model.s16.c1024.onnx``.
-
-    Args:
-        primary: the primary graph's file name (the pipeline's ``output_name``).
-        step_len: S of the graph.
-        max_cache_len: L of the graph.
-    """
-    path = PurePath(primary)
-    return f"{path.stem}.s{step_len}.c{max_cache_len}{path.suffix}"
 
 
 @register_pass

@@ -69,3 +69,19 @@ def test_each_module_imports_only_the_layers_below_it(layer, path):
 def test_the_layer_reader_tells_layers_apart():
     assert _layer("onnxdeploy.passes._edit") == "passes" and _layer("onnxdeploy.graph") == "bottom"
     assert _layer("onnxdeploy.pipeline") == "top" and _layer("onnxdeploy.runner") == "runner"
+
+
+def test_modules_and_functions_stay_the_size_of_a_concept():
+    """docs/ARCHITECTURE.md: no pass module over 600 lines, no function over 80 in the library's five folders."""
+    long = []
+    for folder in ("onnxdeploy", "passes", "checks", "runner", "matrices"):
+        for path in sorted((REPO / folder).glob("*.py")):
+            text = path.read_text()
+            if folder == "passes" and len(text.splitlines()) > 600:
+                long.append(f"{path.relative_to(REPO)}: {len(text.splitlines())} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80:
+                    long.append(
+                        f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1}"
+                    )
+    assert not long, long

@@ -22,12 +22,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from onnxdeploy import __version__
+from onnxdeploy.console_report import print_run, print_sdk, print_verify
 from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError, OutputError
 
 if TYPE_CHECKING:  # the commands import the library lazily: `onnxdeploy --help` stays fast
     from onnxdeploy.config import PipelineConfig
-    from onnxdeploy.pipeline import RunOutcome
-    from onnxdeploy.report import PassReport, VerifyReport
 
 __all__ = ["app", "main"]
 
@@ -110,53 +109,6 @@ def _interrupt_on_termination() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.default_int_handler)
-
-
-def _runtimes_table(runtimes: list[Any]) -> Table:
-    """The candidate on each other runtime (``verify.runtimes``) against the original on ONNX Runtime."""
-    table = Table(title="other runtimes (teacher-forced on the original's tokens)")
-    for col in ("runtime", "device", "ok", "positions", "top-1", "max |Δ| (allowed)", "1st div"):
-        table.add_column(col, no_wrap=True)
-    for r in runtimes:
-        diff = "—" if r.max_abs_logit_diff is None else f"{r.max_abs_logit_diff:.2g}"
-        allowed = "" if r.max_abs_logit_diff_allowed is None else f" ({r.max_abs_logit_diff_allowed:.2g})"
-        table.add_row(
-            r.runtime,
-            r.device + (f" {r.precision}" if r.precision else ""),
-            "[green]yes[/]" if r.passed else "[red]no[/]",
-            str(r.positions),
-            f"{r.top1_agreement:.3f}",
-            (escape(r.refused) if r.refused else diff + allowed),
-            "none" if r.first_divergent_step is None else str(r.first_divergent_step),
-        )
-    return table
-
-
-def _verify_table(verify: Any) -> Table:
-    first = next(iter(verify.modes.values()))
-    table = Table(
-        title=f"verification over {first.positions} positions",
-        caption=f"original p50/p99: {first.reference_latency_ms.p50:.2f}/{first.reference_latency_ms.p99:.2f} ms",
-    )
-    for col in ("mode", "ok", "top-1", "max |Δ|", "1st div", "p50 ms", "p99 ms"):
-        table.add_column(col, no_wrap=True)
-    for m in verify.modes.values():
-        table.add_row(
-            m.mode,
-            "[green]yes[/]" if m.passed else "[red]no[/]",
-            f"{m.top1_agreement:.3f}",
-            f"{m.max_abs_logit_diff:.2g}",
-            "none" if m.first_divergent_step is None else str(m.first_divergent_step),
-            f"{m.latency_ms.p50:.2f}",
-            f"{m.latency_ms.p99:.2f}",
-        )
-    return table
-
-
-def _ops_text(ops: dict[str, int], sign: str, most: int = 4) -> str:
-    items = sorted(ops.items(), key=lambda kv: -kv[1])
-    text = ", ".join(f"{k}{sign}{v}" for k, v in items[:most])
-    return (text + f", … ({len(items) - most} more)" if len(items) > most else text) or "—"
 
 
 def _progress(console: Console, *, quiet: bool = False) -> Progress:
@@ -243,7 +195,7 @@ def run(
         for reason in report.failures:
             err.print(f"FAILED: {reason}", markup=False)
     elif not as_json:
-        _print_run(out, outcome)
+        print_run(out, outcome)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -269,70 +221,6 @@ def _run_config(
         section = config.cache or CacheConfig()
         config = config.model_copy(update={"cache": section.model_copy(update={"dir": cache_dir.resolve()})})
     return config
-
-
-def _print_run(out: Console, outcome: RunOutcome) -> None:
-    """The run's summary on ``out``: passes, checks and findings, verification, failures, the verdict."""
-    report = outcome.report
-    out.print(_passes_table(report.passes))
-    pass_warnings = [(p.name, w) for p in report.passes for w in p.warnings]
-    for name, warning in pass_warnings:
-        out.print(f"[yellow]warning:[/] pass {name}: {escape(warning)}", soft_wrap=True)
-    out.print("checks run: " + (", ".join(report.checks_run) or "[yellow]none[/]"))
-    if report.verify is None:
-        out.print("[yellow]verification skipped (verify: null): the output was not compared with the original[/]")
-    levels = [f.level for f in report.findings]
-    out.print(
-        f"findings: {levels.count('error')} error(s), {levels.count('warning')} warning(s), {levels.count('info')} info"
-        + (f"; passes: {len(pass_warnings)} warning(s)" if pass_warnings else "")
-    )
-    for f in report.findings:
-        if f.level != "info":
-            out.print(f"  {f.code} [{f.level}] {f.message}", highlight=False, markup=False)
-    if report.verify is not None:
-        for line in report.verify.provider_fallbacks:
-            out.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
-        out.print(_verify_table(report.verify))
-        if report.verify.graphs_driven_text():
-            out.print(report.verify.graphs_driven_text(), highlight=False, markup=False)
-        if report.runtimes:
-            out.print(_runtimes_table(report.runtimes))
-        _print_first_divergent(out, report.verify)
-    shown = 10
-    for reason in report.failures[:shown]:
-        out.print(f"[red]FAILED:[/] {escape(reason)}", soft_wrap=True)
-    if len(report.failures) > shown:
-        out.print(f"[red]FAILED:[/] … and {len(report.failures) - shown} more (see {outcome.report_md})")
-    colour = "green" if report.status == "passed" else "red"
-    out.print(f"[bold {colour}]{report.status.upper()}[/]: {outcome.model_path}; report {outcome.report_html}")
-
-
-def _passes_table(passes: list[PassReport]) -> Table:
-    table = Table(title="passes")
-    several = any(max(p.graphs_before, p.graphs_after) > 1 for p in passes)
-    ops = ("ops added (decode graph)", "ops removed (decode graph)") if several else ("ops added", "ops removed")
-    for col in ("pass", "nodes", *ops, "dims fixed", "time (s)"):
-        table.add_column(col)
-    for p in passes:
-        table.add_row(
-            p.name,
-            p.nodes_text(),
-            _ops_text(p.ops_added, "+"),
-            _ops_text(p.ops_removed, "-"),
-            str(len(p.dims_fixed)),
-            f"{p.wall_time_s:.2f}" + (" (cached)" if p.cache == "hit" else ""),
-        )
-    return table
-
-
-def _print_first_divergent(out: Console, verify: VerifyReport, *, with_failures: bool = False) -> None:
-    """Per mode: its first divergent step (and, with ``with_failures``, its failure lines)."""
-    for m in verify.modes.values():
-        first = "none" if m.first_divergent_step is None else f"position {m.first_divergent_step}"
-        out.print(f"{m.mode}: first divergent step: {first}")
-        if with_failures:
-            for msg in m.failures:  # each line starts with its mode
-                out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
 
 
 @app.command()
@@ -482,17 +370,8 @@ def verify_cmd(
         for msg in [*result.failures, *(line for m in result.modes.values() for line in m.failures)]:
             err.print(f"FAILED: {msg}", markup=False)
     elif not as_json:
-        _print_verify(out, result)
+        print_verify(out, result)
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAILED)
-
-
-def _print_verify(out: Console, result: VerifyReport) -> None:
-    """``onnxdeploy verify``'s summary: the modes' table, first divergent steps, failures, the verdict."""
-    out.print(_verify_table(result))
-    _print_first_divergent(out, result, with_failures=True)
-    for msg in result.failures:
-        out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
-    out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")
 
 
 def _verify_args(prompt: str, providers: str, remainder: str, report: Path | None) -> tuple[list[int], list[str]]:
@@ -684,20 +563,6 @@ def matrix_lookup(
     raise typer.Exit(EXIT_OK)
 
 
-def _print_sdk(out: Console, sdk: dict[str, Any]) -> None:
-    """The SDK's build outcome, its CPU placements and where it disagrees with the matrix."""
-    built = "built" if sdk["built"] else f"[red]did not build[/]: {escape(sdk['error'])}"
-    out.print(f"{escape(sdk['sdk'])} ({sdk['target_platform']}): {built} in {sdk['seconds']} s")
-    for n in sdk["nodes"]:
-        if n["sdk"] in ("cpu", "no_npu_lowering") or n["matrix"] != "supported":
-            rule = f" ({n['rule']})" if n["rule"] else ""
-            out.print(
-                f"    {escape(n['node'])} ({n['op']}): SDK {n['sdk']}{rule}; matrix {n['matrix']}", soft_wrap=True
-            )
-    if sdk["disagreements"]:
-        out.print(f"[yellow]{len(sdk['disagreements'])} node(s) where the SDK and the matrix disagree[/] (--json: sdk)")
-
-
 sdk_app = typer.Typer(help="Device SDK environments (installed on request, run as subprocesses).", no_args_is_help=True)
 app.add_typer(sdk_app, name="sdk")
 
@@ -774,7 +639,7 @@ def check_cmd(
             if f.hint:
                 out.print(f"    fix: {escape(f.hint)}", soft_wrap=True)
         if report.sdk is not None:
-            _print_sdk(out, report.sdk)
+            print_sdk(out, report.sdk)
         s = report.summary
         colour = "green" if report.status == "passed" else "red"
         out.print(

@@ -1,0 +1,165 @@
+"""What the CLI prints of a run, a verification and an SDK build: rich tables and summary lines.
+
+The commands in :mod:`onnxdeploy.cli` parse, call the library and hand its results here; nothing here computes a
+figure, it lays out the reports' own (:mod:`onnxdeploy.report`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from onnxdeploy.pipeline import RunOutcome
+    from onnxdeploy.report import PassReport, VerifyReport
+
+__all__ = [
+    "ops_text",
+    "passes_table",
+    "print_first_divergent",
+    "print_run",
+    "print_sdk",
+    "print_verify",
+    "runtimes_table",
+    "verify_table",
+]
+
+
+def runtimes_table(runtimes: list[Any]) -> Table:
+    """The candidate on each other runtime (``verify.runtimes``) against the original on ONNX Runtime."""
+    table = Table(title="other runtimes (teacher-forced on the original's tokens)")
+    for col in ("runtime", "device", "ok", "positions", "top-1", "max |Δ| (allowed)", "1st div"):
+        table.add_column(col, no_wrap=True)
+    for r in runtimes:
+        diff = "—" if r.max_abs_logit_diff is None else f"{r.max_abs_logit_diff:.2g}"
+        allowed = "" if r.max_abs_logit_diff_allowed is None else f" ({r.max_abs_logit_diff_allowed:.2g})"
+        table.add_row(
+            r.runtime,
+            r.device + (f" {r.precision}" if r.precision else ""),
+            "[green]yes[/]" if r.passed else "[red]no[/]",
+            str(r.positions),
+            f"{r.top1_agreement:.3f}",
+            (escape(r.refused) if r.refused else diff + allowed),
+            "none" if r.first_divergent_step is None else str(r.first_divergent_step),
+        )
+    return table
+
+
+def verify_table(verify: Any) -> Table:
+    """Per decode mode: passed, top-1 agreement, max |Δ logit|, first divergent step, p50/p99 latency (ms)."""
+    first = next(iter(verify.modes.values()))
+    table = Table(
+        title=f"verification over {first.positions} positions",
+        caption=f"original p50/p99: {first.reference_latency_ms.p50:.2f}/{first.reference_latency_ms.p99:.2f} ms",
+    )
+    for col in ("mode", "ok", "top-1", "max |Δ|", "1st div", "p50 ms", "p99 ms"):
+        table.add_column(col, no_wrap=True)
+    for m in verify.modes.values():
+        table.add_row(
+            m.mode,
+            "[green]yes[/]" if m.passed else "[red]no[/]",
+            f"{m.top1_agreement:.3f}",
+            f"{m.max_abs_logit_diff:.2g}",
+            "none" if m.first_divergent_step is None else str(m.first_divergent_step),
+            f"{m.latency_ms.p50:.2f}",
+            f"{m.latency_ms.p99:.2f}",
+        )
+    return table
+
+
+def ops_text(ops: dict[str, int], sign: str, most: int = 4) -> str:
+    """``Op+n`` entries, largest first, the first ``most`` of them (``—`` for none)."""
+    items = sorted(ops.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{k}{sign}{v}" for k, v in items[:most])
+    return (text + f", … ({len(items) - most} more)" if len(items) > most else text) or "—"
+
+
+def print_run(out: Console, outcome: RunOutcome) -> None:
+    """The run's summary on ``out``: passes, checks and findings, verification, failures, the verdict."""
+    report = outcome.report
+    out.print(passes_table(report.passes))
+    pass_warnings = [(p.name, w) for p in report.passes for w in p.warnings]
+    for name, warning in pass_warnings:
+        out.print(f"[yellow]warning:[/] pass {name}: {escape(warning)}", soft_wrap=True)
+    out.print("checks run: " + (", ".join(report.checks_run) or "[yellow]none[/]"))
+    if report.verify is None:
+        out.print("[yellow]verification skipped (verify: null): the output was not compared with the original[/]")
+    levels = [f.level for f in report.findings]
+    out.print(
+        f"findings: {levels.count('error')} error(s), {levels.count('warning')} warning(s), {levels.count('info')} info"
+        + (f"; passes: {len(pass_warnings)} warning(s)" if pass_warnings else "")
+    )
+    for f in report.findings:
+        if f.level != "info":
+            out.print(f"  {f.code} [{f.level}] {f.message}", highlight=False, markup=False)
+    if report.verify is not None:
+        for line in report.verify.provider_fallbacks:
+            out.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+        out.print(verify_table(report.verify))
+        if report.verify.graphs_driven_text():
+            out.print(report.verify.graphs_driven_text(), highlight=False, markup=False)
+        if report.runtimes:
+            out.print(runtimes_table(report.runtimes))
+        print_first_divergent(out, report.verify)
+    shown = 10
+    for reason in report.failures[:shown]:
+        out.print(f"[red]FAILED:[/] {escape(reason)}", soft_wrap=True)
+    if len(report.failures) > shown:
+        out.print(f"[red]FAILED:[/] … and {len(report.failures) - shown} more (see {outcome.report_md})")
+    colour = "green" if report.status == "passed" else "red"
+    out.print(f"[bold {colour}]{report.status.upper()}[/]: {outcome.model_path}; report {outcome.report_html}")
+
+
+def passes_table(passes: list[PassReport]) -> Table:
+    """Per pass: nodes (summed over a graph set's graphs), ops added/removed (decode graph), dims fixed, time (s)."""
+    table = Table(title="passes")
+    several = any(max(p.graphs_before, p.graphs_after) > 1 for p in passes)
+    ops = ("ops added (decode graph)", "ops removed (decode graph)") if several else ("ops added", "ops removed")
+    for col in ("pass", "nodes", *ops, "dims fixed", "time (s)"):
+        table.add_column(col)
+    for p in passes:
+        table.add_row(
+            p.name,
+            p.nodes_text(),
+            ops_text(p.ops_added, "+"),
+            ops_text(p.ops_removed, "-"),
+            str(len(p.dims_fixed)),
+            f"{p.wall_time_s:.2f}" + (" (cached)" if p.cache == "hit" else ""),
+        )
+    return table
+
+
+def print_first_divergent(out: Console, verify: VerifyReport, *, with_failures: bool = False) -> None:
+    """Per mode: its first divergent step (and, with ``with_failures``, its failure lines)."""
+    for m in verify.modes.values():
+        first = "none" if m.first_divergent_step is None else f"position {m.first_divergent_step}"
+        out.print(f"{m.mode}: first divergent step: {first}")
+        if with_failures:
+            for msg in m.failures:  # each line starts with its mode
+                out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
+
+
+def print_verify(out: Console, result: VerifyReport) -> None:
+    """``onnxdeploy verify``'s summary: the modes' table, first divergent steps, failures, the verdict."""
+    out.print(verify_table(result))
+    print_first_divergent(out, result, with_failures=True)
+    for msg in result.failures:
+        out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
+    out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")
+
+
+def print_sdk(out: Console, sdk: dict[str, Any]) -> None:
+    """The SDK's build outcome, its CPU placements and where it disagrees with the matrix."""
+    built = "built" if sdk["built"] else f"[red]did not build[/]: {escape(sdk['error'])}"
+    out.print(f"{escape(sdk['sdk'])} ({sdk['target_platform']}): {built} in {sdk['seconds']} s")
+    for n in sdk["nodes"]:
+        if n["sdk"] in ("cpu", "no_npu_lowering") or n["matrix"] != "supported":
+            rule = f" ({n['rule']})" if n["rule"] else ""
+            out.print(
+                f"    {escape(n['node'])} ({n['op']}): SDK {n['sdk']}{rule}; matrix {n['matrix']}", soft_wrap=True
+            )
+    if sdk["disagreements"]:
+        out.print(f"[yellow]{len(sdk['disagreements'])} node(s) where the SDK and the matrix disagree[/] (--json: sdk)")

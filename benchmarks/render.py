@@ -5,7 +5,7 @@ per-position records are then repeated, positions renumbered, to ``--steps`` per
 count grows), as a 3,000-step verification would give. Then, interleaved over ``--rounds`` rounds:
 
 * ``json``: ``RunReport.model_dump_json`` (the baseline: what writing report.json costs);
-* ``html``: :func:`onnxdeploy.render.render_html` (tables and one error and one latency plot per graph and mode);
+* ``html``: :func:`onnxdeploy.html_report.render_html` (tables and one error and one latency plot per graph and mode);
 * ``md``: :func:`onnxdeploy.render.render_markdown`.
 
 Printed: the first HTML render alone (it imports matplotlib), then the median of each over the rounds (ms) and its
@@ -62,7 +62,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         report = grown(real_report(Path(tmp)), args.steps)
-    from onnxdeploy.render import render_html, render_markdown
+    from onnxdeploy.html_report import render_html
+    from onnxdeploy.render import render_markdown
 
     start = time.perf_counter()
     render_html(report, max_rows=200)

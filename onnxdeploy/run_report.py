@@ -21,8 +21,9 @@ from onnxdeploy import __version__
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.config import PipelineConfig
 from onnxdeploy.contract import read_contract
+from onnxdeploy.html_report import render_html
 from onnxdeploy.model_io import StagedArtifacts, input_files, sha256_file
-from onnxdeploy.render import render_html, render_markdown
+from onnxdeploy.render import render_markdown
 from onnxdeploy.report import FileRecord, GraphReport, PhaseReport, RunReport, summarise_verify
 from onnxdeploy.run_stages import Checked, GraphIO, Loaded, Passed, StageResult, Verified, Written, graph_io
 

@@ -9,6 +9,7 @@ BHDS_K buffers) insert them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -25,12 +26,33 @@ def _int64(values: Sequence[int]) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
-class _WriteNodes:
-    """The nodes of one cache write, in topological order; its constants registered on the graph by name, once."""
+@dataclass
+class _Write:
+    """One cache write: what it writes where, and its nodes in topological order (constants registered once).
 
-    def __init__(self, graph: ir.Graph, prefix: str) -> None:
-        self.graph, self.prefix = graph, prefix
-        self.nodes: list[ir.Node] = []
+    Attributes:
+        graph: the graph the constants are registered on.
+        prefix: the new nodes' and values' names start with it.
+        buffer: the cache buffer, ``max_cache_len`` slots on ``seq_axis``.
+        update: the call's K/V, ``update_shape``.
+        cache_position: int64 ``[S]``.
+        seq_axis: the slot axis.
+        update_shape: static shape of ``update``.
+        max_cache_len: L.
+        dtype: the buffer's element type.
+        nodes: the nodes built so far.
+    """
+
+    graph: ir.Graph
+    prefix: str
+    buffer: ir.Value
+    update: ir.Value
+    cache_position: ir.Value
+    seq_axis: int
+    update_shape: tuple[int, ...]
+    max_cache_len: int
+    dtype: ir.DataType
+    nodes: list[ir.Node] = field(default_factory=list)
 
     def const(self, name: str, values: np.ndarray) -> ir.Value:
         """The initializer ``onnxdeploy/static_kv/write/{name}`` (shared by every write of the graph)."""
@@ -98,87 +120,59 @@ def build_cache_write(
     build = _WRITES.get(method)
     if build is None:
         raise ValueError(f"unknown cache_write {method!r}; known: scatter_elements, scatter_nd, where, host")
-    w = _WriteNodes(graph, prefix)
     dtype = update.dtype or buffer.dtype or ir.DataType.FLOAT
-    out = build(w, buffer, update, cache_position, seq_axis, tuple(update_shape), max_cache_len, dtype)
+    w = _Write(graph, prefix, buffer, update, cache_position, seq_axis, tuple(update_shape), max_cache_len, dtype)
+    out = build(w)
     out.shape = buffer.shape
     return w.nodes, out
 
 
-_WriteBuilder = Callable[[_WriteNodes, ir.Value, ir.Value, ir.Value, int, tuple[int, ...], int, ir.DataType], ir.Value]
+_WriteBuilder = Callable[[_Write], ir.Value]
 
 
-def _scatter_elements_write(
-    w: _WriteNodes,
-    buffer: ir.Value,
-    update: ir.Value,
-    cache_position: ir.Value,
-    seq_axis: int,
-    update_shape: tuple[int, ...],
-    max_cache_len: int,
-    dtype: ir.DataType,
-) -> ir.Value:
+def _scatter_elements_write(w: _Write) -> ir.Value:
     """``ScatterElements(buffer, Expand(Reshape(cache_position), update_shape), update, axis=seq_axis)``."""
-    pos_shape = [1] * len(update_shape)
-    pos_shape[seq_axis] = update_shape[seq_axis]
-    pos = w.add("Reshape", [cache_position, w.shape(pos_shape)], "positions", ir.DataType.INT64)
-    idx = w.add("Expand", [pos, w.shape(update_shape)], "indices", ir.DataType.INT64)
-    return w.add("ScatterElements", [buffer, idx, update], "updated", dtype, axis=seq_axis)
+    pos_shape = [1] * len(w.update_shape)
+    pos_shape[w.seq_axis] = w.update_shape[w.seq_axis]
+    pos = w.add("Reshape", [w.cache_position, w.shape(pos_shape)], "positions", ir.DataType.INT64)
+    idx = w.add("Expand", [pos, w.shape(w.update_shape)], "indices", ir.DataType.INT64)
+    return w.add("ScatterElements", [w.buffer, idx, w.update], "updated", w.dtype, axis=w.seq_axis)
 
 
-def _scatter_nd_write(
-    w: _WriteNodes,
-    buffer: ir.Value,
-    update: ir.Value,
-    cache_position: ir.Value,
-    seq_axis: int,
-    update_shape: tuple[int, ...],
-    max_cache_len: int,
-    dtype: ir.DataType,
-) -> ir.Value:
+def _scatter_nd_write(w: _Write) -> ir.Value:
     """``ScatterND(buffer, idx, update)``: ``idx`` the constant grid of the leading axes, ``cache_position`` last."""
     i64 = ir.DataType.INT64
-    lead = list(update_shape[: seq_axis + 1])
-    pos_shape = [1] * seq_axis + [update_shape[seq_axis], 1]
-    pos = w.add("Reshape", [cache_position, w.shape(pos_shape)], "positions", i64)
+    lead = list(w.update_shape[: w.seq_axis + 1])
+    pos_shape = [1] * w.seq_axis + [w.update_shape[w.seq_axis], 1]
+    pos = w.add("Reshape", [w.cache_position, w.shape(pos_shape)], "positions", i64)
     pos = w.add("Expand", [pos, w.shape([*lead, 1])], "slot_index", i64)
-    if seq_axis:
-        grid = np.stack(np.indices(lead, dtype=np.int64)[:seq_axis], axis=-1)
+    if w.seq_axis:
+        grid = np.stack(np.indices(lead, dtype=np.int64)[: w.seq_axis], axis=-1)
         pos = w.add("Concat", [w.const(f"grid_{'x'.join(map(str, lead))}", grid), pos], "indices", i64, axis=-1)
-    return w.add("ScatterND", [buffer, pos, update], "updated", dtype)
+    return w.add("ScatterND", [w.buffer, pos, w.update], "updated", w.dtype)
 
 
-def _select_write(
-    w: _WriteNodes,
-    buffer: ir.Value,
-    update: ir.Value,
-    cache_position: ir.Value,
-    seq_axis: int,
-    update_shape: tuple[int, ...],
-    max_cache_len: int,
-    dtype: ir.DataType,
-) -> ir.Value:
+def _select_write(w: _Write) -> ir.Value:
     """``Where`` over the slots: the one written slot (S = 1), or the row each slot takes (S > 1)."""
-    rank = len(update_shape)
+    rank = len(w.update_shape)
     slot_shape = [1] * rank
-    slot_shape[seq_axis] = max_cache_len
+    slot_shape[w.seq_axis] = w.max_cache_len
     slot_key = "x".join(map(str, slot_shape))
-    if update_shape[seq_axis] == 1:
-        slots = w.const(f"slots_{slot_key}", np.arange(max_cache_len, dtype=np.int64).reshape(slot_shape))
-        pos = w.add("Reshape", [cache_position, w.shape([1] * rank)], "position", ir.DataType.INT64)
+    if w.update_shape[w.seq_axis] == 1:
+        slots = w.const(f"slots_{slot_key}", np.arange(w.max_cache_len, dtype=np.int64).reshape(slot_shape))
+        pos = w.add("Reshape", [w.cache_position, w.shape([1] * rank)], "position", ir.DataType.INT64)
         hit = w.add("Equal", [slots, pos], "slot_hit", ir.DataType.BOOL)
-        return w.add("Where", [hit, update, buffer], "updated", dtype)
-    hit, src = _rows_per_slot(w, cache_position, update_shape[seq_axis], max_cache_len)
+        return w.add("Where", [hit, w.update, w.buffer], "updated", w.dtype)
+    hit, src = _rows_per_slot(w)
     hit = w.add("Reshape", [hit, w.shape(slot_shape)], "slot_hit", ir.DataType.BOOL)
-    rows = w.add("Gather", [update, src], "rows", dtype, axis=seq_axis)
-    return w.add("Where", [hit, rows, buffer], "updated", dtype)
+    rows = w.add("Gather", [w.update, src], "rows", w.dtype, axis=w.seq_axis)
+    return w.add("Where", [hit, rows, w.buffer], "updated", w.dtype)
 
 
-def _rows_per_slot(
-    w: _WriteNodes, cache_position: ir.Value, step: int, max_cache_len: int
-) -> tuple[ir.Value, ir.Value]:
-    """``(hit (L,) bool, src (L,) int64)``: slot ``l`` takes row ``src[l]`` of the ``step`` rows when ``hit[l]``."""
+def _rows_per_slot(w: _Write) -> tuple[ir.Value, ir.Value]:
+    """``(hit (L,) bool, src (L,) int64)``: slot ``l`` takes row ``src[l]`` of the S rows when ``hit[l]``."""
     i64 = ir.DataType.INT64
+    cache_position, step, max_cache_len = w.cache_position, w.update_shape[w.seq_axis], w.max_cache_len
     column = w.const(f"slots_{max_cache_len}x1", np.arange(max_cache_len, dtype=np.int64).reshape(-1, 1))
     row = w.add("Reshape", [cache_position, w.shape([1, step])], "positions", i64)
     onehot = w.add("Equal", [column, row], "slot_of_row", ir.DataType.BOOL)

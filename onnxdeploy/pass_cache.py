@@ -49,8 +49,6 @@ import functools
 import hashlib
 import json
 import os
-import shutil
-import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -64,6 +62,18 @@ import onnxsim
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from onnxdeploy import __version__
+from onnxdeploy.cache_entries import (
+    CHECKSUMS,
+    ENTRY_JSON,
+    WEIGHTS,
+    CorruptEntry,
+    disk_usage,
+    drop_entry,
+    flock_folder,
+    hold_entry,
+    link_if_same,
+    verify_entry,
+)
 from onnxdeploy.errors import OnnxDeployError
 from onnxdeploy.model_io import (
     LoadedModel,
@@ -81,14 +91,6 @@ __all__ = ["CACHE_FORMAT", "CacheConfig", "CacheHit", "PassCache", "cache_versio
 
 CACHE_FORMAT = 2
 """Version of the entry layout; part of every key, so a new layout never reads an old entry (2: checksums)."""
-
-_ENTRY_JSON = "entry.json"
-_CHECKSUMS = "checksums.json"
-_WEIGHTS = "weights.data"
-
-
-class _CorruptEntry(Exception):
-    """An entry's file is missing or differs from the size or sha256 stored with it."""
 
 
 def default_cache_dir() -> Path:
@@ -268,16 +270,16 @@ class PassCache:
         """
         for n in range(len(self.keys), 0, -1):
             entry = self.folder / self.keys[n - 1]
-            if not (entry / _ENTRY_JSON).is_file():
+            if not (entry / ENTRY_JSON).is_file():
                 continue
-            fd = _hold(entry)
+            fd = hold_entry(entry)
             if fd is None:
                 continue  # evicted by another run meanwhile
             try:
-                _verify(entry)
+                verify_entry(entry)
                 hit = self._load(entry, n)
-            except (_CorruptEntry, OnnxDeployError, OSError, ValueError, KeyError) as exc:
-                dropped = _drop(entry, fd)
+            except (CorruptEntry, OnnxDeployError, OSError, ValueError, KeyError) as exc:
+                dropped = drop_entry(entry, fd)
                 if not dropped:
                     self._bad.add(entry.name)
                 self._tell(
@@ -302,7 +304,7 @@ class PassCache:
         self._held.clear()
 
     def _load(self, entry: Path, n: int) -> CacheHit:
-        meta = json.loads((entry / _ENTRY_JSON).read_text(encoding="utf-8"))
+        meta = json.loads((entry / ENTRY_JSON).read_text(encoding="utf-8"))
         models = [load_model(entry / name).model for name in meta["artifacts"]]
         _share_tensors(models)
         artifacts = ArtifactSet(
@@ -345,8 +347,8 @@ class PassCache:
                 for name in staged.files
             }
             previous = self.folder / self.keys[n - 2] if n >= 2 else None
-            linked = _WEIGHTS in sums and _link_if_same(previous, staged.path(_WEIGHTS), sums[_WEIGHTS])
-            staged.add_text(_CHECKSUMS, json.dumps({"files": sums}, indent=1))
+            linked = WEIGHTS in sums and link_if_same(previous, staged.path(WEIGHTS), sums[WEIGHTS])
+            staged.add_text(CHECKSUMS, json.dumps({"files": sums}, indent=1))
             evicted = self._publish(key, staged)
         except (OnnxDeployError, OSError) as exc:
             if staged is not None:
@@ -366,7 +368,7 @@ class PassCache:
             [(a.name, a.model) for a in artifacts.artifacts],
             self.folder,
             external=True,
-            data_name=_WEIGHTS,
+            data_name=WEIGHTS,
             size_threshold_bytes=0,
         )
         meta = {
@@ -384,7 +386,7 @@ class PassCache:
             "created": time.time(),
         }
         try:
-            staged.add_text(_ENTRY_JSON, json.dumps(meta, indent=1))
+            staged.add_text(ENTRY_JSON, json.dumps(meta, indent=1))
         except BaseException:
             staged.discard()
             raise
@@ -400,7 +402,7 @@ class PassCache:
         entry = self.folder / key
         with self._locked():
             if key in self._bad:  # a corrupted entry another run was reading: replace it if it is free now
-                fd = _flock(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fd = flock_folder(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if fd is None and entry.is_dir():
                     staged.discard()
                     self._tell(
@@ -408,7 +410,7 @@ class PassCache:
                     )
                     return None
                 if fd is not None:
-                    _drop(entry, fd)
+                    drop_entry(entry, fd)
                 self._bad.discard(key)
             try:
                 os.rename(staged.staging, entry)  # one step: a reader sees the whole entry or none
@@ -423,7 +425,7 @@ class PassCache:
         """The console lines of a store: its size, the weights link, what was evicted or kept."""
         self._tell(
             f"pass cache: stored the artifacts after pass {n} ({stored_bytes} bytes"
-            + (f"; {_WEIGHTS} hard-linked to pass {n - 1}'s: the same bytes)" if linked else ")")
+            + (f"; {WEIGHTS} hard-linked to pass {n - 1}'s: the same bytes)" if linked else ")")
         )
         if removed:
             self._tell(
@@ -439,7 +441,7 @@ class PassCache:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """Hold the cache folder's exclusive lock: one run at a time renames entries in and evicts."""
-        fd = _flock(self.folder, fcntl.LOCK_EX)
+        fd = flock_folder(self.folder, fcntl.LOCK_EX)
         if fd is None:
             raise OSError(f"the cache folder {self.folder} vanished")
         try:
@@ -459,164 +461,18 @@ class PassCache:
         removed = freed = 0
         busy: set[str] = set()
         while True:
-            total, entries = _usage(self.folder)
+            total, entries = disk_usage(self.folder)
             victims = [(size, e) for _, size, e in entries if e.name not in self._stored and e.name not in busy]
             if total <= self.max_bytes or not victims:
                 return removed, freed, len(busy)
             size, victim = victims[0]
-            fd = _flock(victim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = flock_folder(victim, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is None:
                 if victim.is_dir():  # else a reader dropped it meanwhile: look again
                     busy.add(victim.name)
                 continue
-            _drop(victim, fd)
+            drop_entry(victim, fd)
             removed, freed = removed + 1, freed + size
-
-
-def _flock(folder: Path, mode: int) -> int | None:
-    """Open ``folder`` and ``flock`` it with ``mode`` (``fcntl.LOCK_SH``/``LOCK_EX``, maybe ``| LOCK_NB``).
-
-    Returns:
-        The descriptor (closing it releases the lock), or None when the folder is gone or, with ``LOCK_NB``,
-        another holder has a conflicting lock.
-    """
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    try:
-        fcntl.flock(fd, mode)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _hold(entry: Path) -> int | None:
-    """A shared lock on ``entry`` (waits only while an evictor removes it), or None when it is gone.
-
-    The lock is on the folder that was opened; if that folder was removed (and another stored under the same
-    name) while this waited, the lock protects nothing: None then.
-    """
-    fd = _flock(entry, fcntl.LOCK_SH)
-    if fd is None:
-        return None
-    try:
-        locked, current = os.fstat(fd), os.stat(entry)
-        same = (locked.st_dev, locked.st_ino) == (current.st_dev, current.st_ino)
-    except FileNotFoundError:
-        same = False
-    if same and (entry / _ENTRY_JSON).is_file():
-        return fd
-    os.close(fd)
-    return None
-
-
-def _drop(entry: Path, fd: int) -> bool:
-    """Remove ``entry`` unless another run holds it (``fd``: this run's lock on it, closed here); True if removed."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    else:
-        shutil.rmtree(entry, ignore_errors=True)
-        return True
-    finally:
-        os.close(fd)
-
-
-def _usage(folder: Path) -> tuple[int, list[tuple[float, int, Path]]]:
-    """What the cache's entries hold on disk, a file hard-linked into several entries counted once.
-
-    Returns:
-        ``(bytes, entries)``: the entries' bytes, and per entry ``(mtime, bytes only it holds, folder)``, least
-        recently used first (removing an entry frees the files no other entry links).
-    """
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    entries = []
-    for entry in folder.iterdir():
-        with contextlib.suppress(FileNotFoundError):  # another reader may drop an entry while this looks
-            if not (entry.is_dir() and (entry / _ENTRY_JSON).is_file()):
-                continue
-            own = 0
-            for path in entry.iterdir():
-                st = path.lstat()
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                if (st.st_dev, st.st_ino) not in seen:
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_size
-                if st.st_nlink == 1:
-                    own += st.st_size
-            entries.append((entry.stat().st_mtime, own, entry))
-    return total, sorted(entries, key=lambda e: e[0])
-
-
-def _same_bytes(a: Path, b: Path, chunk_bytes: int = 8 << 20) -> bool:
-    """Whether two files hold the same bytes (compared in ``chunk_bytes`` chunks)."""
-    if a.stat().st_size != b.stat().st_size:
-        return False
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        while chunk := fa.read(chunk_bytes):
-            if chunk != fb.read(chunk_bytes):
-                return False
-    return True
-
-
-def _link_if_same(previous: Path | None, staged: Path, digest: dict[str, Any]) -> bool:
-    """Replace the ``staged`` data file by a hard link to ``previous``'s when they hold the same bytes.
-
-    A pass that leaves every weight as it is (``grouped_attention``, ``kv_layout``, ``pin_opset``, …) then adds
-    no copy of the weights to the cache. The stored digest selects the candidate; the bytes decide (the
-    previous file may have been damaged since it was stored). Another run evicting ``previous`` meanwhile
-    leaves the staged copy in place.
-    """
-    if previous is None:
-        return False
-    source = previous / _WEIGHTS
-    try:
-        stored = json.loads((previous / _CHECKSUMS).read_text(encoding="utf-8"))["files"].get(_WEIGHTS)
-        if stored != digest or not _same_bytes(source, staged):
-            return False
-    except (OSError, ValueError, KeyError):
-        return False
-    link = staged.with_name(staged.name + ".link")
-    try:
-        os.link(source, link)
-        os.replace(link, staged)
-    except OSError:
-        link.unlink(missing_ok=True)
-        return False
-    return True
-
-
-def _verify(entry: Path) -> None:
-    """Check every file ``checksums.json`` lists: present, its size, then its sha256 (smallest files first).
-
-    Raises:
-        _CorruptEntry: a file is missing or differs (names the file), or an artifact ``entry.json`` names is not
-            covered by the checksums.
-        OSError, ValueError, KeyError: ``checksums.json`` is missing or not what :meth:`PassCache.store` writes.
-    """
-    files: dict[str, dict[str, Any]] = json.loads((entry / _CHECKSUMS).read_text(encoding="utf-8"))["files"]
-    for name, want in files.items():
-        try:
-            size = (entry / name).stat().st_size
-        except FileNotFoundError:
-            raise _CorruptEntry(f"{name}: missing") from None
-        if size != want["bytes"]:
-            raise _CorruptEntry(f"{name}: {size} bytes, {want['bytes']} stored")
-    for name, want in sorted(files.items(), key=lambda item: item[1]["bytes"]):
-        if sha256_file(entry / name) != want["sha256"]:
-            raise _CorruptEntry(f"{name}: sha256 differs from the one stored")
-    listed = json.loads((entry / _ENTRY_JSON).read_text(encoding="utf-8"))["artifacts"]
-    unchecked = [name for name in (_ENTRY_JSON, *listed) if name not in files]
-    if unchecked:
-        raise _CorruptEntry(f"no checksum for {', '.join(unchecked)}")
 
 
 def _share_tensors(models: list[ir.Model]) -> None:

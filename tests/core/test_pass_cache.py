@@ -15,6 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 import onnxdeploy.pass_cache as pass_cache
+from onnxdeploy import cache_entries
 from onnxdeploy.cli import app
 from onnxdeploy.config import load_pipeline
 from onnxdeploy.model_io import load_model
@@ -273,7 +274,7 @@ def test_a_pass_that_keeps_every_weight_adds_no_copy_of_the_weights(tmp_path):
     first, second = (cache / key / "weights.data" for key in keys)
     assert first.stat().st_ino == second.stat().st_ino and first.stat().st_nlink == 2
     apparent = sum(p.stat().st_size for key in keys for p in (cache / key).iterdir())
-    assert pass_cache._usage(cache)[0] == apparent - first.stat().st_size, "the size bound counts one copy"
+    assert cache_entries.disk_usage(cache)[0] == apparent - first.stat().st_size, "the size bound counts one copy"
     assert [p["cache"] for p in _run(pipeline, tmp_path / "b", "--cache-dir", str(cache))["passes"]] == ["hit", "hit"]
 
 

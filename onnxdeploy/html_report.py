@@ -350,7 +350,7 @@ def _html_modes_table(v: VerifyReport) -> str:
 
 def _html_plots(v: VerifyReport, m: ModeResult, graph: str, steps: list[StepRecord], index: int) -> list[str]:
     """The error plot and the latency plot of one candidate graph in one mode, side by side."""
-    from onnxdeploy.plots import error_plot, latency_plot  # matplotlib is imported only when a report is drawn
+    from onnxdeploy.plots import error_plot, latency_plot
 
     calls = [c for c in (m.prefill.per_call if m.prefill else []) if c.graph == graph]
     caption = f"{graph} — {m.mode}: {len(steps)} positions ({steps[0].position}–{steps[-1].position})"

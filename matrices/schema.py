@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from onnxdeploy.contract import CacheWrite
+from onnxdeploy.contract_terms import CacheWrite
 
 __all__ = [
     "SCHEMA_VERSION",

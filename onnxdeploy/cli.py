@@ -165,14 +165,14 @@ def run(
     quiet: QuietOpt = False,
 ) -> None:
     """Run a pipeline: passes, checks, step-by-step verification; write the model, report.json|md|html."""
-    from onnxdeploy.pipeline import run_pipeline
-
     out, err = _consoles(as_json)
     if output_dir is not None and not str(output_dir).strip():
         raise _fail(err, ConfigError("--output-dir is empty"), as_json=as_json)
     _interrupt_on_termination()
     try:
         config = _run_config(pipeline, output_dir, cache_dir=cache_dir, no_cache=no_cache, bisect=bisect)
+        from onnxdeploy.pipeline import run_pipeline  # noqa: PLC0415  (onnx, ORT: only once the config is valid)
+
         with _progress(err, quiet=quiet) as bar:
             on_step = _progress_callback(bar)
             outcome = run_pipeline(
@@ -207,8 +207,8 @@ def _run_config(
     Raises:
         ConfigError: the pipeline is invalid, or ``--bisect`` without a verify section.
     """
+    from onnxdeploy.cache_config import CacheConfig
     from onnxdeploy.config import load_pipeline
-    from onnxdeploy.pass_cache import CacheConfig
 
     config = load_pipeline(pipeline, output_dir=output_dir)
     if bisect:
@@ -275,11 +275,12 @@ def inspect(
 @app.command("passes")
 def list_passes(*, as_json: JsonOpt = False) -> None:
     """List every pass with its config fields, types, defaults (YAML) and descriptions."""
-    from onnxdeploy.passes import PASSES
+    from onnxdeploy.passes import CATALOG, describe_config  # the catalogue: no pass module (onnx) is imported
     from onnxdeploy.render import yaml_inline
 
     rows = [
-        {"name": name, "summary": cls.summary, "config": cls.describe_config()} for name, cls in sorted(PASSES.items())
+        {"name": name, "summary": info.summary, "config": describe_config(info.config_model)}
+        for name, info in sorted(CATALOG.items())
     ]
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
+from onnxdeploy.cache_config import CacheConfig
 from onnxdeploy.errors import ConfigError
-from onnxdeploy.pass_cache import CacheConfig
-from onnxdeploy.passes import Pass, PipelineSettings, get_pass, pass_order_problem
-from onnxdeploy.settings import SettingsConflict
+from onnxdeploy.passes import get_pass, pass_config_model
+from onnxdeploy.settings import PipelineSettings, SettingsConflict
+
+if TYPE_CHECKING:  # the pass modules (onnx, onnx_ir) are imported once the file validated: refusals come fast
+    from onnxdeploy.passes import Pass
 
 __all__ = [
     "AccuracyConfig",
@@ -326,7 +329,7 @@ def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
         else:
             raise ConfigError(f"{where}: key 'passes[{i}]' must map one pass name to its config, got {entry!r}")
         try:
-            cls = get_pass(str(name))
+            config_model = pass_config_model(str(name))  # the catalogue's: no pass module imported yet
         except ConfigError as exc:
             raise ConfigError(f"{where}: key 'passes[{i}]': {exc}") from None
         if cfg is None:
@@ -334,7 +337,7 @@ def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
         if not isinstance(cfg, dict):
             raise ConfigError(f"{where}: key 'passes[{i}].{name}' must be a mapping of config keys")
         try:
-            config = cls.config_model.model_validate(cfg)
+            config = config_model.model_validate(cfg)
         except ValidationError as exc:
             raise ConfigError(f"{where}: {format_validation_error(exc, f'passes[{i}].{name}.')}") from None
         specs.append(PassSpec(name=str(name), config=config))
@@ -366,6 +369,8 @@ def _check_pass_settings(cfg: PipelineConfig, where: str) -> None:
     pipeline re-checks it with the input graph before the first pass), then each pass's ``check_settings``
     (:func:`check_pass_settings`).
     """
+    from onnxdeploy.passes import pass_order_problem  # noqa: PLC0415  (imports onnx_ir: the file validated)
+
     problem = pass_order_problem([spec.build() for spec in cfg.passes])
     if problem is not None:
         i, reason = problem

@@ -24,46 +24,21 @@ import re
 import onnx
 import onnx_ir as ir
 from onnx import version_converter
-from pydantic import Field, field_validator
 
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.errors import PassError
 from onnxdeploy.graph import default_opset
 from onnxdeploy.model_io import proto_round_trip, stand_in_proto
+from onnxdeploy.passes._catalog import PinOpsetConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import clone, fold_constants, infer_shapes
 from onnxdeploy.passes._opset_adapters import hold_nodes, name_created_nodes, restore_held
 from onnxdeploy.passes._opset_functions import expand_function_ops, fold_empty_tensors, function_ops_to_expand
 from onnxdeploy.passes._opset_schemas import DEFAULT_DOMAINS, schema_at, since_version
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["PinOpsetConfig", "PinOpsetPass"]
-
-
-LOWEST_OPSET = 11
-"""The lowest target the pass is tested to reach (the LLaMA exports lower to 11, IR 7)."""
-
-
-class PinOpsetConfig(PassConfig):
-    """Config of ``pin_opset``."""
-
-    opset: int = Field(
-        ...,
-        description=f"Target ai.onnx opset, {LOWEST_OPSET} up to the newest the installed onnx knows "
-        f"({onnx.defs.onnx_opset_version()} with onnx {onnx.__version__}); raised or lowered.",
-    )
-
-    @field_validator("opset")
-    @classmethod
-    def _in_range(cls, opset: int) -> int:
-        newest = onnx.defs.onnx_opset_version()
-        if not LOWEST_OPSET <= opset <= newest:
-            raise ValueError(
-                f"opset {opset} is outside the supported range {LOWEST_OPSET}..{newest} ({newest}: the newest "
-                f"opset onnx {onnx.__version__} knows)"
-            )
-        return opset
 
 
 def _ops_needing_adapter(model: ir.Model, current: int, target: int) -> list[tuple[str, int]]:
@@ -99,7 +74,6 @@ class PinOpsetPass(Pass):
     """
 
     name = "pin_opset"
-    summary = "Convert ai.onnx to a target opset (onnx version_converter); names any op it cannot convert."
     config_model = PinOpsetConfig
     config: PinOpsetConfig
     in_place = False

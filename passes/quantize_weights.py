@@ -41,20 +41,19 @@ data file (mapped back) before the next is read, so memory holds one float weigh
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Literal
 
 import numpy as np
 import onnx_ir as ir
-from pydantic import Field
 
 from onnxdeploy.artifacts import ArtifactSet, ScratchWriter
 from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.graph import default_opset
 from onnxdeploy.passes._act_order import apply_fold, plan_folds
 from onnxdeploy.passes._calibration_stats import collect_statistics
+from onnxdeploy.passes._catalog import QuantizeWeightsConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import fresh_name, names_in_use, remove_dead_nodes
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._quant_emit import Values, graph_values, rewire
 from onnxdeploy.passes._quant_targets import Target, find_targets
 from onnxdeploy.passes._quant_tensors import Quantized, WeightQuantizer
@@ -65,38 +64,6 @@ __all__ = ["QuantizeWeightsConfig", "QuantizeWeightsPass"]
 
 INLINE_BYTES = 1024
 """Quantized tensors up to this size stay in memory; larger ones are written to the scratch data file."""
-
-
-class QuantizeWeightsConfig(PassConfig):
-    """Config of ``quantize_weights``."""
-
-    bits: Literal[4, 8] = Field(4, description="Weight bits: 8 = per output channel, 4 = per group of block_size.")
-    block_size: Literal[16, 32, 64, 128] = Field(
-        32, description="Input channels per group for bits 4 (a K that is not a multiple is padded)."
-    )
-    symmetric: bool = Field(True, description="Signed values without zero point; false: unsigned + zero points.")
-    format: Literal["qdq", "matmulnbits"] = Field(
-        "qdq", description="qdq: DequantizeLinear -> original op (NPUs); matmulnbits: com.microsoft::MatMulNBits (ORT)."
-    )
-    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
-        0, description="MatMulNBits accuracy_level (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations)."
-    )
-    lm_head: bool = Field(True, description="Quantize the LM head (the MatMul/Gemm producing the logits).")
-    embedding: bool = Field(False, description="Quantize embedding Gather tables (dequantized by DequantizeLinear).")
-    exclude: list[str] = Field(default_factory=list, description="Node names (shell patterns) left in float.")
-    act_order: bool = Field(
-        False,
-        description="Permute input channels by calibration importance, folded into the graph (needs calibration).",
-    )
-    method: Literal["rtn", "gptq"] = Field(
-        "rtn", description="rtn: round to nearest; gptq: GPTQ error compensation (needs calibration)."
-    )
-    gptq_damp: float = Field(0.01, gt=0, le=1, description="GPTQ dampening: this fraction of mean(diag(H)) is added.")
-    raise_opset: bool = Field(
-        True,
-        description="qdq: raise ai.onnx to 13 (per-axis INT8; 19 for float16/bfloat16 weights) / 21 and IR 10 "
-        "(blocked INT4) when lower; false: refuse.",
-    )
 
 
 def _by_activation(targets: list[Target]) -> dict[int, list[Target]]:
@@ -136,7 +103,6 @@ class QuantizeWeightsPass(Pass):
     """
 
     name = "quantize_weights"
-    summary = "Weight-only INT8/INT4 (QDQ or MatMulNBits), act-order folded into the graph, RTN or GPTQ."
     config_model = QuantizeWeightsConfig
     config: QuantizeWeightsConfig
     in_place = True

@@ -13,6 +13,7 @@ BOTTOM = {
     "graph",
     "model_io",
     "contract",
+    "contract_terms",
     "kv_cache",
     "artifacts",
     "settings",

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import onnx
 import onnx_ir
 
 from onnxdeploy.artifacts import Artifact, ArtifactSet
@@ -362,7 +361,7 @@ def checks_stage(
     step("checks", 0, total)
     for i, artifact in enumerate(artifacts.artifacts):
         path = staged.path(artifact.name)
-        header = onnx.load(str(path), format="protobuf", load_external_data=False)
+        header = read_model_header(path)  # inline weights as references to the file: not read, not copied
         ctx = CheckContext(model_path=path, target=config.target)
         say(f"checks {', '.join(checks)}" + (f" on {artifact.name}" if several else ""))
         for name in checks:

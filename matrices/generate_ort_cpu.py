@@ -11,9 +11,18 @@ reads, all from the installed wheel:
   float16 and a bfloat16 ``MatMul`` (no CPU kernel takes either) opened with graph optimizations off, so
   ``emulated_types`` lists the type ORT casts to float around such a node (``InsertCastTransformer``: float16).
 
-ONNX ops that have no CPU kernel but an ONNX function body (``onnx.defs`` ``has_function`` or
-``has_context_dependent_function``) are expanded by ORT at load; they are listed with ``via: function`` and the
-types of their schema (the body's own ops decide in the end).
+Each kernel is recorded with the schema versions ORT really matches it at. ORT's
+``KernelRegistry::VerifyKernelDef`` (onnxruntime/core/framework/kernel_registry.cc, main at 05f47fa0) takes a
+kernel registered for ``since..until`` when the node's schema ``since_version`` lies in that range, but a kernel
+registered open-ended (``since`` only, ``version_range`` end ``INT_MAX``) *only* when the node's schema version
+equals ``since`` ("we will temporary require kernel definition to have the same since version as schema
+definition"). So an open-ended ``DequantizeLinear`` kernel since 25 is written ``since: 25, until: 25``: at opset
+28 the node's schema version is 28 and ORT refuses it ("Could not find an implementation for
+DequantizeLinear(28)", probed on 1.32).
+
+ONNX ops with no kernel at a schema version but an ONNX function body there (``onnx.defs`` ``has_function`` or
+``has_context_dependent_function``) are inlined by ORT at load (``Node::CanBeInlined``; e.g. ``ReduceLogSum-28``);
+they are listed with ``via: function`` and the types of their schema (the body's own ops decide in the end).
 """
 
 from __future__ import annotations
@@ -176,9 +185,8 @@ def _kernel_entries() -> list[dict]:
             types.setdefault(param, set()).update(_tensor_type(t) for t in allowed)
     entries = []
     for (domain, op, since, until), types in sorted(merged.items()):
-        entry: dict = {"op": op, "domain": domain, "since": since}
-        if until != _OPEN_ENDED:
-            entry["until"] = until
+        # an open-ended kernel matches only a node whose schema version is exactly `since` (module docstring)
+        entry: dict = {"op": op, "domain": domain, "since": since, "until": since if until == _OPEN_ENDED else until}
         entry["via"] = "kernel"
         if types:
             entry["types"] = {p: sorted(v) for p, v in sorted(types.items())}
@@ -195,7 +203,7 @@ def _function_entries(kernels: list[dict], max_opset: int) -> list[dict]:
     covered: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for e in kernels:
         if e["domain"] == "ai.onnx":
-            covered[e["op"]].append((e["since"], e.get("until", _OPEN_ENDED)))
+            covered[e["op"]].append((e["since"], e["until"]))
     entries = []
     for schema in onnx.defs.get_all_schemas_with_history():
         if schema.domain != "" or schema.since_version > max_opset or schema.deprecated:
@@ -255,6 +263,9 @@ def _sources(version: str, read: str) -> dict[str, dict]:
             "version": f"onnxruntime {version}",
             "address": f"{registry}.get_all_opkernel_def / get_all_operator_schema",
             "read": read,
+            "note": "A kernel registered open-ended is matched only at its since version "
+            "(onnxruntime/core/framework/kernel_registry.cc KernelRegistry::VerifyKernelDef, main at 05f47fa0): "
+            "recorded as since..since.",
         },
         "ort-probe": {
             "doc": "Session-creation probe of the installed wheel",

@@ -260,12 +260,37 @@ def _violations(
             value = value.decode() if isinstance(value, bytes) else value
             if value not in allowed_values:
                 problems.append(("OD513", f"attribute {attr.name}={value!r}; allowed: {allowed_values}"))
+    if "block_size_divides_axis" in entry.rules:
+        problems += _partial_block(node, types)
     if entry.max_rank is not None:
         for tensor in (*node.input, *node.output):
             shape = types.dims.get(tensor)
             if tensor and shape is not None and len(shape) > entry.max_rank:
                 problems.append(("OD514", f"'{tensor}' has rank {len(shape)} > {entry.max_rank}"))
     return problems
+
+
+def _partial_block(node: onnx.NodeProto, types: _Types) -> list[tuple[str, str]]:
+    """``OD518`` when a blocked DequantizeLinear's input dim on ``axis`` is not a multiple of ``block_size``.
+
+    ONNX allows a partial last block (Operators.md, DequantizeLinear-21: the scale's dim on ``axis`` is
+    ``ceil(D / block_size)``); a target whose entry carries ``block_size_divides_axis`` refuses it.
+    """
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    block, axis = int(attrs.get("block_size", 0)), int(attrs.get("axis", 1))
+    dims = types.dims.get(node.input[0]) if node.input else None
+    if block <= 0 or not dims or not -len(dims) <= axis < len(dims):
+        return []
+    dim = dims[axis]
+    if not isinstance(dim, int) or dim % block == 0:
+        return []
+    return [
+        (
+            "OD518",
+            f"'{node.input[0]}' has {dim} on axis {axis}, not a multiple of block_size {block} (a partial last block "
+            f"of {dim % block})",
+        )
+    ]
 
 
 def _emulated_type(
@@ -314,7 +339,9 @@ class TargetOpsCheck(Check):
     - ``OD516`` info: per op type, constraints stated in words by the source, with the nodes they concern;
     - ``OD517`` warning: per op type and element type, nodes no entry takes in that type but one takes once the
       type is read as the one the target computes in instead (``Matrix.emulated_types``: ORT's CPU EP casts a
-      float16 node without a float16 kernel to float32); other targets keep ``OD512``.
+      float16 node without a float16 kernel to float32); other targets keep ``OD512``;
+    - ``OD518`` error: a named rule of the entry broken (``block_size_divides_axis``: a blocked DequantizeLinear
+      whose weight dim on ``axis`` is not a multiple of ``block_size``, which OpenVINO's CPU plugin refuses).
     """
 
     name = "target_ops"
@@ -328,6 +355,7 @@ class TargetOpsCheck(Check):
         "OD515": "warning: the op runs on the host CPU (no accelerator lowering).",
         "OD516": "info: constraints stated in words for an op (not machine-checked).",
         "OD517": "warning: no kernel for the op in this dtype; the target converts it and computes in another.",
+        "OD518": "error: a shape rule of the target's entry broken (blocked DequantizeLinear with a partial block).",
     }
 
     def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
@@ -456,12 +484,17 @@ class TargetOpsCheck(Check):
             "error",
             f"{where}: " + "; ".join(reason for _, reason in problems),
             nodes=[ref],
-            hint=fix_hint(node.op_type) or "Insert Casts to a supported dtype, or change the exporter's dtype.",
+            hint=(
+                "Choose a quantize_weights block_size that divides the weight's K, or pad K to a multiple of it."
+                if problems[0][0] == "OD518"
+                else fix_hint(node.op_type) or "Insert Casts to a supported dtype, or change the exporter's dtype."
+            ),
             rule=f"{node.op_type} (schema versions {span}) constraints: "
             + ", ".join(f"{p}: {'|'.join(v)}" for p, v in (entry.types or {}).items())
             + (f" dtypes {entry.dtypes}" if entry.dtypes else "")
             + (f" attributes {entry.attributes}" if entry.attributes else "")
-            + (f" max_rank {entry.max_rank}" if entry.max_rank is not None else ""),
+            + (f" max_rank {entry.max_rank}" if entry.max_rank is not None else "")
+            + (f" rules {entry.rules}" if entry.rules else ""),
             source=matrix.source_text(entry.source),
         )
 

@@ -1,0 +1,419 @@
+"""Regenerate ``matrices/openvino.yaml`` by probing the installed OpenVINO's CPU plugin, one small model at a time.
+
+Run ``python -m onnxdeploy.matrices.generate_openvino_cpu [--output PATH]`` after upgrading openvino (a few
+minutes on one core). What it probes, every model compiled with ``openvino.Core().compile_model(model, "CPU")``
+(the ONNX frontend reads it, the CPU plugin compiles it):
+
+- the ``ai.onnx`` opset range and IR range: a one-node ``Identity`` model per opset / IR version;
+- per op schema of ``ai.onnx``, ``ai.onnx.ml`` and ``ai.onnx.preview.training`` (``onnx.defs``, every schema
+  version up to the newest opset), a one-node model at the opset that introduced that schema version: its
+  required inputs as graph inputs, required attributes at plain defaults, shapes from a few plans (every input
+  ``(2, 2, 2, 2)``, rank 2, 3, 1, 0, the first input rank 4 and the rest rank 1 / scalar, ...). The first plan that
+  compiles with the op's default element types (float where allowed) is then compiled once per allowed element
+  type of each type parameter, the others held at their default: the entry lists the types that compiled. An op
+  no plan compiles is left out (``ops_complete: true``: unsupported);
+- blocked ``DequantizeLinear`` (opset 21+) weights with a partial last block (``K % block_size != 0``) against
+  whole blocks: when only whole blocks compile, the entry carries the rule ``block_size_divides_axis``.
+
+Ops a one-node probe cannot build (control flow with a subgraph attribute: ``If``, ``Loop``, ``Scan``,
+``SequenceMap``; sparse and type-proto attributes) keep the entries of OpenVINO's own table (the frontend's
+``supported_ops.md``), as do the ``com.microsoft`` and ``org.openvinotoolkit`` domains; the NPU plugin's facts
+live in ``openvino-npu.yaml`` (hand-sourced).
+
+Each probe model is compiled in a worker process (a probe that crashes the plugin costs that probe only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import sys
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from onnxdeploy.matrices.generate_ort_cpu import _dump
+from onnxdeploy.matrices.schema import Matrix
+
+__all__ = ["build_matrix", "main", "probe_op"]
+
+_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
+_SUBGRAPH_OPS = {"If", "Loop", "Scan", "SequenceMap"}
+_DEFAULT_TYPES = ("float", "int64", "int32", "bool", "string", "float16", "uint8", "int8", "double")
+_PLANS = ((4,), (2,), (3,), (1,), (0,), (4, 1), (4, 0), (2, 1), (3, 1), (1, 0), (None,))
+"""Rank of the first input and of the rest (one entry: every input); None: rank unknown."""
+
+_DOC_TARGET = "openvino-npu"
+"""The hand-sourced matrix holding OpenVINO's frontend table (``supported_ops.md``), read for what is not probed."""
+
+
+def _elem(type_str: str) -> int | None:
+    """``tensor(float)`` -> ``TensorProto.FLOAT``; None for non-tensor types."""
+    if not (type_str.startswith("tensor(") and type_str.endswith(")")):
+        return None
+    name = type_str[len("tensor(") : -1]
+    return {
+        "float": TensorProto.FLOAT,
+        "double": TensorProto.DOUBLE,
+        "float16": TensorProto.FLOAT16,
+        "bfloat16": TensorProto.BFLOAT16,
+        "string": TensorProto.STRING,
+        "bool": TensorProto.BOOL,
+        "complex64": TensorProto.COMPLEX64,
+        "complex128": TensorProto.COMPLEX128,
+        "float8e4m3fn": TensorProto.FLOAT8E4M3FN,
+        "float8e4m3fnuz": TensorProto.FLOAT8E4M3FNUZ,
+        "float8e5m2": TensorProto.FLOAT8E5M2,
+        "float8e5m2fnuz": TensorProto.FLOAT8E5M2FNUZ,
+        "float8e8m0": getattr(TensorProto, "FLOAT8E8M0", -1),
+        "float4e2m1": getattr(TensorProto, "FLOAT4E2M1", -1),
+    }.get(name, getattr(TensorProto, name.upper(), None))
+
+
+def _type_proto(type_str: str, rank: int | None, dim: int = 2) -> onnx.TypeProto | None:
+    """A TypeProto for ``tensor(x)``, ``seq(tensor(x))`` or ``optional(...)`` with ``rank`` dims of ``dim``."""
+    if type_str.startswith("seq(") and type_str.endswith(")"):
+        inner = _type_proto(type_str[4:-1], rank, dim)
+        return helper.make_sequence_type_proto(inner) if inner is not None else None
+    if type_str.startswith("optional(") and type_str.endswith(")"):
+        inner = _type_proto(type_str[9:-1], rank, dim)
+        return helper.make_optional_type_proto(inner) if inner is not None else None
+    elem = _elem(type_str)
+    if elem is None or elem < 0:
+        return None
+    return helper.make_tensor_type_proto(elem, None if rank is None else [dim] * rank)
+
+
+def _attribute(attr: onnx.defs.OpSchema.Attribute, rank: int | None, types: dict[str, str]):
+    """A plain value for a required attribute (None: the probe cannot make one)."""
+    kind = attr.type
+    spatial = max((rank or 4) - 2, 1)
+    if attr.name == "to":
+        return _elem(types.get("T2", "tensor(float)")) or TensorProto.FLOAT
+    if kind == onnx.defs.OpSchema.AttrType.INT:
+        return 0 if attr.name == "axis" else 1
+    if kind == onnx.defs.OpSchema.AttrType.FLOAT:
+        return 1.0
+    if kind == onnx.defs.OpSchema.AttrType.STRING:
+        return ""
+    if kind == onnx.defs.OpSchema.AttrType.INTS:
+        return [2] * spatial if attr.name == "kernel_shape" else ([0] if attr.name == "axes" else [1] * spatial)
+    if kind == onnx.defs.OpSchema.AttrType.FLOATS:
+        return [1.0]
+    if kind == onnx.defs.OpSchema.AttrType.STRINGS:
+        return ["a"]
+    if kind == onnx.defs.OpSchema.AttrType.TENSOR:
+        return helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+    return None
+
+
+def _formal_type(formal, types: dict[str, str]) -> str:
+    """The concrete type string of a formal input/output: its type parameter's chosen type, or its fixed type."""
+    return types.get(formal.type_str, formal.type_str)
+
+
+def _probe_model(schema: onnx.defs.OpSchema, types: dict[str, str], plan: tuple) -> onnx.ModelProto | None:
+    """The one-node model of ``schema`` with type parameters bound to ``types`` and input ranks from ``plan``."""
+    option = onnx.defs.OpSchema.FormalParameterOption
+    inputs, names = [], []
+    for index, formal in enumerate(schema.inputs):
+        if formal.option == option.Optional:
+            continue
+        rank = plan[0] if index == 0 or len(plan) == 1 else plan[1]
+        tp = _type_proto(_formal_type(formal, types), rank)
+        if tp is None:
+            return None
+        name = f"i{index}"
+        inputs.append(helper.make_value_info(name, tp))
+        names.append(name)
+        if formal.option == option.Variadic and schema.min_input > len(names):
+            inputs.append(helper.make_value_info(f"{name}b", tp))
+            names.append(f"{name}b")
+    outputs, out_names = [], []
+    for index, formal in enumerate(schema.outputs):
+        if formal.option == option.Optional and index > 0:
+            continue
+        tp = _type_proto(_formal_type(formal, types), None)
+        if tp is None:
+            return None
+        outputs.append(helper.make_value_info(f"o{index}", tp))
+        out_names.append(f"o{index}")
+    attrs = {}
+    for name, attr in schema.attributes.items():
+        if attr.required:
+            value = _attribute(attr, plan[0], types)
+            if value is None:
+                return None
+            attrs[name] = value
+    if schema.name == "Constant" and schema.domain == "":
+        attrs = {"value": helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])}
+    node = helper.make_node(schema.name, names, out_names, domain=schema.domain, **attrs)
+    opsets = [helper.make_opsetid(schema.domain, schema.since_version)]
+    if schema.domain:
+        opsets.append(helper.make_opsetid("", 21))
+    model = helper.make_model(helper.make_graph([node], "probe", inputs, outputs), opset_imports=opsets)
+    model.ir_version = 10
+    return model
+
+
+def _compiles(data: bytes) -> bool:
+    """Whether OpenVINO's CPU plugin compiles the serialized model (runs in a worker process)."""
+    import openvino as ov
+
+    core = _CORE.get("core")
+    if core is None:
+        core = _CORE["core"] = ov.Core()
+    try:
+        core.compile_model(core.read_model(data, b""), "CPU")
+    except Exception:  # noqa: BLE001 - any refusal is "does not compile"
+        return False
+    return True
+
+
+_CORE: dict = {}
+
+
+class _Prober:
+    """Compiles probe models in one worker process, restarting it when a probe kills it."""
+
+    def __init__(self) -> None:
+        self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1)
+
+    def compiles(self, model: onnx.ModelProto | None) -> bool:
+        if model is None:
+            return False
+        try:
+            return self._pool.submit(_compiles, model.SerializeToString()).result(timeout=120)
+        except (concurrent.futures.process.BrokenProcessPool, concurrent.futures.TimeoutError):
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1)
+            return False
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
+def _params(schema: onnx.defs.OpSchema) -> dict[str, list[str]]:
+    """Type parameter -> allowed type strings, for the parameters the probe can build."""
+    return {tc.type_param_str: list(tc.allowed_type_strs) for tc in schema.type_constraints}
+
+
+def _default(allowed: list[str]) -> str:
+    for name in _DEFAULT_TYPES:
+        if f"tensor({name})" in allowed:
+            return f"tensor({name})"
+    return allowed[0]
+
+
+def probe_op(schema: onnx.defs.OpSchema, prober: _Prober) -> dict[str, list[str]] | None:
+    """The element types per type parameter that compile for ``schema``; None when no probe compiles.
+
+    Returns:
+        ``{param: [type names]}`` (``float``, ``int64``, ``seq(tensor(float))`` ...) of the types that compiled,
+        or ``{}`` for an op without type parameters that compiled.
+    """
+    params = _params(schema)
+    base = {p: _default(a) for p, a in params.items()}
+    plan = next((p for p in _PLANS if prober.compiles(_probe_model(schema, base, p))), None)
+    if plan is None:  # the defaults may be what fails: one more try per type of the first parameter
+        for param, allowed in params.items():
+            for t in allowed:
+                trial = {**base, param: t}
+                plan = next((p for p in _PLANS[:5] if prober.compiles(_probe_model(schema, trial, p))), None)
+                if plan is not None:
+                    base = trial
+                    break
+            if plan is not None:
+                break
+    if plan is None:
+        return None
+    found: dict[str, list[str]] = {}
+    for param, allowed in params.items():
+        ok = [t for t in allowed if t == base[param] or prober.compiles(_probe_model(schema, {**base, param: t}, plan))]
+        found[param] = sorted(t[len("tensor(") : -1] if t.startswith("tensor(") else t for t in ok)
+    return found
+
+
+def _blocked_dq(prober: _Prober, opset: int, rows: int) -> bool:
+    """Whether a blocked int4 DequantizeLinear weight ``(rows, 8)``, block_size 32 on axis 0, compiles into a MatMul."""
+    import numpy as np
+
+    w = helper.make_tensor("w", TensorProto.INT4, [rows, 8], np.zeros(rows * 8, np.int8).tolist())
+    s = helper.make_tensor("s", TensorProto.FLOAT, [-(-rows // 32), 8], [1.0] * (-(-rows // 32) * 8))
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], axis=0, block_size=32),
+        helper.make_node("MatMul", ["a", "wf"], ["y"]),
+    ]
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, rows])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    graph = helper.make_graph(nodes, "probe", [a], [y], initializer=[w, s])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return prober.compiles(model)
+
+
+def _identity(opset: int, ir_version: int = 8) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ir_version
+    return model
+
+
+def _schemas(max_opset: int) -> list[onnx.defs.OpSchema]:
+    newest = {d: onnx.defs.onnx_opset_version() if d == "" else 10**6 for d in _DOMAINS}
+    newest[""] = max_opset
+    return sorted(
+        (
+            s
+            for s in onnx.defs.get_all_schemas_with_history()
+            if s.domain in _DOMAINS and s.since_version <= newest[s.domain] and not s.deprecated
+        ),
+        key=lambda s: (s.domain, s.name, s.since_version),
+    )
+
+
+def _probed_entries(prober: _Prober, max_opset: int, say) -> tuple[list[dict], list[str]]:
+    """One entry per op schema version that a probe compiled; the ops no probe could build."""
+    entries, unbuilt = [], []
+    schemas = _schemas(max_opset)
+    for index, schema in enumerate(schemas):
+        if schema.name in _SUBGRAPH_OPS or any(
+            a.required and a.type in (onnx.defs.OpSchema.AttrType.GRAPH, onnx.defs.OpSchema.AttrType.GRAPHS)
+            for a in schema.attributes.values()
+        ):
+            unbuilt.append(schema.name)
+            continue
+        types = probe_op(schema, prober)
+        if index % 50 == 0:
+            say(f"  {index}/{len(schemas)} schemas probed")
+        if types is None:
+            continue
+        domain = schema.domain or "ai.onnx"
+        entry = {"op": schema.name, "domain": domain, "since": schema.since_version, "until": schema.since_version}
+        entry["via"] = "converter"
+        if types:
+            entry["types"] = types
+        entry["source"] = "ov-probe"
+        entries.append(entry)
+    return entries, sorted(set(unbuilt))
+
+
+def _rules(prober: _Prober, entries: list[dict]) -> None:
+    """Add ``block_size_divides_axis`` to blocked DequantizeLinear entries when a partial last block is refused."""
+    for entry in entries:
+        if entry["op"] != "DequantizeLinear" or entry["domain"] != "ai.onnx" or entry["since"] < 21:
+            continue
+        if _blocked_dq(prober, entry["since"], 64) and not _blocked_dq(prober, entry["since"], 48):
+            entry["rules"] = ["block_size_divides_axis"]
+            entry["source"] = "ov-probe"
+
+
+def _doc_entries(unbuilt: list[str]) -> list[dict]:
+    """Entries of the frontend's own table for ops a probe cannot build and for the custom domains."""
+    from onnxdeploy.matrices import get_target
+
+    doc = get_target(_DOC_TARGET)
+    keep = []
+    for e in doc.ops:
+        if e.domain in ("com.microsoft", "org.openvinotoolkit") or (e.domain == "ai.onnx" and e.op in unbuilt):
+            keep.append(e.model_dump(mode="json", exclude_defaults=True) | {"source": "ov-onnx-fe"})
+    return keep
+
+
+def build_matrix(today: datetime.date | None = None, say=print) -> dict:
+    """Probe the installed OpenVINO and build the ``openvino`` matrix as a plain mapping (validated).
+
+    Raises:
+        ImportError: openvino is not installed (``pip install -e '.[openvino]'``).
+    """
+    import openvino as ov
+
+    from onnxdeploy.matrices import get_target
+
+    today = today or datetime.date.today()
+    version = ov.__version__
+    prober = _Prober()
+    try:
+        newest = onnx.defs.onnx_opset_version()
+        opsets = [o for o in range(1, newest + 1) if prober.compiles(_identity(o))]
+        irs = [v for v in range(3, onnx.IR_VERSION + 1) if prober.compiles(_identity(13, v))]
+        say(f"openvino {version}: ai.onnx opsets {opsets[0]}..{opsets[-1]}, IR {irs[0]}..{irs[-1]}")
+        entries, unbuilt = _probed_entries(prober, opsets[-1], say)
+        _rules(prober, entries)
+    finally:
+        prober.close()
+    doc = get_target(_DOC_TARGET)
+    read = today.isoformat()
+    data = {
+        "schema_version": 1,
+        "target": "openvino",
+        "name": "OpenVINO, CPU plugin (ONNX frontend)",
+        "kind": "runtime",
+        "description": "OpenVINO reads ONNX through its ONNX frontend and compiles for the CPU plugin "
+        "(openvino.Core().compile_model(model, 'CPU'), as the runner's openvino runtime does). Generated by "
+        "probing the installed openvino: an op/type pair listed here compiled as a one-node model.",
+        "product_version": f"openvino {version}",
+        "ir_version": {"min": irs[0], "max": irs[-1], "source": "ov-probe"},
+        "opsets": {
+            "ai.onnx": {"min": opsets[0], "max": opsets[-1], "source": "ov-probe"},
+            **{d: r.model_dump() for d, r in doc.opsets.items() if d in ("com.microsoft", "org.openvinotoolkit")},
+            **{
+                d: {"min": 1, "max": max(e["since"] for e in entries if e["domain"] == d), "source": "ov-probe"}
+                for d in ("ai.onnx.ml", "ai.onnx.preview.training")
+                if any(e["domain"] == d for e in entries)
+            },
+        },
+        "static_shapes": "not_required",
+        "static_shapes_source": "ov-probe",
+        "limits": [],
+        "ops_complete": True,
+        "ops": entries + _doc_entries(unbuilt),
+        "sources": {
+            "ov-probe": {
+                "doc": "Compile probe of the installed openvino (CPU plugin)",
+                "section": "one-node model per op schema version and element type, compiled on CPU",
+                "version": f"openvino {version}",
+                "address": "onnxdeploy.matrices.generate_openvino_cpu.build_matrix",
+                "read": read,
+            },
+            "ov-onnx-fe": doc.sources["ov-onnx-fe"].model_dump(mode="json"),
+        },
+        "generated": {
+            "by": "python -m onnxdeploy.matrices.generate_openvino_cpu",
+            "on": read,
+            "versions": {"openvino": version, "onnx": onnx.__version__},
+        },
+        "gaps": [
+            "Each op is probed at the opset that introduced its schema version, with required inputs only (no "
+            "optional input), required attributes at plain values and a few input ranks; an attribute value or "
+            "optional input OpenVINO refuses is not seen.",
+            "Types are probed one type parameter at a time (the others at float / their first type).",
+            f"Not probed (a subgraph attribute), kept from the frontend's table: {', '.join(unbuilt) or 'none'}.",
+        ],
+        "notes": ["The NPU plugin's facts are the target openvino-npu (hand-sourced)."],
+    }
+    Matrix.model_validate(data)
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the generated matrix (default: ``openvino.yaml`` beside this module) and print a summary line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=Path(__file__).with_name("openvino.yaml"))
+    args = parser.parse_args(argv)
+    data = build_matrix()
+    header = (
+        "# GENERATED by `python -m onnxdeploy.matrices.generate_openvino_cpu` by compiling probe models on the installed\n"
+        "# openvino's CPU plugin; do not edit by hand, regenerate after upgrading openvino.\n"
+    )
+    args.output.write_text(header + _dump(data), encoding="utf-8")
+    print(f"wrote {args.output}: {data['product_version']}, {len(data['ops'])} op entries")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

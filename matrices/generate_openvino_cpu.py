@@ -9,9 +9,11 @@ minutes on one core). What it probes, every model compiled with ``openvino.Core(
   version up to the newest opset), a one-node model at the opset that introduced that schema version: its
   required inputs as graph inputs, required attributes at plain defaults, shapes from a few plans (every input
   ``(2, 2, 2, 2)``, rank 2, 3, 1, 0, the first input rank 4 and the rest rank 1 / scalar, ...). The first plan that
-  compiles with the op's default element types (float where allowed) is then compiled once per allowed element
-  type of each type parameter, the others held at their default: the entry lists the types that compiled. An op
-  no plan compiles is left out (``ops_complete: true``: unsupported);
+  compiles with the op's default element types (float where allowed) is then compiled once per element-type
+  class of each type parameter (float, double, float16, bfloat16, 8/16/32/64-bit ints, bool, string, float8,
+  int4, int2, float4, complex: one allowed member stands for the class), the other parameters held at their
+  default, then bound to the same type where they allow it: the entry lists the types that compiled. An op no
+  plan compiles is left out (``ops_complete: true``: unsupported);
 - blocked ``DequantizeLinear`` (opset 21+) weights with a partial last block (``K % block_size != 0``) against
   whole blocks: when only whole blocks compile, the entry carries the rule ``block_size_divides_axis``.
 
@@ -97,7 +99,7 @@ def _attribute(attr: onnx.defs.OpSchema.Attribute, rank: int | None, types: dict
     if kind == onnx.defs.OpSchema.AttrType.FLOAT:
         return 1.0
     if kind == onnx.defs.OpSchema.AttrType.STRING:
-        return ""
+        return {"direction": "LEFT"}.get(attr.name, "")
     if kind == onnx.defs.OpSchema.AttrType.INTS:
         return [2] * spatial if attr.name == "kernel_shape" else ([0] if attr.name == "axes" else [1] * spatial)
     if kind == onnx.defs.OpSchema.AttrType.FLOATS:
@@ -114,8 +116,13 @@ def _formal_type(formal, types: dict[str, str]) -> str:
     return types.get(formal.type_str, formal.type_str)
 
 
-def _probe_model(schema: onnx.defs.OpSchema, types: dict[str, str], plan: tuple) -> onnx.ModelProto | None:
-    """The one-node model of ``schema`` with type parameters bound to ``types`` and input ranks from ``plan``."""
+def _probe_model(
+    schema: onnx.defs.OpSchema, types: dict[str, str], plan: tuple, extra: dict | None = None
+) -> onnx.ModelProto | None:
+    """The one-node model of ``schema``: type parameters bound to ``types``, input ranks from ``plan``.
+
+    ``extra``: optional attributes to set as well (name -> value).
+    """
     option = onnx.defs.OpSchema.FormalParameterOption
     inputs, names = [], []
     for index, formal in enumerate(schema.inputs):
@@ -149,6 +156,7 @@ def _probe_model(schema: onnx.defs.OpSchema, types: dict[str, str], plan: tuple)
             attrs[name] = value
     if schema.name == "Constant" and schema.domain == "":
         attrs = {"value": helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])}
+    attrs.update(extra or {})
     node = helper.make_node(schema.name, names, out_names, domain=schema.domain, **attrs)
     opsets = [helper.make_opsetid(schema.domain, schema.since_version)]
     if schema.domain:
@@ -191,13 +199,75 @@ class _Prober:
             self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1)
             return False
 
+    def all_compile(self, models: list[onnx.ModelProto | None]) -> list[bool]:
+        """Whether each model compiles: all of them merged into one model first, halves again where that fails.
+
+        The models are one-node probes of the same op (same opset imports); most compile, so a batch costs one
+        compile instead of one per model.
+        """
+        if not models:
+            return []
+        if len(models) == 1:
+            return [self.compiles(models[0])]
+        if all(m is not None for m in models) and self.compiles(_merged(models)):  # type: ignore[arg-type]
+            return [True] * len(models)
+        half = len(models) // 2
+        return self.all_compile(models[:half]) + self.all_compile(models[half:])
+
     def close(self) -> None:
         self._pool.shutdown()
+
+
+def _merged(models: list[onnx.ModelProto]) -> onnx.ModelProto:
+    """One model holding every model's graph side by side (values prefixed ``m{index}_``)."""
+    nodes, inputs, outputs = [], [], []
+    for index, model in enumerate(models):
+        prefixed = onnx.compose.add_prefix(model, f"m{index}_")
+        nodes += prefixed.graph.node
+        inputs += prefixed.graph.input
+        outputs += prefixed.graph.output
+    merged = helper.make_model(
+        helper.make_graph(nodes, "probe", inputs, outputs), opset_imports=list(models[0].opset_import)
+    )
+    merged.ir_version = models[0].ir_version
+    return merged
 
 
 def _params(schema: onnx.defs.OpSchema) -> dict[str, list[str]]:
     """Type parameter -> allowed type strings, for the parameters the probe can build."""
     return {tc.type_param_str: list(tc.allowed_type_strs) for tc in schema.type_constraints}
+
+
+_CLASSES = (
+    ("float",),
+    ("double",),
+    ("float16",),
+    ("bfloat16",),
+    ("int8", "uint8"),
+    ("int16", "uint16"),
+    ("int32", "uint32"),
+    ("int64", "uint64"),
+    ("bool",),
+    ("string",),
+    ("float8e4m3fn", "float8e5m2", "float8e4m3fnuz", "float8e5m2fnuz", "float8e8m0"),
+    ("int4", "uint4"),
+    ("int2", "uint2"),
+    ("float4e2m1",),
+    ("complex64", "complex128"),
+)
+"""Element-type classes: one allowed member of each is compiled and stands for the class's allowed members."""
+
+
+def _classes(allowed: list[str]) -> list[list[str]]:
+    """``allowed`` (type strings) grouped by :data:`_CLASSES`; a type outside them (``seq(...)``) alone."""
+    groups, seen = [], set()
+    for members in _CLASSES:
+        group = [f"tensor({m})" for m in members if f"tensor({m})" in allowed]
+        if group:
+            groups.append(group)
+            seen.update(group)
+    groups += [[t] for t in allowed if t not in seen]
+    return groups
 
 
 def _default(allowed: list[str]) -> str:
@@ -207,12 +277,15 @@ def _default(allowed: list[str]) -> str:
     return allowed[0]
 
 
-def probe_op(schema: onnx.defs.OpSchema, prober: _Prober) -> dict[str, list[str]] | None:
+def probe_op(
+    schema: onnx.defs.OpSchema, prober: _Prober
+) -> tuple[dict[str, list[str]], list[tuple[str, list[str], dict]]] | None:
     """The element types per type parameter that compile for ``schema``; None when no probe compiles.
 
     Returns:
-        ``{param: [type names]}`` (``float``, ``int64``, ``seq(tensor(float))`` ...) of the types that compiled,
-        or ``{}`` for an op without type parameters that compiled.
+        ``({param: [type names]}, flipped)``: the types (``float``, ``int64``, ``seq(tensor(float))`` ...) that
+        compiled with the attribute defaults (``{}`` for an op without type parameters), and the types that
+        compile only with an optional flag attribute flipped (:func:`_flipped`).
     """
     params = _params(schema)
     base = {p: _default(a) for p, a in params.items()}
@@ -229,10 +302,51 @@ def probe_op(schema: onnx.defs.OpSchema, prober: _Prober) -> dict[str, list[str]
                 break
     if plan is None:
         return None
-    found: dict[str, list[str]] = {}
-    for param, allowed in params.items():
-        ok = [t for t in allowed if t == base[param] or prober.compiles(_probe_model(schema, {**base, param: t}, plan))]
-        found[param] = sorted(t[len("tensor(") : -1] if t.startswith("tensor(") else t for t in ok)
+    trials = [
+        (param, group, {**base, param: base[param] if base[param] in group else group[0]})
+        for param, allowed in params.items()
+        for group in _classes(allowed)
+    ]
+    verdicts = prober.all_compile([_probe_model(schema, b, plan) for _, _, b in trials])
+    # parameters bound together (Attention's Q and K): the same type on every parameter that allows it
+    joints = []
+    for i, (param, _, b) in enumerate(trials):
+        shared = [p for p, a in params.items() if b[param] in a]
+        if not verdicts[i] and len(shared) > 1:
+            joints.append((i, {**base, **dict.fromkeys(shared, b[param])}))
+    for (i, _), ok in zip(joints, prober.all_compile([_probe_model(schema, j, plan) for _, j in joints]), strict=True):
+        verdicts[i] = ok
+    found: dict[str, list[str]] = {p: [] for p in params}
+    for (param, group, _), ok in zip(trials, verdicts, strict=True):
+        if ok:
+            found[param] += group
+    return {p: _names(ts) for p, ts in found.items()}, _flipped(schema, plan, trials, verdicts, prober)
+
+
+def _names(type_strs: list[str]) -> list[str]:
+    return sorted(t[len("tensor(") : -1] if t.startswith("tensor(") else t for t in type_strs)
+
+
+def _flipped(schema, plan, trials, verdicts, prober: _Prober) -> list[tuple[str, list[str], dict]]:
+    """Types refused with the defaults that compile with one optional 0/1 INT attribute flipped (Mod ``fmod=1``).
+
+    Returns:
+        ``(param, type names, {attribute: [value]})`` per type class that compiles only so.
+    """
+    flags = {
+        name: 1 - attr.default_value.i
+        for name, attr in schema.attributes.items()
+        if not attr.required
+        and attr.type == onnx.defs.OpSchema.AttrType.INT
+        and attr.default_value.i in (0, 1)
+        and attr.default_value.type == onnx.AttributeProto.INT
+    }
+    combos = [(i, name, value) for i, ok in enumerate(verdicts) if not ok for name, value in flags.items()]
+    models = [_probe_model(schema, trials[i][2], plan, {name: value}) for i, name, value in combos]
+    found = []
+    for (i, name, value), ok in zip(combos, prober.all_compile(models), strict=True):
+        if ok:
+            found.append((trials[i][0], _names(trials[i][1]), {name: [value]}))
     return found
 
 
@@ -287,18 +401,20 @@ def _probed_entries(prober: _Prober, max_opset: int, say) -> tuple[list[dict], l
         ):
             unbuilt.append(schema.name)
             continue
-        types = probe_op(schema, prober)
+        probed = probe_op(schema, prober)
         if index % 50 == 0:
             say(f"  {index}/{len(schemas)} schemas probed")
-        if types is None:
+        if probed is None:
             continue
+        types, flipped = probed
         domain = schema.domain or "ai.onnx"
-        entry = {"op": schema.name, "domain": domain, "since": schema.since_version, "until": schema.since_version}
-        entry["via"] = "converter"
-        if types:
-            entry["types"] = types
-        entry["source"] = "ov-probe"
-        entries.append(entry)
+        head = {"op": schema.name, "domain": domain, "since": schema.since_version, "until": schema.since_version}
+        if not types or any(types.values()):
+            entries.append(head | {"via": "converter"} | ({"types": types} if types else {}) | {"source": "ov-probe"})
+        for param, names, attributes in flipped:
+            entries.append(
+                head | {"via": "converter", "types": {param: names}, "attributes": attributes, "source": "ov-probe"}
+            )
     return entries, sorted(set(unbuilt))
 
 
@@ -407,8 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data = build_matrix()
     header = (
-        "# GENERATED by `python -m onnxdeploy.matrices.generate_openvino_cpu` by compiling probe models on the installed\n"
-        "# openvino's CPU plugin; do not edit by hand, regenerate after upgrading openvino.\n"
+        "# GENERATED by `python -m onnxdeploy.matrices.generate_openvino_cpu`: probe models compiled on the\n"
+        "# installed openvino's CPU plugin; do not edit by hand, regenerate after upgrading openvino.\n"
     )
     args.output.write_text(header + _dump(data), encoding="utf-8")
     print(f"wrote {args.output}: {data['product_version']}, {len(data['ops'])} op entries")

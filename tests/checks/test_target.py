@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
 from onnxdeploy.checks import CheckContext
-from onnxdeploy.checks.target import TargetOpsCheck, TargetTensorsCheck, _nbytes, predict_supported
+from onnxdeploy.checks.target import TargetOpsCheck, TargetTensorsCheck, predict_supported
+from onnxdeploy.checks.target_tensors import _nbytes
 from onnxdeploy.checks.topo_order import TopoOrderCheck
 from onnxdeploy.cli import app
 from onnxdeploy.config import load_pipeline

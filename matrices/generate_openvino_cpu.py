@@ -290,11 +290,11 @@ def probe_op(
     params = _params(schema)
     base = {p: _default(a) for p, a in params.items()}
     plan = next((p for p in _PLANS if prober.compiles(_probe_model(schema, base, p))), None)
-    if plan is None:  # the defaults may be what fails: one more try per type of the first parameter
+    if plan is None:  # the defaults may be what fails: one more try per type class of each parameter
         for param, allowed in params.items():
-            for t in allowed:
-                trial = {**base, param: t}
-                plan = next((p for p in _PLANS[:5] if prober.compiles(_probe_model(schema, trial, p))), None)
+            for group in _classes(allowed):
+                trial = {**base, param: group[0]}
+                plan = next((p for p in _PLANS[:2] if prober.compiles(_probe_model(schema, trial, p))), None)
                 if plan is not None:
                     base = trial
                     break

@@ -39,6 +39,7 @@ import yaml
 from onnx import TensorProto, helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from onnxdeploy.matrices._probe_models import SequentialProber, probe_op
 from onnxdeploy.matrices.schema import Matrix
 
 __all__ = ["build_matrix", "main", "probe_max_ir_version", "probe_type_emulation"]
@@ -92,8 +93,11 @@ def _session_opens(opset: int, ir_version: int, *, constant: bool = False) -> bo
 
 
 def probe_min_opset() -> int:
-    """The lowest ``ai.onnx`` opset at which ORT opens a one-node Identity model (below its stated floor of 7
-    ORT warns "may run depending upon legacy support" and still loads the kernels it has)."""
+    """The lowest ``ai.onnx`` opset at which ORT opens a one-node Identity model.
+
+    Below its stated floor of 7 ORT warns "may run depending upon legacy support" and still loads the kernels
+    it has.
+    """
     for opset in range(1, _OPSET_MIN + 1):
         if _session_opens(opset, 8):
             return opset
@@ -183,17 +187,21 @@ def _max_opsets() -> dict[str, int]:
 
 
 def _kernel_entries() -> list[dict]:
-    merged: dict[tuple[str, str, int, int], dict[str, set[str]]] = {}
+    merged: dict[tuple, dict[str, set[str]]] = {}
     for kernel in ort_state.get_all_opkernel_def():
         if kernel.provider != _PROVIDER:
             continue
         since, until = kernel.version_range
-        key = (_domain(kernel.domain), kernel.op_name, since, until)
+        key: tuple = (_domain(kernel.domain), kernel.op_name, since, until)
+        if len(kernel.type_constraints) > 1:
+            # several type parameters: each registration's combination stays its own entry (OneHot's
+            # (indices, depth, values) kernels take some combinations only), as ORT matches one registration
+            key += (tuple(sorted((p, tuple(sorted(a))) for p, a in kernel.type_constraints.items())),)
         types = merged.setdefault(key, {})
         for param, allowed in kernel.type_constraints.items():
             types.setdefault(param, set()).update(_tensor_type(t) for t in allowed)
     entries = []
-    for (domain, op, since, until), types in sorted(merged.items()):
+    for (domain, op, since, until, *_), types in sorted(merged.items(), key=lambda kv: str(kv[0])):
         # an open-ended kernel matches only a node whose schema version is exactly `since` (module docstring)
         entry: dict = {"op": op, "domain": domain, "since": since, "until": since if until == _OPEN_ENDED else until}
         entry["via"] = "kernel"
@@ -208,29 +216,41 @@ def _kernel_entries() -> list[dict]:
 
 
 def _function_entries(kernels: list[dict], max_opset: int) -> list[dict]:
-    """ai.onnx ops without a CPU kernel at some schema version whose ONNX schema has a function body."""
+    """ai.onnx ops without a CPU kernel at some schema version whose ONNX schema has a function body.
+
+    Only schema versions ORT's own registry holds (ORT inlines a node through the function of the schema it
+    resolves the node to), and only the element types a session opens: each candidate is probed with one-node
+    models (:func:`onnxdeploy.matrices._probe_models.probe_op`, one per element-type class), since a body can
+    need what ORT lacks (``SwiGLU``-28: "Could not find an implementation for Swish(24)"; ``CastLike`` to
+    float4e2m1: its ``Cast``), probed on 1.32.
+    """
     covered: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for e in kernels:
         if e["domain"] == "ai.onnx":
             covered[e["op"]].append((e["since"], e["until"]))
+    known = {(op, s.since_version) for (domain, op), ss in _schemas().items() if domain == "ai.onnx" for s in ss}
     entries = []
+    prober = SequentialProber(_opens)
     for schema in onnx.defs.get_all_schemas_with_history():
         if schema.domain != "" or schema.since_version > max_opset or schema.deprecated:
             continue
         if not (schema.has_function or schema.has_context_dependent_function):
             continue
         version = schema.since_version
+        if (schema.name, version) not in known:  # ORT inlines only functions of the schemas it has (not Swish-24)
+            continue
         if any(lo <= version <= hi for lo, hi in covered[schema.name]):
             continue
-        types = {
-            tc.type_param_str: sorted(_tensor_type(t) for t in tc.allowed_type_strs) for tc in schema.type_constraints
-        }
+        probed = probe_op(schema, prober)
+        if probed is None or not all(probed[0].values()):
+            continue
+        types = probed[0]
         entry = {"op": schema.name, "domain": "ai.onnx", "since": version, "until": version, "via": "function"}
         if types:
             entry["types"] = types
         entry["inputs"] = [i.type_str for i in schema.inputs]
         entry["outputs"] = [o.type_str for o in schema.outputs]
-        entry["source"] = "onnx-functions"
+        entry["source"] = "ort-function-probe"
         entries.append(entry)
     return entries
 
@@ -241,9 +261,7 @@ def _graph_entries(max_opset: int) -> list[dict]:
     One entry per Constant schema version within ORT's opset range that a session opens (probed).
     """
     entries = []
-    versions = sorted(
-        {onnx.defs.get_schema("Constant", opset).since_version for opset in range(1, max_opset + 1)}
-    )
+    versions = sorted({onnx.defs.get_schema("Constant", opset).since_version for opset in range(1, max_opset + 1)})
     for version in versions:
         if _session_opens(version, 8, constant=True):
             entries.append(
@@ -292,6 +310,14 @@ def _sources(version: str, read: str) -> dict[str, dict]:
             "TransformGraph after partitioning, at every optimization level",
             "version": f"onnxruntime main at 05f47fa0; probed on onnxruntime {version}",
             "address": f"{_INSERT_CAST}; onnxdeploy.matrices.generate_ort_cpu.probe_type_emulation",
+            "read": read,
+        },
+        "ort-function-probe": {
+            "doc": "Session-creation probe of the installed wheel on ops ORT inlines (ONNX function bodies)",
+            "section": "one one-node model per element-type class of each type parameter, at the op's schema "
+            "version, for schema versions with a function body and no CPU kernel",
+            "version": f"onnxruntime {version}; onnx {onnx.__version__}",
+            "address": "onnxdeploy.matrices.generate_ort_cpu._function_entries",
             "read": read,
         },
         "onnx-functions": {
@@ -348,8 +374,8 @@ def build_matrix(today: datetime.date | None = None) -> dict:
             "versions": {"onnxruntime": version, "onnx": onnx.__version__},
         },
         "gaps": [
-            "Type constraints are merged per type parameter over ORT's per-type kernel registrations, so a "
-            "combination of types across parameters that no single kernel takes can still pass.",
+            "Type constraints of an op with one type parameter are merged over ORT's per-type kernel "
+            "registrations; an op with several keeps one entry per registration (its exact combinations).",
             "Graph optimizations may fuse ops into com.microsoft kernels; this lists what a session can place on "
             "CPU before optimization, not what runs after it.",
         ],

@@ -54,6 +54,10 @@ _SUB_BYTE = {"int4", "uint4", "int2", "uint2", "float4_e2m1fn"}
 """ml_dtypes names of packed sub-byte types: ORT's Python API cannot take or give them unpacked."""
 
 
+_ML_DTYPES = {"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"}
+"""ml_dtypes names ORT's Python API takes only as OrtValues of their ONNX type and returns as unsigned ints."""
+
+
 def _untestable(values) -> bool:
     """Whether a data set holds a sub-byte tensor ORT's Python API cannot feed or return (``_SUB_BYTE``)."""
     return any(
@@ -64,7 +68,7 @@ def _untestable(values) -> bool:
 
 def _feed(value, elem_type: int):
     """An ORT feed: an ml_dtypes array (bfloat16, float8) as an OrtValue of its ONNX type, the rest as it is."""
-    if isinstance(value, np.ndarray) and value.dtype.kind == "V" and value.dtype.itemsize in (1, 2):
+    if isinstance(value, np.ndarray) and value.dtype.name in _ML_DTYPES:
         raw = value.view(np.uint8 if value.dtype.itemsize == 1 else np.uint16)
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, elem_type)
     return value
@@ -72,7 +76,7 @@ def _feed(value, elem_type: int):
 
 def _as_expected(expected, actual):
     """ORT returns bfloat16/float8 outputs as unsigned ints of their bytes: view them as the expected type."""
-    if isinstance(expected, np.ndarray) and isinstance(actual, np.ndarray) and expected.dtype.kind == "V":
+    if isinstance(expected, np.ndarray) and isinstance(actual, np.ndarray) and expected.dtype.name in _ML_DTYPES:
         if actual.dtype.kind == "u" and actual.dtype.itemsize == expected.dtype.itemsize:
             return actual.view(expected.dtype)
     return actual

@@ -60,7 +60,7 @@ def test_ort_cpu_records_the_schema_versions_ort_matches_each_kernel_at():
     dq = {(e.since, e.until, e.via) for e in matrix.ops_for("ai.onnx", "DequantizeLinear")}
     assert (25, 25, "kernel") in dq and not matrix.ops_for("ai.onnx", "DequantizeLinear", 28)
     (reduce_log_sum,) = matrix.ops_for("ai.onnx", "ReduceLogSum", 28)
-    assert reduce_log_sum.via == "function" and reduce_log_sum.source == "onnx-functions"
+    assert reduce_log_sum.via == "function" and reduce_log_sum.source == "ort-function-probe"
     assert matrix.opsets["ai.onnx"].min == 1
 
 

@@ -476,6 +476,11 @@ class RunReport(BaseModel):
     output_files: list[str] = Field(
         default_factory=list, description="Every file the run wrote: external data, graphs, reports."
     )
+    removed_files: list[str] = Field(
+        default_factory=list,
+        description="Graphs and data files an earlier run wrote into output_dir (listed in its report.json) that this "
+        "run's output does not replace: removed when this run's outputs were moved into place.",
+    )
     files: list[FileRecord] = Field(
         default_factory=list,
         description="Every input file (model, its data, the pipeline, token files) and every output graph and data "

@@ -68,6 +68,7 @@ def report_stage(
         "pipeline": str(config.source.resolve()) if config.source else None,
         "input_model": str(config.model),
         "output_files": [str(config.output_dir / n) for n in (*written.staged.files, *REPORT_FILES)],
+        "removed_files": [str(config.output_dir / n) for n in written.removes],
         "target": config.target,
         "checks_run": checks.names,
         "failures": failures,

@@ -39,6 +39,7 @@ from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
 from onnxdeploy.graph import default_opset
 from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output, genai_head_size
 from onnxdeploy.passes._attention_cache import rewrite_gqa_cache
+from onnxdeploy.passes._attention_decompose import causal_refusal
 from onnxdeploy.passes._cache_edits import (
     CACHE_POSITION,
     KNOWN_INPUTS,
@@ -170,12 +171,15 @@ class StaticKVCachePass(Pass):
             settings: the pipeline's non-pass sections.
 
         Raises:
-            PreconditionError: no KV cache, no single logits output, or a batch other than the export's.
+            PreconditionError: no KV cache, no single logits output, a batch other than the export's, or an
+                ``is_causal`` Attention with q_len != kv_len (``causal_refusal``, naming the node).
             ConfigError: ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × 3 copies`` plus the
                 folded constants, or the peak of folding, exceed
                 :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
         self._refuse_contract(model)
+        if (why := causal_refusal(model.graph)) is not None:
+            raise PreconditionError(self.name, why)
         kv = self._find(model)
         available = available_memory_bytes()
         if available is None:

@@ -65,8 +65,14 @@ def _row(cases: list, target: int, details: list[dict], probe: bool) -> Counter:
             row["regressions"] += 1
         if pin.status != "correct" or ref.status != "correct":
             details.append(
-                {"test": case.name, "op": case.op_type, "opset": case.opset, "target": target,
-                 "pin_opset": [pin.status, pin.detail], "onnx": [ref.status, ref.detail]}
+                {
+                    "test": case.name,
+                    "op": case.op_type,
+                    "opset": case.opset,
+                    "target": target,
+                    "pin_opset": [pin.status, pin.detail],
+                    "onnx": [ref.status, ref.detail],
+                }
             )
     return row
 
@@ -88,8 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     cases = [c for c in load_node_cases() if args.filter in c.name]
     baseline = [c for c in cases if harness.in_baseline(c)]
-    print(f"onnx {onnx.__version__}, {len(cases)} deterministic node tests, {len(baseline)} in the baseline "
-          f"(ORT runs them correctly at their own opset); {time.perf_counter() - start:.0f} s", flush=True)
+    print(
+        f"onnx {onnx.__version__}, {len(cases)} deterministic node tests, {len(baseline)} in the baseline "
+        f"(ORT runs them correctly at their own opset); {time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
     details: list[dict] = []
     rows = {}
     for target in opsets:

@@ -29,6 +29,7 @@ from onnxdeploy.passes._opset_lowerings import (
     lower_cast,
     lower_constant,
     lower_dequantize_linear,
+    lower_mod,
     lower_pad,
     lower_reduce,
     lower_reshape,
@@ -75,6 +76,7 @@ LOWERINGS: dict[str, Lowering] = {
     "Split": lower_split,
     "Pad": lower_pad,
     "DequantizeLinear": lower_dequantize_linear,
+    "Mod": lower_mod,
     **dict.fromkeys(_REDUCE_OPS, lower_reduce),
     **dict.fromkeys(["Softmax", "LogSoftmax", "Hardmax"], lower_softmax),
 }

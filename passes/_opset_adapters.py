@@ -90,7 +90,7 @@ def hold_nodes(model: ir.Model, current: int, target: int) -> dict[str, int]:
     op changes between ``target`` and ``current`` and has an entry in :data:`LOWERINGS`.
     """
     held: dict[str, int] = {}
-    for node in model.graph:
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):  # subgraphs too: onnx's converter skips them
         if node.domain not in DEFAULT_DOMAINS:
             continue
         since = since_version(node.op_type, current)
@@ -114,11 +114,12 @@ def restore_held(model: ir.Model, current: int, target: int) -> list[str]:
     Raises:
         PassError: a node has no exact form at ``target`` (names op, node and the lowest reachable opset).
     """
-    graph = model.graph
     changes: list[str] = []
-    for node in list(graph):
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
         if node.domain != HELD_DOMAIN:
             continue
+        graph = node.graph
+        assert graph is not None
         node.domain = ""
         if since_version(node.op_type, current) is None:
             continue

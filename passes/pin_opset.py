@@ -146,7 +146,10 @@ class PinOpsetPass(Pass):
         """
         current = default_opset(model)
         try:
-            return self._convert_one(model, current, report)
+            converted, changed = self._convert_one(model, current, report)
+            if changed:
+                check_schemas(converted, f"ai.onnx opset {current} to {self.config.opset}")
+            return converted, changed
         except PassError as exc:
             if exc.detail.startswith("converting "):
                 raise
@@ -206,25 +209,36 @@ class PinOpsetPass(Pass):
             ) from exc
 
     def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
-        """The default domain is at the target opset and every node matches its schema there."""
+        """The default domain is at the target opset (the schemas were checked as each graph was converted)."""
         for model in artifacts.models():
             if default_opset(model) != self.config.opset:
                 raise PassError(self.name, f"ai.onnx opset is {default_opset(model)}, expected {self.config.opset}")
-            proto = stand_in_proto(model, as_inputs=True)
-            foreign = {n.op_type for n in proto.graph.node if n.domain in DEFAULT_DOMAINS and _no_schema(n.op_type)}
-            for node in proto.graph.node:  # ORT's default-domain contrib ops: the checker does not know them
-                if node.op_type in foreign and node.domain in DEFAULT_DOMAINS:
-                    node.domain = "onnxdeploy.foreign"
-            if foreign:
-                proto.opset_import.append(onnx.helper.make_opsetid("onnxdeploy.foreign", 1))
-            try:
-                onnx.checker.check_model(proto, full_check=True)
-            except Exception as exc:  # ValidationError, InferenceError (full shape inference)
-                raise PassError(
-                    self.name,
-                    f"converting to ai.onnx opset {self.config.opset}: the converted model fails onnx's checker "
-                    f"(full shape inference): {_first_line(exc)}; nothing written",
-                ) from exc
+
+
+def check_schemas(model: ir.Model, pair: str) -> None:
+    """Onnx's checker with full shape inference (``check_model(full_check=True)``) on a weightless copy.
+
+    Default-domain ops onnx has no schema for (ORT's ``SimplifiedLayerNormalization``) are moved to a private
+    domain first: the checker does not know them.
+
+    Raises:
+        PassError: the converted graph fails the checker (names the pair and the checker's first lines).
+    """
+    proto = stand_in_proto(model, as_inputs=True)
+    foreign = {n.op_type for n in proto.graph.node if n.domain in DEFAULT_DOMAINS and _no_schema(n.op_type)}
+    for node in proto.graph.node:
+        if node.op_type in foreign and node.domain in DEFAULT_DOMAINS:
+            node.domain = "onnxdeploy.foreign"
+    if foreign:
+        proto.opset_import.append(onnx.helper.make_opsetid("onnxdeploy.foreign", 1))
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:  # ValidationError, InferenceError (full shape inference)
+        raise PassError(
+            "pin_opset",
+            f"converting {pair}: a node of the converted graph has no valid form at the target (onnx's checker "
+            f"with full shape inference: {_first_line(exc)}); nothing written",
+        ) from exc
 
 
 def _first_line(exc: BaseException) -> str:

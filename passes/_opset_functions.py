@@ -53,6 +53,10 @@ def function_ops_to_expand(model: ir.Model, current: int, target: int) -> list[i
 def _type_proto(value: ir.Value | None) -> onnx.TypeProto:
     if value is None:
         return onnx.TypeProto()
+    if value.type is not None and not isinstance(value.type, ir.TensorType):  # sequence, optional: as typed
+        proto = onnx.TypeProto()
+        proto.CopyFrom(ir.serde.serialize_value(value).type)
+        return proto
     dims = None if value.shape is None else [d if isinstance(d, int) else None for d in value.shape]
     return onnx.helper.make_tensor_type_proto(value.dtype.value if value.dtype else 0, dims)
 

@@ -108,7 +108,10 @@ class PinOpsetPass(Pass):
     """
 
     name = "pin_opset"
-    summary = "Convert ai.onnx to a target opset (onnx version_converter); names any op it cannot convert."
+    summary = (
+        "Convert ai.onnx to a target opset (onnx version_converter plus exact adapters); checks the result with "
+        "full shape inference and proves it on ORT CPU on random feeds (prove); names any op it cannot convert."
+    )
     config_model = PinOpsetConfig
     config: PinOpsetConfig
     in_place = False

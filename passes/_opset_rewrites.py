@@ -47,10 +47,6 @@ def lower_cast_like(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     against the target's schema (float8 below 19, 4-bit below 21, 2-bit below 25 are refused).
     Source: ONNX Operators.md, CastLike-15/19/21/24/25 and Cast-13/19/21/24/25.
     """
-    like = node.inputs[1]
-    dtype = like.dtype if like is not None else None
-    if dtype is None:
-        raise refuse(node, f"the dtype of '{like.name if like else 'target_type'}' is unknown", 15)
     saturate = node.attributes.get("saturate")
     if target >= 15:
         schema = schema_at("CastLike", target)
@@ -58,6 +54,10 @@ def lower_cast_like(node: ir.Node, current: int, target: int) -> list[ir.Node]:
             node.attributes.pop("saturate")
         check_types(node, target)
         return [node]
+    like = node.inputs[1]
+    dtype = like.dtype if like is not None else None
+    if dtype is None:
+        raise refuse(node, f"the dtype of '{like.name if like else 'target_type'}' is unknown", 15)
     attributes = [ir.AttrInt64("to", dtype.value)]
     cast = ir.Node("", "Cast", [node.inputs[0]], attributes=attributes, num_outputs=1, name=node.name)
     copy_type(node.outputs[0], cast.outputs[0])

@@ -34,11 +34,15 @@ Folder = Callable[[onnx.ModelProto], onnx.ModelProto]
 """A weightless constant folder (onnxsim) for a body's shape arithmetic."""
 
 
+LOWERED_INSTEAD = frozenset({"CastLike"})
+"""Function ops the adapters lower directly instead (``CastLike`` → ``Cast``: its body builder needs input shapes)."""
+
+
 def function_ops_to_expand(model: ir.Model, current: int, target: int) -> list[ir.Node]:
     """Default-domain nodes whose op does not exist at ``target`` but has an ONNX function definition."""
     found = []
     for node in model.graph:
-        if node.domain not in DEFAULT_DOMAINS:
+        if node.domain not in DEFAULT_DOMAINS or node.op_type in LOWERED_INSTEAD:
             continue
         schema = schema_at(node.op_type, current)
         if schema is None or schema.since_version <= target:
@@ -185,7 +189,13 @@ def expand_function_ops(model: ir.Model, nodes: list[ir.Node], current: int, fol
         except PassError:
             raise
         except Exception as exc:  # onnx's function builder, converter or onnxsim: name the node
-            raise refuse(node, f"its function body could not be built: {exc}", node_since(node, current)) from exc
+            why = " ".join(str(exc).split())[:200]
+            raise refuse(
+                node,
+                f"{node.op_type} does not exist at the target and ONNX's function definition of it cannot be "
+                f"instantiated for this node ({why})",
+                node_since(node, current),
+            ) from exc
         count = _splice(model.graph, node, body, f"{node.name or node.op_type}#{i}")
         changes.append(f"{node.op_type} '{node.name}' expanded to {count} nodes (ONNX function body)")
     return changes

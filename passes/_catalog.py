@@ -25,6 +25,7 @@ from onnxdeploy.contract_terms import CacheWrite
 __all__ = [
     "CATALOG",
     "LOWEST_OPSET",
+    "PROVE_MAX_BYTES",
     "EmbedExternalDataConfig",
     "ExternalizeConfig",
     "FuseMatMulsConfig",
@@ -53,6 +54,10 @@ Layout = Literal["BHSD", "BSH2D", "BHDS_K"]
 
 LOWEST_OPSET = 11
 """The lowest target ``pin_opset`` is tested to reach (the LLaMA exports lower to 11, IR 7)."""
+
+PROVE_MAX_BYTES = 256 * 2**20
+"""``pin_opset``'s proof runs by default on graphs with at most this many bytes of weights (256 MiB: two ORT CPU
+sessions and their random feeds stay well inside a CI machine's memory and a few seconds)."""
 
 
 class StaticKVConfig(PassConfig):
@@ -233,6 +238,13 @@ class PinOpsetConfig(PassConfig):
         description=f"Target ai.onnx opset, {LOWEST_OPSET} up to the newest the installed onnx knows "
         "(onnx.defs.onnx_opset_version()); raised or lowered.",
     )
+    prove: bool = Field(
+        True,
+        description="Prove the conversion: run the input and the output on ONNX Runtime CPU on the same random "
+        "feeds and refuse to write an output that differs (float32 beyond rtol 1e-3/atol 1e-4). Skipped for "
+        f"decoders (verify decodes them) and graphs with more than {PROVE_MAX_BYTES // 2**20} MiB of weights; "
+        "false turns it off.",
+    )
 
     @field_validator("opset")
     @classmethod
@@ -322,7 +334,8 @@ CATALOG: dict[str, PassInfo] = _entries(
     PassInfo(
         "pin_opset",
         "pin_opset",
-        "Convert ai.onnx to a target opset (onnx version_converter); names any op it cannot convert.",
+        "Convert ai.onnx to a target opset (onnx version_converter plus exact adapters); checks the result with "
+        "full shape inference and proves it on ORT CPU on random feeds (prove); names any op it cannot convert.",
         PinOpsetConfig,
     ),
     PassInfo(

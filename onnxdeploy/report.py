@@ -484,8 +484,9 @@ class AccuracyFigures(BaseModel):
 class AccuracyReport(BaseModel):
     """``verify.accuracy``: the candidate's teacher-forced accuracy on held-out tokens (runner/accuracy.py).
 
-    ``weight_only``: ORT's DQ+MatMul fusion in fp32 (``session.qdq_matmulnbits_accuracy_level=0``), the error
-    of the transformation itself; thresholds apply to it. ``default_optimized``: ORT's default session options.
+    ``weight_only``: every quantized MatMul at accuracy_level 0 (fp32: ``session.qdq_matmulnbits_accuracy_level=0``,
+    applied to MatMulNBits nodes too), the error of the transformation itself; thresholds apply to it.
+    ``default_optimized``: ORT's default accuracy levels. Each figure names its session (prepacking, level).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -496,6 +497,12 @@ class AccuracyReport(BaseModel):
     tokens: int
     weight_only: AccuracyFigures
     default_optimized: AccuracyFigures
+    original_session: SessionSettings | None = Field(None, description="The original's session (prepacking).")
+    default_is_weight_only: bool = Field(
+        False,
+        description="Both settings opened the same session (float weights, or MatMulNBits already at level 0): "
+        "the candidate ran once and both figures are that measurement.",
+    )
     max_mean_kl: float | None = None
     min_top1_agreement: float | None = None
     max_ppl_ratio: float | None = None

@@ -418,12 +418,7 @@ def open_session(
     try:
         if rewrite or relevel is not None:
             scratch = Path(tempfile.mkdtemp(prefix="onnxdeploy-session-", dir=scratch_root))
-            loaded = model_io.load_model(path)
-            if relevel is not None:
-                _set_accuracy_level(loaded.model, relevel)
-            target = str(model_io.write_for_ort(loaded.model, scratch, name=Path(path).name))
-            model_io.release_weights(loaded.model)
-            del loaded
+            target = _scratch_copy(Path(path), scratch, relevel)
         with warnings.catch_warnings():
             # ORT warns and falls back when an EP is unavailable; the fallback is reported below.
             warnings.simplefilter("ignore")
@@ -448,9 +443,14 @@ def open_session(
     )
 
 
-def _set_accuracy_level(model: ir.Model, level: int) -> None:
-    """Set ``accuracy_level`` on every ``com.microsoft::MatMulNBits`` node of ``model`` (a scratch copy's graph)."""
-    for graph in model.graphs():
-        for node in graph:
-            if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
-                node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", level)
+def _scratch_copy(path: Path, scratch: Path, accuracy_level: int | None) -> str:
+    """Write ``path`` into ``scratch`` for ORT (data hard-linked), every MatMulNBits at ``accuracy_level`` if given."""
+    loaded = model_io.load_model(path)
+    if accuracy_level is not None:
+        for graph in loaded.model.graphs():
+            for node in graph:
+                if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+                    node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", accuracy_level)
+    target = str(model_io.write_for_ort(loaded.model, scratch, name=path.name))
+    model_io.release_weights(loaded.model)
+    return target

@@ -24,8 +24,9 @@ it decides from the graph (one intra-op thread, spinning off; prepacking off for
   (``--rounds-unpacked`` calls, it is slow).
 
 Printed: median ms and the ratio to the original, each with the accuracy_level it was taken at; an ORT profile of
-each INT4 step (the op types that take its time); the peak RSS of opening and stepping each graph with prepacking
-on and off (a fresh process each, ``VmHWM`` less the interpreter's) against the graph's weight bytes; and the
+each INT4 step (the op types that take its time); the peak RSS of opening and stepping each decode graph, and of
+each whole set as ``verify`` opens it (every graph a session), with prepacking on and off (a fresh process each,
+``VmHWM`` less the interpreter's) against the set's weight bytes; and the
 accuracy phase of ``verify`` (:func:`onnxdeploy.runner.accuracy.evaluate_accuracy` on ``--tokens`` held-out ids)
 against its budget: 3 × (one ORT call of the original over those tokens with an empty past + one step-1 decode of
 them through the INT4 set's decode graph). Figures are printed, not asserted. Usage::
@@ -56,7 +57,9 @@ from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes import ArtifactSet, get_pass
 from onnxdeploy.runner.accuracy import WEIGHT_ONLY_ENTRIES, evaluate_accuracy
 from onnxdeploy.runner.contract_decoder import ContractDecoder
+from onnxdeploy.runner.decoder import make_decoder
 from onnxdeploy.runner.exporter_decoder import ExporterDecoder
+from onnxdeploy.runner.graph_set import GraphSetDecoder
 from onnxdeploy.runner.session import ACCURACY_LEVEL_KEY, PREPACKING_KEY, open_session, session_options
 from onnxdeploy.runner.verify import logits_vocab
 
@@ -171,17 +174,24 @@ def _vm_hwm() -> int:
     return int(line.split()[1]) * 1024
 
 
-def rss_child(path: str, entries_json: str) -> None:
-    """In a fresh process: open ``path`` with the entries, run a step, print peak RSS growth over the interpreter's."""
+def rss_child(path: str, entries_json: str, whole_set: str) -> None:
+    """In a fresh process: open ``path`` (or its whole set, as verify does) with the entries, run every graph once,
+    print the peak RSS growth over the interpreter's."""
     base = _vm_hwm()
-    Static(Path(path), json.loads(entries_json)).step()
+    entries = json.loads(entries_json)
+    if whole_set == "1":
+        with make_decoder(open_session(path, config_entries=entries)) as decoder:
+            assert isinstance(decoder, GraphSetDecoder)
+            decoder.warm_up()  # one call of every graph
+    else:
+        Static(Path(path), entries).step()
     print(json.dumps({"peak_growth": _vm_hwm() - base}))
 
 
-def peak_rss(path: Path, entries: dict[str, str]) -> int:
-    """Peak RSS growth (bytes) of opening ``path`` and running one step, measured in a fresh process."""
+def peak_rss(path: Path, entries: dict[str, str], *, whole_set: bool = False) -> int:
+    """Peak RSS growth (bytes) of opening ``path`` (or its set) and running it, measured in a fresh process."""
     out = subprocess.run(
-        [sys.executable, __file__, "--rss-child", str(path), json.dumps(entries)],
+        [sys.executable, __file__, "--rss-child", str(path), json.dumps(entries), "1" if whole_set else "0"],
         capture_output=True,
         text=True,
         check=True,
@@ -236,18 +246,18 @@ def measure_steps(original: Path, float_set: Path, int4: Path, rounds: int, roun
     }
     times = interleave(variants, rounds)
     med = {name: float(np.median(t)) for name, t in times.items()}
-    if rounds_unpacked:
+    if rounds_unpacked:  # apart: one call takes seconds
         slow = {
             "original": Original(original).step,
             "int4 unpacked": Static(int4, {**LEVEL[0], PREPACKING_KEY: "1"}).step,
         }
         slow_times = interleave(slow, rounds_unpacked, warmup=1)
-        med["int4 unpacked"] = float(np.median(slow_times["int4 unpacked"]))
-        med["int4 unpacked / its original"] = med["int4 unpacked"] / float(np.median(slow_times["original"]))
-    return {
-        "median_ms": med,
-        "ratio": {k: v / med["original"] for k, v in med.items() if k.startswith(("int4 l", "float"))},
-    }
+        unpacked = float(np.median(slow_times["int4 unpacked"]))
+    ratio = {k: v / med["original"] for k, v in med.items() if k != "original"}
+    if rounds_unpacked:
+        med["int4 unpacked"] = unpacked
+        ratio["int4 unpacked"] = unpacked / float(np.median(slow_times["original"]))  # against its own rounds
+    return {"median_ms": med, "ratio": ratio}
 
 
 def main() -> int:
@@ -262,7 +272,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=300, help="held-out tokens of the accuracy phase (0: skip)")
     ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--no-steps", action="store_true", help="skip the step timings and profiles")
     args = ap.parse_args()
     if args.rss_child:
         rss_child(*args.rss_child)
@@ -276,31 +287,35 @@ def main() -> int:
     int4 = build_set(args.model, work / "int4", [*STATIC, INT4])
     print(f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; model {args.model}; context {CTX}, L={CACHE_LEN}")
     results: dict[str, Any] = {"model": str(args.model), "context": CTX, "max_cache_len": CACHE_LEN}
-    results["steps"] = steps = measure_steps(args.model, float_set, int4, args.rounds, args.rounds_unpacked)
-    print(f"\n== decode step at context {CTX}, median of {args.rounds} interleaved calls, runner sessions ==")
-    labels = {"original": "-", "float static": "-", "int4 level 0": "0", "int4 level 4": "4", "int4 unpacked": "0"}
-    for variant, ms in steps["median_ms"].items():
-        ratio = steps["ratio"].get(variant)
-        tail = f"  x{ratio:.3f} of the original" if ratio is not None else ""
-        print(f"  {variant:30s} accuracy_level {labels.get(variant, '-'):>2}  {ms:9.2f} ms{tail}")
-    results["profile"] = {}
-    for level in (0, 4):
-        ops = profile_ops(int4, LEVEL[level])
-        results["profile"][level] = ops
-        print(f"  int4 level {level} kernel time: " + ", ".join(f"{op} {share:.0%}" for op, share in ops))
+    if not args.no_steps:
+        results["steps"] = steps = measure_steps(args.model, float_set, int4, args.rounds, args.rounds_unpacked)
+        print(f"\n== decode step at context {CTX}, median of {args.rounds} interleaved calls, runner sessions ==")
+        labels = {"original": "-", "float static": "-", "int4 level 0": "0", "int4 level 4": "4", "int4 unpacked": "0"}
+        for variant, ms in steps["median_ms"].items():
+            ratio = steps["ratio"].get(variant)
+            tail = f"  x{ratio:.3f} of the original" if ratio is not None else ""
+            print(f"  {variant:30s} accuracy_level {labels.get(variant, '-'):>2}  {ms:9.2f} ms{tail}")
+        results["profile"] = {}
+        for level in (0, 4):
+            ops = profile_ops(int4, LEVEL[level])
+            results["profile"][level] = ops
+            print(f"  int4 level {level} kernel time: " + ", ".join(f"{op} {share:.0%}" for op, share in ops))
     if not args.no_rss:
         rss = results["rss"] = {}
         print("\n== peak RSS growth of opening + one step (fresh process each) ==")
-        for label, path in (("float static", float_set), ("int4", int4)):
+        graphs = len(list(float_set.parent.glob("*.onnx")))
+        for label, path in (("float", float_set), ("int4", int4)):
             nbytes = weight_bytes(path.parent)
-            for packing in ("1", "0"):
-                grown = peak_rss(path, {PREPACKING_KEY: packing})
-                rss[f"{label} prepacking {'off' if packing == '1' else 'on'}"] = {"bytes": grown, "weights": nbytes}
-                state = "off" if packing == "1" else "on"
-                print(
-                    f"  {label:13s} prepacking {state:3s} {grown / 2**20:8.0f} MiB  "
-                    f"({grown / nbytes:.2f}x its {nbytes / 2**20:.0f} MiB of weights)"
-                )
+            for whole_set in (False, True):
+                for packing in ("1", "0"):
+                    grown = peak_rss(path, {PREPACKING_KEY: packing}, whole_set=whole_set)
+                    state = "off" if packing == "1" else "on"
+                    what = f"{label} {'set of ' + str(graphs) if whole_set else 'decode graph'}"
+                    rss[f"{what}, prepacking {state}"] = {"bytes": grown, "weights": nbytes}
+                    print(
+                        f"  {what:22s} prepacking {state:3s} {grown / 2**20:8.0f} MiB  "
+                        f"({grown / nbytes:.2f}x its {nbytes / 2**20:.0f} MiB of weights)"
+                    )
     if args.tokens:
         vocab = logits_vocab(int4) or SIZE.vocab_size()
         tokens = np.random.default_rng(0).integers(3, vocab, size=args.tokens).tolist()

@@ -26,6 +26,7 @@ __all__ = [
     "GraphReport",
     "ModeResult",
     "NumericsReport",
+    "SessionSettings",
     "VerifyReport",
     "PassVerifyRecord",
     "NodeDivergence",
@@ -333,6 +334,35 @@ class NodeDivergence(BaseModel):
     )
 
 
+class SessionSettings(BaseModel):
+    """How the runner opened a model's ONNX Runtime session(s), decided from the graph (runner/session.py).
+
+    ``prepacking``: ORT's weight prepacking (``session.disable_prepacking`` "0"), on for graphs with quantized
+    weights (``MatMulNBits`` or integer weights behind a ``DequantizeLinear``: without it ORT dequantizes them on
+    every call), off for float weights (its packed copy would double their memory). ``accuracy_level``: the
+    ``MatMulNBits`` accuracy levels the session computes at (the nodes' attribute, or for ``DequantizeLinear`` +
+    ``MatMul`` that ORT fuses, ``session.qdq_matmulnbits_accuracy_level``, default 4); empty for float weights.
+    On fp32 activations ORT's CPU EP computes level 4 with int8 activations where MLAS has the kernel and every
+    other level in fp32 (onnxruntime 1.32, ``contrib_ops/cpu/quantization/matmul_nbits.cc``, GetComputeType).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: Literal["float", "quantized"] = Field(description="What the graph's MatMul weights are.")
+    prepacking: bool = Field(description="ORT weight prepacking on (session.disable_prepacking=0).")
+    accuracy_level: list[int] = Field(
+        default_factory=list, description="MatMulNBits accuracy_level(s) computed at (0/1 fp32 ... 4 int8); [] float."
+    )
+    reason: str = Field("", description="Why, in one line (which nodes decided, or an explicit config entry).")
+
+    def text(self) -> str:
+        """One line: ``quantized weights, prepacking on, accuracy_level 4``."""
+        levels = "/".join(str(level) for level in self.accuracy_level)
+        return f"{self.weights} weights, prepacking {'on' if self.prepacking else 'off'}" + (
+            f", accuracy_level {levels}" if levels else ""
+        )
+
+
 class VerifyReport(BaseModel):
     """Step-by-step verification of a candidate against the original on ONNX Runtime."""
 
@@ -368,6 +398,12 @@ class VerifyReport(BaseModel):
     modes: dict[str, ModeResult]
     numerics: NumericsReport | None = Field(
         None, description="Compute dtype of the candidate and whether the provider ran it natively or emulated."
+    )
+    original_session: SessionSettings | None = Field(
+        None, description="The original's session: prepacking and accuracy_level its latencies were measured at."
+    )
+    candidate_session: SessionSettings | None = Field(
+        None, description="The candidate's session (a set: its primary graph's; every graph has the same weights)."
     )
 
     def graphs_driven_text(self) -> str | None:
@@ -440,13 +476,17 @@ class AccuracyFigures(BaseModel):
     ppl_candidate: float = Field(description="Perplexity of the text under the candidate.")
     ppl_ratio: float = Field(description="ppl_candidate / ppl_original.")
     kl_per_position: list[float] = Field(default_factory=list, description="KL at each position, nats.")
+    session: SessionSettings | None = Field(
+        None, description="The candidate's session these figures were taken in (prepacking, accuracy_level)."
+    )
 
 
 class AccuracyReport(BaseModel):
     """``verify.accuracy``: the candidate's teacher-forced accuracy on held-out tokens (runner/accuracy.py).
 
-    ``weight_only``: ORT's DQ+MatMul fusion in fp32 (``session.qdq_matmulnbits_accuracy_level=0``), the error
-    of the transformation itself; thresholds apply to it. ``default_optimized``: ORT's default session options.
+    ``weight_only``: every quantized MatMul at accuracy_level 0 (fp32: ``session.qdq_matmulnbits_accuracy_level=0``,
+    applied to MatMulNBits nodes too), the error of the transformation itself; thresholds apply to it.
+    ``default_optimized``: ORT's default accuracy levels. Each figure names its session (prepacking, level).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -457,6 +497,12 @@ class AccuracyReport(BaseModel):
     tokens: int
     weight_only: AccuracyFigures
     default_optimized: AccuracyFigures
+    original_session: SessionSettings | None = Field(None, description="The original's session (prepacking).")
+    default_is_weight_only: bool = Field(
+        False,
+        description="Both settings opened the same session (float weights, or MatMulNBits already at level 0): "
+        "the candidate ran once and both figures are that measurement.",
+    )
     max_mean_kl: float | None = None
     min_top1_agreement: float | None = None
     max_ppl_ratio: float | None = None

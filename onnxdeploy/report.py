@@ -341,7 +341,7 @@ class GenerationText(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tokens: list[int] = Field(description="Generated token ids, up to and including the first stop token.")
-    text: str = Field(description="The tokens decoded, special tokens left out.")
+    text: str = Field(description="The tokens decoded, special tokens and the stop token left out.")
     stopped: bool = Field(False, description="The generation ended at a stop token the tokenizer folder declares.")
     mark_start: int | None = Field(None, description="Character offset in text of the first differing token.")
     mark_end: int | None = Field(None, description="Character offset in text just after the first differing token.")

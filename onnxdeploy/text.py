@@ -31,7 +31,15 @@ from typing import Any
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.report import GenerationsReport, GenerationText, VerifyReport
 
-__all__ = ["TextCodec", "find_tokenizer", "generations", "generations_with", "load_codec", "text_token_ids"]
+__all__ = [
+    "TextCodec",
+    "find_tokenizer",
+    "generations",
+    "generations_with",
+    "load_codec",
+    "text_prompt",
+    "text_token_ids",
+]
 
 TOKENIZER_FILE = "tokenizer.json"
 INSTALL_HINT = "pip install -e '.[text]'"
@@ -261,11 +269,12 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def _side(codec: TextCodec, tokens: list[int], stopped: bool, first: int | None) -> GenerationText:
-    """One generation decoded, the first differing token's characters located in its text."""
-    text = codec.decode(tokens)
+    """One generation decoded (the stop token left out of the text), the first differing token located in it."""
+    shown = tokens[:-1] if stopped else tokens
+    text = codec.decode(shown)
     start = end = None
-    if first is not None and first < len(tokens):
-        before, through = codec.decode(tokens[:first]), codec.decode(tokens[: first + 1])
+    if first is not None and first <= len(shown):  # == len(shown): the difference is where this side ended
+        before, through = codec.decode(shown[:first]), codec.decode(shown[: first + 1])
         # Byte-level BPE may split a character over tokens: clamp to what the whole text shares with each prefix.
         start = len(os.path.commonprefix([text, before]))
         end = max(start, len(os.path.commonprefix([text, through])))
@@ -324,3 +333,35 @@ def generations_with(
     except ConfigError:
         return report
     return report.model_copy(update={"generations": generations(report, codec, prompt_text=prompt_text, chat=chat)})
+
+
+def text_prompt(
+    original: str | Path, ids: list[int], prompt_text: str | None, tokenizer: str | Path | None, *, chat: bool
+) -> tuple[list[int], Path | None]:
+    """``onnxdeploy verify``'s prompt: ``--prompt-text`` encoded, else the ``--prompt`` ids; and the tokenizer file.
+
+    The tokenizer is ``--tokenizer`` (read now: a bad one exits 2 before any model is decoded), else the
+    original's folder's ``tokenizer.json`` when there is one (needed only with ``--prompt-text``).
+
+    Returns:
+        ``(prompt ids, tokenizer.json or None)``.
+
+    Raises:
+        ConfigError: as :func:`load_codec` and :meth:`TextCodec.prompt_ids` (naming ``--prompt-text`` or
+            ``--tokenizer``); ``--chat-template`` without ``--prompt-text``.
+    """
+    if chat and prompt_text is None:
+        raise ConfigError("--chat-template applies to --prompt-text, which is not given")
+    if tokenizer is not None:
+        file: Path | None = load_codec(tokenizer, key="--tokenizer").path
+    else:
+        try:
+            file = find_tokenizer(Path(original).parent, key="--prompt-text")
+        except ConfigError:
+            if prompt_text is not None:
+                raise
+            file = None
+    if prompt_text is None:
+        return ids, file
+    assert file is not None
+    return load_codec(file, key="--prompt-text").prompt_ids(prompt_text, chat=chat, key="--prompt-text"), file

@@ -19,6 +19,7 @@ BOTTOM = {
     "report",
     "resources",
     "token_ids",
+    "text",
     "sdk",
     "_rknn_worker",
 }

@@ -155,7 +155,7 @@ def any_fixture(request) -> dict:
 
 REAL_MODEL_DIR = Path(os.environ.get("ONNXDEPLOY_CACHE", Path.home() / ".cache" / "onnxdeploy")) / "real"
 REAL_MODEL_DIR = REAL_MODEL_DIR / "smollm2-135m-instruct"
-"""The real-model fixture's folder (``fixtures/_export_real.py``): ``hf/``, ``optimum/``, ``dynamo/``; never committed."""
+"""The real-model fixture's folder (``fixtures/_export_real.py``): ``hf/``, ``optimum/``, ``dynamo/``; not in git."""
 
 
 @pytest.fixture(scope="session")

@@ -76,7 +76,7 @@ def test_the_chat_template_and_stop_tokens_the_folder_declares(tmp_path):
 
 
 def _report(prompt: list[int], original: list[int], candidate: list[int]) -> VerifyReport:
-    """A verification's free-running rows: position p's top-1 of each model is its generated token p - len(prompt) + 1."""
+    """Free-running rows: the top-1 of each model at position p is its generated token p - len(prompt) + 1."""
     start = len(prompt) - 1
     rows = [
         StepRecord.model_construct(position=start + i, top1_reference=o, top1_candidate=c)

@@ -18,6 +18,10 @@ from onnxdeploy.text import load_codec
 
 pytest.importorskip("tokenizers")
 PROMPT_TEXT = "The capital of France is Paris. The capital of Germany is"
+CHAT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712]
+CHAT_IDS += [8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4521, 47, 2, 198, 1, 520, 9531, 198]
+"""transformers 5.24's ``apply_chat_template([{"role": "user", "content": "What is the capital of Germany?"}],
+add_generation_prompt=True)`` on hf/ (run once in the real-torch venv)."""
 FAST_CHAIN = [
     {"static_kv": {"step_lens": [1, 16], "max_cache_lens": [128, 512]}},
     {"mask_rewrite": {}},
@@ -33,7 +37,9 @@ def test_each_export_says_berlin_through_its_own_tokenizer(real_model, export):
     reference = json.loads((real_model / "hf" / "reference.json").read_text())
     ids = codec.prompt_ids(PROMPT_TEXT, chat=False, key="k")
     assert ids == reference["prompt"]  # tokenizers reads tokenizer.json as transformers encoded it
-    assert codec.stop_token_ids and codec.chat_template is not None  # the folder declares both
+    assert codec.stop_token_ids == (2,)  # <|im_end|>, generation_config.json
+    chat = codec.prompt_ids("What is the capital of Germany?", chat=True, key="k")
+    assert chat == CHAT_IDS  # the system turn the template adds, the user turn, the assistant's turn opened
     tokens, _ = greedy_decode(str(folder / "model.onnx"), ids, 4)
     assert tokens.tolist() == reference["tokens"][:4]
     assert codec.decode(tokens.tolist()).startswith(" Berlin.")

@@ -46,6 +46,7 @@ from onnxdeploy.run_stages import (
     write_stage,
 )
 from onnxdeploy.runner.verify import logits_vocab
+from onnxdeploy.text import load_codec, text_token_ids
 from onnxdeploy.token_ids import load_token_ids
 
 __all__ = ["RunOutcome", "run_pipeline"]
@@ -331,6 +332,11 @@ def _token_ids(config: PipelineConfig, key: str, vocab: int | None) -> list[list
     section = config.calibration if key == "calibration" else config.verify and config.verify.accuracy
     if section is None:
         return []
+    if getattr(section, "text_file", None) is not None:  # verify.accuracy.text_file: text, encoded (text.py)
+        assert config.verify is not None and config.verify.tokenizer is not None  # the loader found one
+        where = f"{_source(config)}: key '{key}.text_file'"
+        codec = load_codec(config.verify.tokenizer, key=where)
+        return [text_token_ids(section.text_file, codec, section.max_tokens, key=where, vocab=vocab)]
     try:
         return load_token_ids(section.token_ids_file, section.max_tokens, vocab=vocab)
     except ConfigError as exc:

@@ -20,6 +20,8 @@ __all__ = [
     "RuntimeComparison",
     "PassReport",
     "StepRecord",
+    "GenerationText",
+    "GenerationsReport",
     "LatencySummary",
     "CallTiming",
     "PrefillSummary",
@@ -363,6 +365,34 @@ class SessionSettings(BaseModel):
         )
 
 
+class GenerationText(BaseModel):
+    """One model's free-running generation after the prompt, decoded (``onnxdeploy/text.py``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[int] = Field(description="Generated token ids, up to and including the first stop token.")
+    text: str = Field(description="The tokens decoded, special tokens and the stop token left out.")
+    stopped: bool = Field(False, description="The generation ended at a stop token the tokenizer folder declares.")
+    mark_start: int | None = Field(None, description="Character offset in text of the first differing token.")
+    mark_end: int | None = Field(None, description="Character offset in text just after the first differing token.")
+
+
+class GenerationsReport(BaseModel):
+    """The original's and the candidate's free-running generations as text, with the first differing token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokenizer: str = Field(description="The tokenizer.json that decoded them.")
+    prompt_text: str = Field(description="The prompt as text (as given, or its ids decoded).")
+    chat_template: bool = Field(False, description="The prompt went through the folder's chat template.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Ids that end a generation (the folder's).")
+    original: GenerationText
+    candidate: GenerationText | None = Field(None, description="null without the free_running mode.")
+    first_differing_token: int | None = Field(
+        None, description="Index among the generated tokens of the first one that differs; null if none does."
+    )
+
+
 class VerifyReport(BaseModel):
     """Step-by-step verification of a candidate against the original on ONNX Runtime."""
 
@@ -404,6 +434,9 @@ class VerifyReport(BaseModel):
     )
     candidate_session: SessionSettings | None = Field(
         None, description="The candidate's session (a set: its primary graph's; every graph has the same weights)."
+    )
+    generations: GenerationsReport | None = Field(
+        None, description="Both models' free-running generations as text, when a tokenizer is known (text.py)."
     )
 
     def graphs_driven_text(self) -> str | None:

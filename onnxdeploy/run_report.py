@@ -178,6 +178,9 @@ def _file_records(
     extra = [config.source] + [
         s.token_ids_file for s in (config.calibration, config.verify and config.verify.accuracy) if s
     ]
+    if config.verify is not None:  # text inputs (text.py): the held-out text and the tokenizer that encoded it
+        acc = config.verify.accuracy
+        extra += [acc.text_file if acc else None, config.verify.tokenizer]
     inputs = [model, *sorted(p for p in input_files(model) if p != model.resolve()), *(Path(p) for p in extra if p)]
     records = []
     for path in dict.fromkeys(inputs):  # the model, then the rest, each once

@@ -49,6 +49,7 @@ from onnxdeploy.report import (
 from onnxdeploy.runner import check_header, verify
 from onnxdeploy.runner.accuracy import evaluate_accuracy
 from onnxdeploy.runner.runtimes import compare_on_runtime
+from onnxdeploy.text import generations_with
 
 __all__ = [
     "Checked",
@@ -474,6 +475,7 @@ def verify_stage(
     )
     fallbacks = [line.replace(str(candidate), str(final)) for line in report.provider_fallbacks]
     report = report.model_copy(update={"candidate": str(final), "provider_fallbacks": fallbacks})
+    report = generations_with(report, v.tokenizer, prompt_text=v.prompt_text, chat=v.chat_template)
     runtimes = _other_runtimes(config, candidate, say)
     accuracy = _accuracy(config, held_out, candidate, final, say)
     failures = [*(accuracy.failures if accuracy is not None else []), *_verify_failures(report)]

@@ -140,9 +140,10 @@ class StaticKVCachePass(Pass):
         if positions is not None and positions > largest:
             prompt = settings.verify_prompt_len or 0
             key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
+            text = f", or shorten {settings.prompt_key}" if settings.prompt_key != "verify.prompt" else ""
             raise ConfigError(
                 f"{key} is smaller than the {prompt} prompt tokens + {positions - prompt} steps = {positions} "
-                "positions verification decodes; lower verify.steps or raise the largest cache length"
+                f"positions verification decodes; lower verify.steps or raise the largest cache length{text}"
             )
         held_out = settings.accuracy_tokens
         if held_out is not None and held_out > largest:

@@ -22,6 +22,7 @@ BOTTOM = {
     "report",
     "resources",
     "token_ids",
+    "text",
     "sdk",
     "_rknn_worker",
 }

@@ -145,7 +145,7 @@ class WeightQuantizer:
         natural = self._natural(wt, block, hessian, kn=not t.root_nk and pout is None and diagonal)
         qw = self._emitted(wt, natural, block, hessian, pin)
         assert natural.error is not None and qw.error is not None
-        self._record(t, n, k, natural.error, qw.error, self.config.method + (" act-order" if pin is not None else ""))
+        self._record(t, n, k, natural.error, qw.error, self._method(pin is not None))
         if nbits:
             packed, scales, zp = pack_matmulnbits(qw)
             return self._write_nbits(t, packed, scales, zp, block, n, k)
@@ -156,6 +156,14 @@ class WeightQuantizer:
         if not t.nk:  # laid out as the first consumer reads it: (K, N) for MatMul, (N, K) for Gemm transB=1/Gather
             q, scale, zp = q.T, scale if per_channel else scale.T, zp if per_channel or zp is None else zp.T
         return self._write_dq(t, q, scale, zp, t.nk, block, n, k)
+
+    @property
+    def _search(self) -> bool:
+        return self.config.scale_search != "none"
+
+    def _method(self, act_order: bool) -> str:
+        """The method's name for ``details.layers``: ``rtn``/``gptq``, ``act-order``, ``mse search``."""
+        return self.config.method + (" act-order" if act_order else "") + (" mse-search" if self._search else "")
 
     def _natural(self, wt: np.ndarray, block: int, h: np.ndarray | None, *, kn: bool) -> QuantizedWeight:
         """RTN of ``wt`` ``(N, K)`` in natural input order, with its error.
@@ -189,10 +197,24 @@ class WeightQuantizer:
             key = (id(hessian), None if pin is None else pin.tobytes())
             if self._factor is None or self._factor[0] != key:
                 self._factor = key, inverse_hessian_factor(h, cfg.gptq_damp)
-            qw = gptq(wt, None, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, factor=self._factor[1])
-        elif pin is not None:
+            qw = gptq(
+                wt,
+                None,
+                bits=cfg.bits,
+                block_size=block,
+                symmetric=cfg.symmetric,
+                factor=self._factor[1],
+                search=self._search,
+                search_weights=np.diag(h),
+            )
+        elif pin is not None or self._search:
             qw = quantize_rtn(
-                wt, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, error_weights=_error_weights(h)
+                wt,
+                bits=cfg.bits,
+                block_size=block,
+                symmetric=cfg.symmetric,
+                error_weights=_error_weights(h),
+                search=self._search,
             )
         if qw.error is None:
             qw.error = output_error(wt, qw.dequantize(), _error_weights(h))
@@ -204,10 +226,21 @@ class WeightQuantizer:
         k, n = w_kn.shape
         form: Literal["nbits", "kn"] = "nbits" if nbits else "kn"
         st = quantize_rtn_stored(
-            w_kn, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, form=form, error_weights=_error_weights(h)
+            w_kn,
+            bits=cfg.bits,
+            block_size=block,
+            symmetric=cfg.symmetric,
+            form=form,
+            error_weights=_error_weights(h),
+            search=self._search,
         )
-        assert st.error is not None
-        self._record(t, n, k, st.error, st.error, cfg.method)
+        natural = st.error
+        if self._search:  # the reference row: plain RTN's error on the same weights
+            natural = quantize_rtn_kn(
+                w_kn, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, error_weights=_error_weights(h)
+            ).error
+        assert st.error is not None and natural is not None
+        self._record(t, n, k, natural, st.error, self._method(False))
         if nbits:
             return self._write_nbits(t, st.values, st.scale, st.zero_point, block, n, k)
         per_channel = cfg.bits == 8  # one block spanning K: per-axis scales (N,)

@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from onnxdeploy.passes._quant_search import searched_params
+
 __all__ = [
     "QuantizedWeight",
     "StoredWeight",
@@ -108,6 +110,23 @@ def _block_params(block: np.ndarray, bits: int, symmetric: bool) -> tuple[np.nda
     return scale, zero
 
 
+def _params_of(
+    block: np.ndarray, bits: int, symmetric: bool, search: bool, weights: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Block scale and zero point (blocks along axis 1): the MLAS rule, or the clipping search of
+    :func:`~onnxdeploy.passes._quant_search.searched_params` (``weights``: its per-element error weights)."""
+    if search:
+        return searched_params(block, bits, symmetric, weights)
+    return _block_params(block, bits, symmetric)
+
+
+def _diagonal(error_weights: np.ndarray | None) -> np.ndarray | None:
+    """The per-input-channel weights ``(K,)`` of error weights (a full ``H``'s diagonal), None for plain MSE."""
+    if error_weights is None or error_weights.size == 0:
+        return None
+    return np.diag(error_weights) if error_weights.ndim == 2 else error_weights
+
+
 def _round(w: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int, symmetric: bool) -> np.ndarray:
     """Quantize ``w`` ``(N, ...)`` with per-row ``scale``/``zero`` ``(N,)``; returns float values on the grid."""
     qmin, qmax = _levels(bits, symmetric)
@@ -140,7 +159,13 @@ def _sum_over_chunks(chunk: Callable[[Any], Any], starts: Sequence[Any]) -> Any:
 
 
 def quantize_rtn(
-    wt: np.ndarray, *, bits: int, block_size: int, symmetric: bool, error_weights: np.ndarray | None = None
+    wt: np.ndarray,
+    *,
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    error_weights: np.ndarray | None = None,
+    search: bool = False,
 ) -> QuantizedWeight:
     """Round-to-nearest block quantization of ``wt`` float ``(N, K)``, in row chunks.
 
@@ -154,6 +179,8 @@ def quantize_rtn(
         symmetric: signed values without zero point, else unsigned with one.
         error_weights: when given, :func:`output_error`'s weights (empty: plain MSE); the error is then
             computed chunk by chunk and stored in :attr:`QuantizedWeight.error`.
+        search: choose each block's scale by the clipping search (:mod:`._quant_search`), its error weighted
+            by the diagonal of ``error_weights`` when they have one.
 
     Returns:
         The quantized weight (``q`` int8 when symmetric, uint8 when not).
@@ -161,6 +188,12 @@ def quantize_rtn(
     wt = np.asarray(wt, dtype=np.float32)
     n, k = wt.shape
     n_blocks = -(-k // block_size)
+    diag = _diagonal(error_weights) if search else None
+    block_weights = None
+    if diag is not None:
+        block_weights = np.zeros(n_blocks * block_size, dtype=np.float32)
+        block_weights[:k] = diag
+        block_weights = block_weights.reshape(n_blocks, block_size)
     q = np.empty((n, k), dtype=np.int8 if symmetric else np.uint8)
     scales = np.empty((n, n_blocks), dtype=np.float32)
     zeros = None if symmetric else np.empty((n, n_blocks), dtype=np.uint8)
@@ -175,7 +208,8 @@ def quantize_rtn(
         else:
             padded = w
         blocks = padded.reshape(m * n_blocks, block_size)
-        scale, zero = _block_params(blocks, bits, symmetric)
+        bw = None if block_weights is None else np.tile(block_weights, (m, 1))
+        scale, zero = _params_of(blocks, bits, symmetric, search, bw)
         grid = _round(blocks, scale, zero, bits, symmetric).reshape(m, n_blocks * block_size)
         q[r0 : r0 + m] = grid[:, :k]
         scales[r0 : r0 + m] = scale.reshape(m, n_blocks)
@@ -220,6 +254,7 @@ def _rtn_kn(
     symmetric: bool,
     error_weights: np.ndarray | None,
     store: Callable[[np.ndarray, np.ndarray, np.ndarray | None, tuple[int, int, int, int], int], None],
+    search: bool = False,
 ) -> float:
     """Round-to-nearest of a ``(K, N)`` weight in its stored layout, chunk by chunk on every core.
 
@@ -235,6 +270,7 @@ def _rtn_kn(
     """
     k, _ = w_kn.shape
     qmin, qmax = _levels(bits, symmetric)
+    diag = _diagonal(error_weights) if search else None
 
     def chunk(c: tuple[int, int, int, int]) -> float:
         b0, b1, n0, n1 = c
@@ -247,7 +283,12 @@ def _rtn_kn(
             w = np.zeros((cb * block_size, nc), dtype=np.float32)
             w[:kc] = src
             w = w.reshape(cb, block_size, nc)
-        scale, zero = _block_params(w, bits, symmetric)  # reduces axis 1: (cb, nc)
+        bw = None
+        if diag is not None:
+            bw = np.zeros(cb * block_size, dtype=np.float32)
+            bw[:kc] = diag[k0:k1]
+            bw = bw.reshape(cb, block_size, 1)
+        scale, zero = _params_of(w, bits, symmetric, search, bw)  # reduces axis 1: (cb, nc)
         grid = w / scale[:, None, :]
         np.rint(grid, out=grid)
         if zero is not None:
@@ -270,7 +311,13 @@ def _rtn_kn(
 
 
 def quantize_rtn_kn(
-    w_kn: np.ndarray, *, bits: int, block_size: int, symmetric: bool, error_weights: np.ndarray | None = None
+    w_kn: np.ndarray,
+    *,
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    error_weights: np.ndarray | None = None,
+    search: bool = False,
 ) -> QuantizedWeight:
     """:func:`quantize_rtn` of ``w_kn.T`` for a weight stored ``(K, N)`` (a MatMul's), read in its stored layout.
 
@@ -284,6 +331,7 @@ def quantize_rtn_kn(
         symmetric: signed values without zero point, else unsigned with one.
         error_weights: as for :func:`quantize_rtn`, but only an empty array (plain MSE) or a diagonal ``(K,)``
             (a full ``H`` couples the chunks: the caller computes that error from :meth:`dequantize`).
+        search: as for :func:`quantize_rtn`.
 
     Returns:
         The quantized weight in output-channel-major layout, as :func:`quantize_rtn` returns it.
@@ -302,7 +350,15 @@ def quantize_rtn_kn(
         if zeros is not None:
             zeros[n0:n1, b0:b1] = zero.T  # type: ignore[union-attr]
 
-    sq = _rtn_kn(w_kn, bits=bits, block_size=block_size, symmetric=symmetric, error_weights=error_weights, store=store)
+    sq = _rtn_kn(
+        w_kn,
+        bits=bits,
+        block_size=block_size,
+        symmetric=symmetric,
+        error_weights=error_weights,
+        store=store,
+        search=search,
+    )
     qw = QuantizedWeight(q, scales, zeros, bits, block_size)
     if error_weights is not None:
         qw.error = _normalise_error(sq, n, k, error_weights)
@@ -336,6 +392,7 @@ def quantize_rtn_stored(
     symmetric: bool,
     form: Literal["nbits", "kn"],
     error_weights: np.ndarray | None = None,
+    search: bool = False,
 ) -> StoredWeight:
     """Round-to-nearest of a ``(K, N)`` weight straight into the tensors a consumer stores, without a ``(N, K)`` copy.
 
@@ -351,6 +408,7 @@ def quantize_rtn_stored(
         symmetric: signed values without zero point, else unsigned with one.
         form: ``nbits`` (MatMulNBits initializers) or ``kn`` (DequantizeLinear initializers for a MatMul).
         error_weights: as for :func:`quantize_rtn_kn`.
+        search: as for :func:`quantize_rtn`.
 
     Returns:
         The stored tensors and, with ``error_weights``, the error.
@@ -387,7 +445,15 @@ def quantize_rtn_stored(
         if zeros is not None:
             zeros[n0:n1, b0:b1] = zero.T  # type: ignore[union-attr]
 
-    sq = _rtn_kn(w_kn, bits=bits, block_size=block_size, symmetric=symmetric, error_weights=error_weights, store=store)
+    sq = _rtn_kn(
+        w_kn,
+        bits=bits,
+        block_size=block_size,
+        symmetric=symmetric,
+        error_weights=error_weights,
+        store=store,
+        search=search,
+    )
     error = None if error_weights is None else _normalise_error(sq, n, k, error_weights)
     if form == "kn":
         return StoredWeight(values, scales, zeros, error)
@@ -435,6 +501,8 @@ def gptq(
     damp: float = 0.01,
     lazy_block: int = 128,
     factor: tuple[np.ndarray, np.ndarray] | None = None,
+    search_weights: np.ndarray | None = None,
+    search: bool = False,
 ) -> QuantizedWeight:
     """GPTQ quantization of ``wt`` ``(N, K)`` in its column order, given ``hessian`` ``(K, K)`` in that order.
 
@@ -448,6 +516,9 @@ def gptq(
         lazy_block: columns per lazy batch update.
         factor: :func:`inverse_hessian_factor` of ``hessian`` if already computed (weights reading one
             activation share it); ``hessian`` may then be None.
+        search: choose each group's scale, when its first column is reached, by the clipping search
+            (:mod:`._quant_search`) on the error-updated weights, weighted by ``search_weights``.
+        search_weights: ``diag(H)`` float ``(K,)`` in this column order (None: plain squared error).
 
     Returns:
         The quantized weight (same layout and group scheme as :func:`quantize_rtn`).
@@ -473,7 +544,8 @@ def gptq(
                 g = col // block_size
                 end = min(col + block_size, k)
                 group = np.concatenate([w1[:, j:], w[:, i2:end]], axis=1)[:, : end - col]
-                scale, zero = _block_params(group.astype(np.float32), bits, symmetric)
+                gw = None if search_weights is None else search_weights[col:end][None, :].astype(np.float32)
+                scale, zero = _params_of(group.astype(np.float32), bits, symmetric, search, gw)
                 scales[:, g] = scale
                 if zeros is not None:
                     zeros[:, g] = zero

@@ -91,6 +91,11 @@ class QuantizeWeightsConfig(PassConfig):
     method: Literal["rtn", "gptq"] = Field(
         "rtn", description="rtn: round to nearest; gptq: GPTQ error compensation (needs calibration)."
     )
+    scale_search: Literal["none", "mse"] = Field(
+        "none",
+        description="mse: each block's scale from the clipping ratio of its range with the least squared error "
+        "(weighted by diag(X^T X) when calibration is given); none: the range's extremes (ORT's MLAS rule).",
+    )
     gptq_damp: float = Field(0.01, gt=0, le=1, description="GPTQ dampening: this fraction of mean(diag(H)) is added.")
     raise_opset: bool = Field(
         True,
@@ -308,7 +313,8 @@ class QuantizeWeightsPass(Pass):
             return 0
         taken = names_in_use(model.graph)
         by_activation = _by_activation(targets)
-        if self._needs_calibration and first and context.calibration:
+        uses = self._needs_calibration or cfg.scale_search != "none"
+        if uses and first and context.calibration:
             acts = _named_activations(model.graph, by_activation, taken)
             stats.update(collect_statistics(model, acts, cfg.method == "gptq", context, report))
         # Statistics by reader, taken before any fold re-points a reader at a Gather's output.

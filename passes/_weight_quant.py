@@ -523,10 +523,11 @@ def gptq(
     Returns:
         The quantized weight (same layout and group scheme as :func:`quantize_rtn`).
     """
-    w = np.array(wt, dtype=np.float64)
+    w = np.array(wt, dtype=np.float32)  # float32 updates (as the paper's implementation): half the traffic of float64
     n, k = w.shape
     # Upper Cholesky factor of H^-1: row i holds the update weights for the columns after i.
     hinv, dead = factor if factor is not None else inverse_hessian_factor(hessian, damp)
+    hinv = hinv.astype(np.float32)
     w[:, dead] = 0.0
     n_blocks = -(-k // block_size)
     scales = np.empty((n, n_blocks), dtype=np.float32)
@@ -545,7 +546,7 @@ def gptq(
                 end = min(col + block_size, k)
                 group = np.concatenate([w1[:, j:], w[:, i2:end]], axis=1)[:, : end - col]
                 gw = None if search_weights is None else search_weights[col:end][None, :].astype(np.float32)
-                scale, zero = _params_of(group.astype(np.float32), bits, symmetric, search, gw)
+                scale, zero = _params_of(group, bits, symmetric, search, gw)
                 scales[:, g] = scale
                 if zeros is not None:
                     zeros[:, g] = zero
@@ -564,10 +565,15 @@ def _squared_error(wt: np.ndarray, deq: np.ndarray, h: np.ndarray) -> float:
     d = np.asarray(wt, dtype=np.float32) - np.asarray(deq, dtype=np.float32)
     if h.size == 0:
         return float(np.einsum("nk,nk->", d, d, dtype=np.float64))
-    d = d.astype(np.float64)
     if h.ndim == 1:
-        return float(np.einsum("nk,k,nk->", d, h, d))
-    return float(np.einsum("nk,kl,nl->", d, h, d))
+        return float(np.einsum("nk,k,nk->", d.astype(np.float64), h, d.astype(np.float64)))
+    # tr(D H D^T) by BLAS row chunks (a three-operand einsum loops in C without BLAS: minutes on an LM head).
+    total = 0.0
+    rows = max(1, CHUNK_ELEMENTS // max(h.shape[0], 1))
+    for r0 in range(0, d.shape[0], rows):
+        part = d[r0 : r0 + rows].astype(np.float64)
+        total += float(np.einsum("nk,nk->", part @ h, part))
+    return total
 
 
 def _normalise_error(total: float, n: int, k: int, h: np.ndarray) -> float:

@@ -19,11 +19,10 @@ from threadpoolctl import threadpool_limits
 
 from onnxdeploy.artifacts import ScratchWriter
 from onnxdeploy.graph import numpy_dtype_of
+from onnxdeploy.passes._quant_gptq import gptq, inverse_hessian_factor
 from onnxdeploy.passes._quant_targets import Target
 from onnxdeploy.passes._weight_quant import (
     QuantizedWeight,
-    gptq,
-    inverse_hessian_factor,
     output_error,
     pack_matmulnbits,
     quantize_rtn,
@@ -85,13 +84,16 @@ class WeightQuantizer:
     """Quantizes target weights one at a time into written tensors, keeping each one's error row.
 
     Args:
-        config: the pass config (bits, block size, symmetry, method, GPTQ dampening).
+        config: the pass config (symmetry, method, scale search, GPTQ dampening); bits and block size are each
+            target's (:attr:`Target.bits`, :attr:`Target.block_size`, from the rules).
         writer: the scratch data file the quantized tensors go to.
 
     Attributes:
         layers: one row per weight quantized, for ``details.layers``: ``weight``, ``node``, ``n``, ``k``,
             ``error_rtn_natural`` (round-to-nearest in natural order), ``error`` (what was emitted), ``method``,
-            ``removed`` (the fraction of the former the latter removed).
+            ``removed`` (the fraction of the former the latter removed), ``bits``, ``block_size`` (INT4),
+            ``bytes`` (packed values + scales + zero points written), ``bits_per_weight`` (``8 · bytes / (N·K)``)
+            and ``scale_dtype``.
     """
 
     def __init__(self, config: QuantizeWeightsConfig, writer: ScratchWriter):
@@ -99,14 +101,15 @@ class WeightQuantizer:
         self.writer = writer
         self.layers: list[dict] = []
         self._factor: tuple[tuple, tuple[np.ndarray, np.ndarray]] | None = None  # the last GPTQ factor, by key
+        self._bits, self._block_size = 4, 32  # the weight being quantized's (its target's, from the rules)
 
     def _block(self, k: int, nbits: bool) -> int:
         """Input channels per block: ``block_size`` for INT4; one block spanning ``K`` for INT8.
 
         INT8 MatMulNBits takes the next power of two >= ``K`` (at least 16), which ORT runs exactly.
         """
-        if self.config.bits == 4:
-            return self.config.block_size
+        if self._bits == 4:
+            return self._block_size
         return max(16, 1 << (k - 1).bit_length()) if nbits else k
 
     def quantize(
@@ -135,8 +138,15 @@ class WeightQuantizer:
         Returns:
             The written tensors.
         """
+        self._bits, self._block_size = t.bits or self.config.bits, t.block_size or self.config.block_size
         with threadpool_limits(limits=1, user_api="blas"):
-            return self._quantize(t, pin, pout, hessian, nbits=nbits)
+            q = self._quantize(t, pin, pout, hessian, nbits=nbits)
+        row = self.layers[-1]
+        row["bits"], row["block_size"] = q.bits, q.block_size if q.bits == 4 else None
+        row["bytes"] = sum(int(x.nbytes) for x in q.tensors)
+        row["bits_per_weight"] = 8 * row["bytes"] / (q.n * q.k)
+        row["scale_dtype"] = q.tensors[1].dtype.name
+        return q
 
     def _quantize(
         self,
@@ -168,7 +178,7 @@ class WeightQuantizer:
         if nbits:
             packed, scales, zp = pack_matmulnbits(qw)
             return self._write_nbits(t, packed, scales, zp, block, n, k)
-        per_channel = self.config.bits == 8
+        per_channel = self._bits == 8
         q, scale, zp = qw.q, qw.scale, qw.zero_point
         if per_channel:
             scale, zp = scale[:, 0], None if zp is None else zp[:, 0]
@@ -194,7 +204,7 @@ class WeightQuantizer:
         rtn = quantize_rtn_kn if kn else quantize_rtn
         natural = rtn(
             wt.T if kn else wt,
-            bits=cfg.bits,
+            bits=self._bits,
             block_size=block,
             symmetric=cfg.symmetric,
             error_weights=_error_weights(h),
@@ -219,7 +229,7 @@ class WeightQuantizer:
             qw = gptq(
                 wt,
                 None,
-                bits=cfg.bits,
+                bits=self._bits,
                 block_size=block,
                 symmetric=cfg.symmetric,
                 factor=self._factor[1],
@@ -229,7 +239,7 @@ class WeightQuantizer:
         elif pin is not None or self._search:
             qw = quantize_rtn(
                 wt,
-                bits=cfg.bits,
+                bits=self._bits,
                 block_size=block,
                 symmetric=cfg.symmetric,
                 error_weights=_error_weights(h),
@@ -246,7 +256,7 @@ class WeightQuantizer:
         form: Literal["nbits", "kn"] = "nbits" if nbits else "kn"
         st = quantize_rtn_stored(
             w_kn,
-            bits=cfg.bits,
+            bits=self._bits,
             block_size=block,
             symmetric=cfg.symmetric,
             form=form,
@@ -256,13 +266,13 @@ class WeightQuantizer:
         natural = st.error
         if self._search:  # the reference row: plain RTN's error on the same weights
             natural = quantize_rtn_kn(
-                w_kn, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, error_weights=_error_weights(h)
+                w_kn, bits=self._bits, block_size=block, symmetric=cfg.symmetric, error_weights=_error_weights(h)
             ).error
         assert st.error is not None and natural is not None
         self._record(t, n, k, natural, st.error, self._method(False))
         if nbits:
             return self._write_nbits(t, st.values, st.scale, st.zero_point, block, n, k)
-        per_channel = cfg.bits == 8  # one block spanning K: per-axis scales (N,)
+        per_channel = self._bits == 8  # one block spanning K: per-axis scales (N,)
         scale = st.scale[0] if per_channel else st.scale
         zp = None if st.zero_point is None else (st.zero_point[0] if per_channel else st.zero_point)
         return self._write_dq(t, st.values, scale, zp, False, block, n, k)
@@ -277,7 +287,7 @@ class WeightQuantizer:
         self, t: Target, packed: np.ndarray, scales: np.ndarray, zp: np.ndarray | None, block: int, n: int, k: int
     ) -> Quantized:
         """Write MatMulNBits' ``B`` uint8, ``scales`` (the weight's dtype) and ``zero_points`` uint8 (asymmetric)."""
-        base, bits, dtype = _base_name(t), self.config.bits, t.weight.dtype
+        base, bits, dtype = _base_name(t), self._bits, t.weight.dtype
         tensors = [
             self.writer.tensor(packed, ir.DataType.UINT8, f"{base}_Q{bits}"),
             self.writer.tensor(scales.astype(numpy_dtype_of(dtype)), dtype, f"{base}_scales"),
@@ -302,7 +312,7 @@ class WeightQuantizer:
         The arrays arrive in the emitted layout (``(N, K)`` when ``nk``, else ``(K, N)``; scales ``(N,)``
         per channel or blocked along K); they are cast to the quantized and the weight's types here.
         """
-        base, bits, dtype = _base_name(t), self.config.bits, t.weight.dtype
+        base, bits, dtype = _base_name(t), self._bits, t.weight.dtype
         signed = zp is None
         qtype, ztype = QTYPES[(bits, signed)], QTYPES[(bits, False)]
         tensors = [

@@ -56,6 +56,7 @@ from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import fresh_name, names_in_use, remove_dead_nodes
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
 from onnxdeploy.passes._quant_emit import Values, graph_values, rewire
+from onnxdeploy.passes._quant_rules import QuantRule
 from onnxdeploy.passes._quant_targets import Target, find_targets
 from onnxdeploy.passes._quant_tensors import Quantized, WeightQuantizer
 from onnxdeploy.report import PassReport
@@ -84,6 +85,11 @@ class QuantizeWeightsConfig(PassConfig):
     lm_head: bool = Field(True, description="Quantize the LM head (the MatMul/Gemm producing the logits).")
     embedding: bool = Field(False, description="Quantize embedding Gather tables (dequantized by DequantizeLinear).")
     exclude: list[str] = Field(default_factory=list, description="Node names (shell patterns) left in float.")
+    rules: list[QuantRule] = Field(
+        default_factory=list,
+        description="Per-weight bits/block_size: [{nodes: PATTERN and/or kind: matmul|gemm|embedding|lm_head, "
+        "bits: 4|8|float, block_size: 16..128}], applied in order after lm_head/embedding/exclude; later wins.",
+    )
     act_order: bool = Field(
         False,
         description="Permute input channels by calibration importance, folded into the graph (needs calibration).",
@@ -153,9 +159,9 @@ class QuantizeWeightsPass(Pass):
         unknown here.
         """
         cfg = self.config
-        if opset is None or (cfg.format != "qdq" and not cfg.embedding) or not cfg.raise_opset:
+        if opset is None or not self._may_dequantize or not cfg.raise_opset:
             return opset
-        return max(opset, 21) if cfg.bits == 4 else None
+        return max(opset, 21) if self._any_int4 else None
 
     # ------------------------------------------------------------------------------------ validation
 
@@ -165,7 +171,26 @@ class QuantizeWeightsPass(Pass):
 
     def _targets(self, model: ir.Model) -> tuple[list[Target], list[str]]:
         cfg = self.config
-        return find_targets(model, exclude=cfg.exclude, lm_head=cfg.lm_head, embedding=cfg.embedding)
+        return find_targets(
+            model,
+            exclude=cfg.exclude,
+            lm_head=cfg.lm_head,
+            embedding=cfg.embedding,
+            bits=cfg.bits,
+            block_size=cfg.block_size,
+            rules=cfg.rules,
+        )
+
+    @property
+    def _any_int4(self) -> bool:
+        """Whether the config may quantize a weight to INT4 (``bits: 4`` or a rule giving 4)."""
+        return self.config.bits == 4 or any(r.bits == 4 for r in self.config.rules)
+
+    @property
+    def _may_dequantize(self) -> bool:
+        """Whether DequantizeLinear nodes may be emitted: QDQ, or an embedding table some key quantizes."""
+        cfg = self.config
+        return cfg.format == "qdq" or cfg.embedding or any(r.kind == "embedding" for r in cfg.rules)
 
     def check_settings(self, settings: PipelineSettings) -> None:
         """Refuse act-order or GPTQ without a ``calibration`` section.
@@ -186,12 +211,14 @@ class QuantizeWeightsPass(Pass):
         bfloat16 (its scale has the weight's dtype, which DequantizeLinear takes from opset 19).
         """
         cfg = self.config
-        if cfg.format != "qdq" and not cfg.embedding:
+        if not self._may_dequantize:
             return 0, 0
-        if cfg.bits == 4:
+        dequantized = [t for t in self._targets(model)[0] if cfg.format == "qdq" or t.kind == "gather"]
+        if not dequantized:
+            return 0, 0
+        if any((t.bits or cfg.bits) == 4 for t in dequantized):
             return 21, 10
         half = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-        dequantized = [t for t in self._targets(model)[0] if cfg.format == "qdq" or t.kind == "gather"]
         return (19, 0) if any(t.weight.dtype in half for t in dequantized) else (13, 0)
 
     def opset_floor(self, model: ir.Model | None) -> tuple[int, str] | None:
@@ -199,12 +226,15 @@ class QuantizeWeightsPass(Pass):
 
         Without the graph an INT8 request is known to need 13 only (19 depends on the weights' dtype).
         """
-        cfg = self.config
-        if cfg.format != "qdq" and not cfg.embedding:
+        if not self._may_dequantize:
             return None
-        if cfg.bits == 4:
+        if model is None and self._any_int4:
             return 21, "blocked INT4 DequantizeLinear (block_size)"
         need = 13 if model is None else self._opset_need(model)[0]
+        if need == 0:
+            return None
+        if need == 21:
+            return 21, "blocked INT4 DequantizeLinear (block_size)"
         return need, "per-axis DequantizeLinear" + (" with float16/bfloat16 scales" if need == 19 else "")
 
     def _opset_refusal(self, model: ir.Model) -> str | None:
@@ -212,7 +242,7 @@ class QuantizeWeightsPass(Pass):
         opset = default_opset(model)
         if opset >= need_opset and model.ir_version >= need_ir:
             return None
-        what = "blocked INT4 DequantizeLinear (block_size)" if self.config.bits == 4 else "per-axis DequantizeLinear"
+        what = "blocked INT4 DequantizeLinear (block_size)" if need_opset == 21 else "per-axis DequantizeLinear"
         what += " with float16/bfloat16 scales" if need_opset == 19 else ""
         return (
             f"{what} needs ai.onnx opset >= {need_opset}"
@@ -279,6 +309,20 @@ class QuantizeWeightsPass(Pass):
     def _report_layers(self, layers: list[dict], report: PassReport) -> None:
         """``details.layers`` and the weight error removed against RTN in natural order, over every weight."""
         report.details["layers"] = layers
+        total_bytes, total_weights = sum(r["bytes"] for r in layers), sum(r["n"] * r["k"] for r in layers)
+        if total_weights:
+            bpw = 8 * total_bytes / total_weights
+            dtypes = sorted({r["scale_dtype"] for r in layers})
+            report.details["bits_per_weight"] = {
+                "bits_per_weight": bpw,
+                "bytes": total_bytes,
+                "weights": total_weights,
+                "scale_dtype": dtypes,
+            }
+            report.changes.append(
+                f"{bpw:.3f} bits per weight over {total_weights} weights quantized (packed values + scales + zero "
+                f"points, a shared weight once; scales {'/'.join(dtypes)})"
+            )
         rows = [r for r in layers if r["error_rtn_natural"] > 0]
         if rows:
             removed = 1 - sum(r["error"] for r in rows) / sum(r["error_rtn_natural"] for r in rows)
@@ -309,6 +353,11 @@ class QuantizeWeightsPass(Pass):
         cfg = self.config
         targets, skipped = self._targets(model)
         report.warnings += skipped
+        left = report.details.setdefault("left_in_float", [])
+        for note in skipped:  # "<node>: <why>" per weight left in float (pattern notes have no node)
+            if ": " in note and " pattern " not in note.split(": ", 1)[0]:
+                node, why = note.split(": ", 1)
+                left.append({"graph": name, "node": node, "reason": why})
         if not targets:
             return 0
         taken = names_in_use(model.graph)
@@ -324,11 +373,14 @@ class QuantizeWeightsPass(Pass):
         remove_dead_nodes(model)
         if any(n.domain == "com.microsoft" for n in model.graph):
             model.opset_imports.setdefault("com.microsoft", 1)
+        widths = sorted(
+            {"INT8 per output channel" if t.bits == 8 else f"INT4 in groups of {t.block_size}" for t in targets}
+        )
         report.changes.append(
-            f"{count} weight(s) quantized to INT{cfg.bits} "
-            + ("per output channel" if cfg.bits == 8 else f"in groups of {cfg.block_size}")
+            f"{count} weight(s) quantized to {' / '.join(widths)}"
             + f" ({'symmetric' if cfg.symmetric else 'asymmetric'}, {cfg.format}, {cfg.method}"
             + (", act-order" if cfg.act_order else "")
+            + (", mse scale search" if cfg.scale_search != "none" else "")
             + f") for {len(targets)} node(s)"
         )
         return count
@@ -383,6 +435,8 @@ class QuantizeWeightsPass(Pass):
             nbits = cfg.format == "matmulnbits" and id(root_tensor) not in gathered
             key = (
                 id(root_tensor),
+                t.bits,
+                t.block_size if t.bits == 4 else 0,
                 t.root_nk,
                 str(t.weight.dtype),
                 nbits,

@@ -10,7 +10,10 @@ What the pass does (README, "Passes" → ``quantize_weights``):
   by name (shell patterns). A weight several nodes read (a tied embedding and LM head) is quantized **once**
   and every consumer reads the same quantized tensor, transposed where its layout differs.
 * **Granularity.** ``bits: 8``: per output channel. ``bits: 4``: per group of ``block_size`` input channels
-  (16/32/64/128); a ``K`` that is not a multiple is padded (MatMulNBits) or ends in a partial block (QDQ).
+  (16/32/64/128); a ``K`` that is not a multiple is padded with the zero level (MatMulNBits, ORT's layout) or
+  ends in a partial last block (DequantizeLinear: the scale's K dimension is ``ceil(K / block_size)``, ONNX's
+  blocked form; OpenVINO 2026.4 refuses it, so the report warns). ``rules`` (:mod:`._quant_rules`) set bits and
+  block size per weight by node-name pattern or kind, generalising ``lm_head``, ``embedding`` and ``exclude``.
   Symmetric (signed, no zero point) or asymmetric (unsigned with zero points); scales follow ORT's MLAS rules
   (:mod:`onnxdeploy.passes._weight_quant`).
 * **Formats.** ``qdq``: ``DequantizeLinear`` feeding the original op. Per-axis INT8 needs ai.onnx opset ≥ 13
@@ -53,8 +56,9 @@ from onnxdeploy.graph import default_opset
 from onnxdeploy.passes._act_order import apply_fold, plan_folds
 from onnxdeploy.passes._calibration_stats import collect_statistics
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._edit import fresh_name, names_in_use, remove_dead_nodes
+from onnxdeploy.passes._edit import clone, fresh_name, names_in_use, remove_dead_nodes
 from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._quant_budget import LADDER, Budget, calibration_logits, figures
 from onnxdeploy.passes._quant_emit import Values, graph_values, rewire
 from onnxdeploy.passes._quant_rules import QuantRule
 from onnxdeploy.passes._quant_targets import Target, find_targets
@@ -73,7 +77,9 @@ class QuantizeWeightsConfig(PassConfig):
 
     bits: Literal[4, 8] = Field(4, description="Weight bits: 8 = per output channel, 4 = per group of block_size.")
     block_size: Literal[16, 32, 64, 128] = Field(
-        32, description="Input channels per group for bits 4 (a K that is not a multiple is padded)."
+        32,
+        description="Input channels per group for bits 4 (a K that is not a multiple: a partial last block in "
+        "DequantizeLinear, as ONNX's blocked form allows; the zero level as padding in MatMulNBits).",
     )
     symmetric: bool = Field(True, description="Signed values without zero point; false: unsigned + zero points.")
     format: Literal["qdq", "matmulnbits"] = Field(
@@ -103,6 +109,11 @@ class QuantizeWeightsConfig(PassConfig):
         "(weighted by diag(X^T X) when calibration is given); none: the range's extremes (ORT's MLAS rule).",
     )
     gptq_damp: float = Field(0.01, gt=0, le=1, description="GPTQ dampening: this fraction of mean(diag(H)) is added.")
+    budget: Budget | None = Field(
+        None,
+        description="{max_mean_kl, max_ppl_ratio} on the calibration text: keep the fewest-bytes candidate of INT4 "
+        "g128/g64/g32, INT8 per channel that meets it (bits/block_size then come from the candidate; rules apply).",
+    )
     raise_opset: bool = Field(
         True,
         description="qdq: raise ai.onnx to 13 (per-axis INT8; 19 for float16/bfloat16 weights) / 21 and IR 10 "
@@ -167,7 +178,7 @@ class QuantizeWeightsPass(Pass):
 
     @property
     def _needs_calibration(self) -> bool:
-        return self.config.act_order or self.config.method == "gptq"
+        return self.config.act_order or self.config.method == "gptq" or self.config.budget is not None
 
     def _targets(self, model: ir.Model) -> tuple[list[Target], list[str]]:
         cfg = self.config
@@ -199,7 +210,8 @@ class QuantizeWeightsPass(Pass):
             ConfigError: naming the key.
         """
         if self._needs_calibration and not settings.calibration_tokens:
-            what = "act_order: true" if self.config.act_order else "method: gptq"
+            cfg = self.config
+            what = "act_order: true" if cfg.act_order else "method: gptq" if cfg.method == "gptq" else "budget"
             raise ConfigError(
                 f"{what} needs calibration data: add 'calibration: {{token_ids_file: ...}}' to the pipeline"
             )
@@ -268,7 +280,9 @@ class QuantizeWeightsPass(Pass):
             PreconditionError: naming what is missing.
         """
         if self._needs_calibration and not context.calibration:
-            raise PreconditionError(self.name, "act_order / gptq need calibration token ids (PassContext.calibration)")
+            raise PreconditionError(
+                self.name, "act_order / gptq / budget need calibration token ids (PassContext.calibration)"
+            )
         why = self._opset_refusal(artifacts.primary)
         if why is not None and not self.config.raise_opset:
             raise PreconditionError(self.name, why)
@@ -276,14 +290,21 @@ class QuantizeWeightsPass(Pass):
     # ---------------------------------------------------------------------------------------- rewrite
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
-        """Quantize every target of every graph; see the module docstring."""
+        """Quantize every target of every graph (or meet the ``budget``); see the module docstring."""
+        if self.config.budget is not None:
+            return self._meet_budget(artifacts, context, report), True
+        return self._quantize_all(artifacts, context, report, {}), True
+
+    def _quantize_all(
+        self, artifacts: ArtifactSet, context: PassContext, report: PassReport, stats: dict[str, np.ndarray]
+    ) -> ArtifactSet:
+        """Quantize every graph; ``stats`` holds calibration statistics already collected (filled when empty)."""
         if self._opset_refusal(artifacts.primary) is not None:
             artifacts = self._raise_opset(artifacts, context, report)
         quantizer = WeightQuantizer(
             self.config, ScratchWriter(context.scratch() / f"quantize_weights_{id(self):x}", INLINE_BYTES)
         )
         written: dict[tuple, Quantized] = {}
-        stats: dict[str, np.ndarray] = {}
         total = 0
         for index, artifact in enumerate(artifacts.artifacts):
             total += self._quantize_graph(
@@ -292,7 +313,60 @@ class QuantizeWeightsPass(Pass):
         if not total:
             raise PreconditionError(self.name, "no MatMul/Gemm/Gather with a constant 2-D float weight to quantize")
         self._report_layers(quantizer.layers, report)
-        return artifacts, True
+        return artifacts
+
+    def _meet_budget(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> ArtifactSet:
+        """The first candidate of :data:`~._quant_budget.LADDER` meeting the budget on the calibration text.
+
+        Each candidate quantizes structural copies of the graphs (calibration statistics collected once); its
+        report (``details.layers``, ``bits_per_weight``) becomes the pass's when it is kept, and every candidate
+        tried is a row of ``details.budget.candidates``.
+
+        Raises:
+            PreconditionError: no candidate meets the budget (the message gives each one's figures).
+        """
+        cfg, budget = self.config, self.config.budget
+        assert budget is not None
+        reference, nexts = calibration_logits(artifacts.primary, context, who=self.name)
+        stats: dict[str, np.ndarray] = {}
+        rows: list[dict] = []
+        for bits, block in LADDER:
+            update: dict = {"bits": bits, "budget": None} | ({"block_size": block} if block else {})
+            sub = PassReport(name=self.name)
+            clones = artifacts.with_models([clone(m) for m in artifacts.models()])
+            out = QuantizeWeightsPass(cfg.model_copy(update=update))._quantize_all(clones, context, sub, stats)
+            kl, ppl = figures(reference, calibration_logits(out.primary, context, who=self.name)[0], nexts)
+            fails = budget.failures(kl, ppl)
+            layers = sub.details["layers"]
+            rows.append(
+                {
+                    "bits": bits,
+                    "block_size": block or None,
+                    "bits_per_weight": sub.details["bits_per_weight"]["bits_per_weight"],
+                    "bytes": sub.details["bits_per_weight"]["bytes"],
+                    "weight_error": sum(r["error"] for r in layers),
+                    "mean_kl": kl,
+                    "ppl_ratio": ppl,
+                    "meets": not fails,
+                }
+            )
+            if not fails:
+                report.changes += sub.changes
+                report.warnings += sub.warnings
+                report.details.update(sub.details)
+                report.details["budget"] = {"positions": len(nexts), "kept": len(rows) - 1, "candidates": rows}
+                what = f"INT{bits}" + (f" g{block}" if block else " per channel")
+                report.changes.append(
+                    f"budget: kept {what} ({rows[-1]['bits_per_weight']:.3f} bits/weight): mean KL {kl:.4g}, "
+                    f"perplexity x{ppl:.4f} on {len(nexts)} calibration positions; {len(rows)} candidate(s) tried"
+                )
+                return out
+        tried = "; ".join(
+            f"INT{r['bits']}{' g' + str(r['block_size']) if r['block_size'] else ''}: KL {r['mean_kl']:.4g}, "
+            f"ppl x{r['ppl_ratio']:.4f}"
+            for r in rows
+        )
+        raise PreconditionError(self.name, f"no candidate meets budget {budget.model_dump(exclude_none=True)}: {tried}")
 
     def _raise_opset(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> ArtifactSet:
         """Convert the graphs to the ai.onnx opset (``pin_opset``'s converter) and IR version QDQ needs."""
@@ -363,13 +437,14 @@ class QuantizeWeightsPass(Pass):
         taken = names_in_use(model.graph)
         by_activation = _by_activation(targets)
         uses = self._needs_calibration or cfg.scale_search != "none"
-        if uses and first and context.calibration:
+        if uses and first and context.calibration and not stats:
             acts = _named_activations(model.graph, by_activation, taken)
             stats.update(collect_statistics(model, acts, cfg.method == "gptq", context, report))
         # Statistics by reader, taken before any fold re-points a reader at a Gather's output.
         hessians = {id(t.node): stats.get(str(t.activation.name)) for t in targets if t.activation is not None}
         perm_in, perm_out = self._fold_act_order(model, name, targets, by_activation, stats, taken, report)
         count = self._quantize_targets(model.graph, targets, hessians, perm_in, perm_out, quantizer, written, taken)
+        self._note_partial_blocks(targets, report)
         remove_dead_nodes(model)
         if any(n.domain == "com.microsoft" for n in model.graph):
             model.opset_imports.setdefault("com.microsoft", 1)
@@ -384,6 +459,30 @@ class QuantizeWeightsPass(Pass):
             + f") for {len(targets)} node(s)"
         )
         return count
+
+    def _note_partial_blocks(self, targets: list[Target], report: PassReport) -> None:
+        """Warn about INT4 DequantizeLinear weights whose ``K`` ends in a partial last block.
+
+        They are valid ONNX (DequantizeLinear-21 blocked form: the scale's K dimension is ``ceil(K / block_size)``,
+        ONNX QuantizeLinear-21 "Blocked quantization") and ORT runs them exactly, but OpenVINO 2026.4.1's ONNX
+        frontend refuses the model ("Model wasn't fully converted", measured on a K = 40, block 32 MatMul), so the
+        report names them. MatMulNBits pads ``B`` with the zero level instead (ORT's layout).
+        """
+        cfg = self.config
+        partial = [
+            str(t.node.name)
+            for t in targets
+            if t.bits == 4
+            and (cfg.format == "qdq" or t.kind == "gather")
+            and t.weight.shape[1 if t.nk else 0] % (t.block_size or cfg.block_size)
+        ]
+        if partial:
+            report.warnings.append(
+                f"{len(partial)} INT4 DequantizeLinear weight(s) with K not a multiple of block_size end in a partial "
+                f"last block (valid ONNX, exact on ORT; OpenVINO 2026.4 refuses them): {', '.join(partial[:5])}"
+                + (" ..." if len(partial) > 5 else "")
+                + " — choose a block_size dividing K (a rule) or format: matmulnbits for ORT"
+            )
 
     def _fold_act_order(
         self,

@@ -63,7 +63,9 @@ QUANTIZERS: dict[str, dict[str, Any]] = {
     "ort-kquant": {"side": "ort", "algo": "kquant", "symmetric": False},
     "ort-hqq": {"side": "ort", "algo": "hqq", "symmetric": False},
     "ort-gptq": {"side": "ort", "algo": "gptq", "symmetric": False, "calibrated": True},
+    "ort-int8": {"side": "ort", "algo": "default", "symmetric": True, "bits": 8},
     "od-rtn-sym": {"side": "onnxdeploy", "config": {"symmetric": True}},
+    "od-int8": {"side": "onnxdeploy", "config": {"symmetric": True, "bits": 8}},
     "od-rtn-asym": {"side": "onnxdeploy", "config": {"symmetric": False}},
     "od-gptq-ao": {"side": "onnxdeploy", "config": {"method": "gptq", "act_order": True}, "calibrated": True},
     "od-rtn-search": {
@@ -126,7 +128,8 @@ if spec["side"] == "ort":
 
     algo = spec["algo"]
     if algo == "default":
-        cfg = mnq.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=sym, accuracy_level=level, bits=4)
+        cfg = mnq.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=sym, accuracy_level=level,
+                                               bits=spec.get("bits", 4))
     elif algo == "rtn":
         cfg = mnq.RTNWeightOnlyQuantConfig()
     elif algo == "kquant":
@@ -135,8 +138,8 @@ if spec["side"] == "ort":
         cfg = mnq.HQQWeightOnlyQuantConfig(block_size=block, bits=4)
     else:
         cfg = mnq.GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), percdamp=0.01, block_size=128)
-    quant = mnq.MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=sym, accuracy_level=level,
-                                     algo_config=cfg)
+    quant = mnq.MatMulNBitsQuantizer(model, bits=spec.get("bits", 4), block_size=block, is_symmetric=sym,
+                                     accuracy_level=level, algo_config=cfg)
     quant.process()
     quant.model.save_model_to_file(str(Path(out) / "model.onnx"), use_external_data_format=True)
 else:
@@ -144,8 +147,8 @@ else:
     from onnxdeploy.model_io import load_model, stage_artifacts
     from onnxdeploy.pass_context import make_pass_context
     from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
-    cfg = QuantizeWeightsConfig(bits=4, block_size=block, format="matmulnbits", accuracy_level=level,
-                                **spec["config"])
+    cfg = QuantizeWeightsConfig(**(dict(bits=4, block_size=block, format="matmulnbits", accuracy_level=level)
+                                   | spec["config"]))
     calibration = [np.load(calib).tolist()] if spec.get("calibrated") else []
     loaded = load_model(src)
     ctx = make_pass_context(model_path=Path(src), calibration=calibration, scratch_dir=Path(out) / "scratch")
@@ -224,6 +227,8 @@ def bench_model(
         for q, spec in QUANTIZERS.items():
             if only and q not in only:
                 continue
+            if 8 in (spec.get("bits"), spec.get("config", {}).get("bits")) and block != blocks[0]:
+                continue  # INT8 is per output channel: one row
             spec = spec | {
                 "block": block,
                 "symmetric": spec.get("symmetric", spec.get("config", {}).get("symmetric", True)),
@@ -286,7 +291,8 @@ def print_result(name: str, r: dict[str, Any]) -> None:
             if k.startswith("ort-") and v["bits_per_weight"] >= best["bits_per_weight"] - 1e-9
         }
         best_ort = min(ort.items(), key=lambda kv: kv[1]["mean_kl"]) if ort else None
-        print(f"block {block}: od-best KL / ORT symmetric RTN KL = {best['mean_kl'] / at['ort-default-sym']['mean_kl']:.3f}"
+        ratio = best["mean_kl"] / at["ort-default-sym"]["mean_kl"]
+        print(f"block {block}: od-best KL / ORT symmetric RTN KL = {ratio:.3f}"
               + (f"; / best ORT at >= its bpw ({best_ort[0]}, {best_ort[1]['bits_per_weight']:.3f} bpw) = "
                  f"{best['mean_kl'] / best_ort[1]['mean_kl']:.3f}" if best_ort else ""))  # fmt: skip
         if "ort-gptq" in at and "od-best" in at:

@@ -34,8 +34,17 @@ What the pass does (README, "Passes" → ``quantize_weights``):
   activation's fold and, for o_proj kept as a Gather, the reason.
 * **GPTQ** (``method: gptq``, needs ``calibration``): error compensation over ``X^T X`` with the act-order
   as column order (natural order without act-order).
+* **Scale search** (``scale_search: mse``, :mod:`onnxdeploy.passes._quant_search`): each block's scale from the
+  clipping ratio of its range with the least squared error, weighted by ``diag(X^T X)`` when calibration is
+  given (in GPTQ, on each group's error-updated weights).
+* **Budget** (``budget``, needs ``calibration``; :mod:`onnxdeploy.passes._quant_budget`): the fewest-bytes
+  candidate of INT4 g128/g64/g32 and INT8 per channel whose mean KL / perplexity ratio on the calibration text
+  meets the bounds; every candidate tried is reported.
 * **Report.** ``details.layers``: per weight, the calibration-weighted weight error of plain round-to-nearest
-  in natural order and of what was emitted, and the fraction removed.
+  in natural order and of what was emitted, the fraction removed, its bits, block size, bytes and bits per
+  weight; ``details.bits_per_weight`` the total (packed values + scales + zero points over the weights
+  quantized, a shared weight once, the scale dtype); ``details.left_in_float`` every MatMul/Gemm/Gather with a
+  constant weight left in float and why.
 
 Weights are streamed: each is read (memory-mapped), quantized, and its quantized tensors written to a scratch
 data file (mapped back) before the next is read, so memory holds one float weight at a time.
@@ -158,7 +167,10 @@ class QuantizeWeightsPass(Pass):
     """
 
     name = "quantize_weights"
-    summary = "Weight-only INT8/INT4 (QDQ or MatMulNBits), act-order folded into the graph, RTN or GPTQ."
+    summary = (
+        "Weight-only INT8/INT4 (QDQ or MatMulNBits) per rule, act-order folded into the graph, RTN or GPTQ, "
+        "clipping scale search, an accuracy budget."
+    )
     config_model = QuantizeWeightsConfig
     config: QuantizeWeightsConfig
     in_place = True

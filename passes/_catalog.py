@@ -8,7 +8,8 @@ named like it: the same config model, the module named here, and the summary giv
 the decorator fills ``Pass.summary`` in). ``tests/core/test_pass_catalog.py`` checks that the catalogue and the
 registry filled by importing every pass module say the same.
 
-Imports: pydantic, typing and :mod:`onnxdeploy.contract_terms` only (no onnx, onnx_ir, numpy).
+Imports: pydantic, typing, :mod:`onnxdeploy.contract_terms` and :mod:`onnxdeploy.passes._quant_rules` (pydantic
+only) only (no onnx, onnx_ir, numpy).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from onnxdeploy.contract_terms import CacheWrite
+from onnxdeploy.passes._quant_rules import Budget, QuantRule
 
 __all__ = [
     "CATALOG",
@@ -203,7 +205,9 @@ class QuantizeWeightsConfig(PassConfig):
 
     bits: Literal[4, 8] = Field(4, description="Weight bits: 8 = per output channel, 4 = per group of block_size.")
     block_size: Literal[16, 32, 64, 128] = Field(
-        32, description="Input channels per group for bits 4 (a K that is not a multiple is padded)."
+        32,
+        description="Input channels per group for bits 4 (a K that is not a multiple: a partial last block in "
+        "DequantizeLinear, as ONNX's blocked form allows; the zero level as padding in MatMulNBits).",
     )
     symmetric: bool = Field(True, description="Signed values without zero point; false: unsigned + zero points.")
     format: Literal["qdq", "matmulnbits"] = Field(
@@ -215,6 +219,11 @@ class QuantizeWeightsConfig(PassConfig):
     lm_head: bool = Field(True, description="Quantize the LM head (the MatMul/Gemm producing the logits).")
     embedding: bool = Field(False, description="Quantize embedding Gather tables (dequantized by DequantizeLinear).")
     exclude: list[str] = Field(default_factory=list, description="Node names (shell patterns) left in float.")
+    rules: list[QuantRule] = Field(
+        default_factory=list,
+        description="Per-weight bits/block_size: [{nodes: PATTERN and/or kind: matmul|gemm|embedding|lm_head, "
+        "bits: 4|8|float, block_size: 16..128}], applied in order after lm_head/embedding/exclude; later wins.",
+    )
     act_order: bool = Field(
         False,
         description="Permute input channels by calibration importance, folded into the graph (needs calibration).",
@@ -222,7 +231,17 @@ class QuantizeWeightsConfig(PassConfig):
     method: Literal["rtn", "gptq"] = Field(
         "rtn", description="rtn: round to nearest; gptq: GPTQ error compensation (needs calibration)."
     )
+    scale_search: Literal["none", "mse"] = Field(
+        "none",
+        description="mse: each block's scale from the clipping ratio of its range with the least squared error "
+        "(weighted by diag(X^T X) when calibration is given); none: the range's extremes (ORT's MLAS rule).",
+    )
     gptq_damp: float = Field(0.01, gt=0, le=1, description="GPTQ dampening: this fraction of mean(diag(H)) is added.")
+    budget: Budget | None = Field(
+        None,
+        description="{max_mean_kl, max_ppl_ratio} on the calibration text: keep the fewest-bytes candidate of INT4 "
+        "g128/g64/g32, INT8 per channel that meets it (bits/block_size then come from the candidate; rules apply).",
+    )
     raise_opset: bool = Field(
         True,
         description="qdq: raise ai.onnx to 13 (per-axis INT8; 19 for float16/bfloat16 weights) / 21 and IR 10 "
@@ -328,7 +347,8 @@ CATALOG: dict[str, PassInfo] = _entries(
     PassInfo(
         "quantize_weights",
         "quantize_weights",
-        "Weight-only INT8/INT4 (QDQ or MatMulNBits), act-order folded into the graph, RTN or GPTQ.",
+        "Weight-only INT8/INT4 (QDQ or MatMulNBits) per rule, act-order folded into the graph, RTN or GPTQ, "
+        "clipping scale search, an accuracy budget.",
         QuantizeWeightsConfig,
     ),
     PassInfo(

@@ -49,7 +49,7 @@ from onnxdeploy.report import (
 )
 from onnxdeploy.runner import check_header, verify
 from onnxdeploy.runner.accuracy import evaluate_accuracy
-from onnxdeploy.runner.runtimes import compare_on_runtime
+from onnxdeploy.sdk_stage import other_runtimes
 
 __all__ = [
     "Checked",
@@ -421,6 +421,7 @@ def verify_stage(
     held_out: list[int] | None,
     say: Say,
     verify_progress: StepProgress | None,
+    calibration: list[list[int]] | None = None,
 ) -> Verified:
     """Decode the staged candidate against the original: on ONNX Runtime, on the other runtimes, held-out tokens.
 
@@ -451,35 +452,16 @@ def verify_stage(
         strict_providers=v.strict_providers,
         remainder=v.remainder,
         progress=verify_progress,
+        max_rel_logit_diff=v.max_rel_logit_diff,
+        min_cosine_similarity=v.min_cosine_similarity,
     )
     fallbacks = [line.replace(str(candidate), str(final)) for line in report.provider_fallbacks]
     report = report.model_copy(update={"candidate": str(final), "provider_fallbacks": fallbacks})
-    runtimes = _other_runtimes(config, candidate, say)
+    runtimes = other_runtimes(config, candidate, held_out, calibration or [], say)
     accuracy = _accuracy(config, held_out, candidate, final, say)
     failures = [*(accuracy.failures if accuracy is not None else []), *_verify_failures(report)]
     failures += [_runtime_failure(r) for r in runtimes if not r.passed]
     return Verified(verify=report, accuracy=accuracy, runtimes=runtimes, failures=failures)
-
-
-def _other_runtimes(config: PipelineConfig, candidate: Path, say: Say) -> list[RuntimeComparison]:
-    """``verify.runtimes`` other than onnxruntime: the candidate on each, against the original on ORT."""
-    v = config.verify
-    assert v is not None
-    reports = []
-    for spec in v.runtime_specs():
-        if spec.name != "onnxruntime":
-            say(f"verify on {spec.name}: the candidate against the original on ONNX Runtime")
-            reports.append(
-                compare_on_runtime(
-                    str(config.model),
-                    str(candidate),
-                    spec.name,
-                    prompt=list(v.prompt),
-                    steps=v.steps,
-                    max_abs_logit_diff=spec.max_abs_logit_diff,
-                )
-            )
-    return reports
 
 
 def _verify_failures(report: VerifyReport) -> list[str]:

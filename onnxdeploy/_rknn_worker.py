@@ -57,6 +57,7 @@ def _flush_all():
 def _options(text):
     """The build options (``RknnBuild`` JSON), defaults filled in."""
     options = {"quantized_dtype": None, "quantized_algorithm": "normal", "dataset": None, "float_layers": []}
+    options.update(auto_hybrid=False, auto_hybrid_cos=0.98)
     options.update(json.loads(text) if text else {})
     return options
 
@@ -96,6 +97,8 @@ def _build(model: str, platform: str, options=None):
     config = {"target_platform": platform}
     if quantized:
         config.update(quantized_dtype=options["quantized_dtype"], quantized_algorithm=options["quantized_algorithm"])
+        if options["auto_hybrid"]:
+            config["auto_hybrid_cos_thresh"] = options["auto_hybrid_cos"]
     start = time.perf_counter()
     try:  # the SDK raises on some graphs (e.g. an ORT session it opens on a contrib-op model) instead of returning
         rknn.config(**config)
@@ -103,7 +106,7 @@ def _build(model: str, platform: str, options=None):
             return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "load_onnx failed"}
         if quantized and options["float_layers"]:
             error = _hybrid(rknn, model, options)
-        elif rknn.build(do_quantization=quantized, dataset=options["dataset"]) != 0:
+        elif rknn.build(do_quantization=quantized, dataset=options["dataset"], auto_hybrid=options["auto_hybrid"]) != 0:
             error = "build failed"
         else:
             error = ""

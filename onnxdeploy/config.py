@@ -245,13 +245,18 @@ class SdkQuantization(BaseModel):
     algorithm: Literal["normal", "mmse", "kl_divergence", "gdq"] = Field(
         "normal", description="rknn.config(quantized_algorithm=...)."
     )
-    float_layers: list[str] | Literal["auto"] = Field(
+    float_layers: list[str] = Field(
         default_factory=list,
-        description="Hybrid quantization: ONNX node names kept in fp16 (e.g. the LM head MatMul); 'auto': the "
-        "nodes whose outputs the int8 build errs on most, picked from per-layer error on the calibration data.",
+        description="Hybrid quantization: ONNX node names kept in fp16 (hybrid_quantization_step1/2); [] with "
+        "auto_hybrid false: plain quantization.",
     )
-    auto_float_layers: int = Field(
-        4, ge=1, description="With float_layers: auto: how many of the worst layers are kept in fp16 at most."
+    auto_hybrid: StrictBool = Field(
+        False,
+        description="The SDK keeps in fp16 every layer whose quantized output's cosine to the float one falls below "
+        "auto_hybrid_cos (rknn.build(auto_hybrid=True)), chosen from per-layer error on the calibration dataset.",
+    )
+    auto_hybrid_cos: float = Field(
+        0.98, gt=0, le=1, description="rknn.config(auto_hybrid_cos_thresh=...): the per-layer cosine bound."
     )
     max_samples: int = Field(
         32, ge=1, description="Calibration samples (decode calls) per graph, spread over the calibration tokens."

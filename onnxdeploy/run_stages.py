@@ -475,11 +475,14 @@ def _verify_failures(report: VerifyReport) -> list[str]:
 
 
 def _runtime_failure(r: RuntimeComparison) -> str:
-    detail = r.refused or (
-        f"max |diff| {r.max_abs_logit_diff:.3g} (allowed {r.max_abs_logit_diff_allowed:.3g}), "
-        f"top-1 {r.top1_agreement:.3f}"
-    )
-    return f"verify on {r.runtime}: {detail}"
+    """One line: why the candidate failed on another runtime (refused, each bound broken, a graph not driven)."""
+    if r.refused:
+        return f"verify on {r.runtime}: {r.refused}"
+    if r.failures:
+        return f"verify on {r.runtime}: {'; '.join(r.failures)}"
+    allowed = f"{r.max_abs_logit_diff_allowed:.3g}" if r.max_abs_logit_diff_allowed is not None else "none"
+    worst = f"{r.max_abs_logit_diff:.3g}" if r.max_abs_logit_diff is not None else "?"
+    return f"verify on {r.runtime}: max |diff| {worst} (allowed {allowed}), top-1 {r.top1_agreement:.3f}"
 
 
 def _accuracy(

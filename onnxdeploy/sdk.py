@@ -78,6 +78,10 @@ class RknnBuild:
             their entries move to the ``custom_quantize_layers`` of the SDK's ``.quantization.cfg`` as
             ``float16``); empty: plain quantization.
         export: where the worker writes the built ``.rknn`` (``rknn.export_rknn``), or None.
+        auto_hybrid: the SDK picks the fp16 layers itself from per-layer error (``rknn.build(auto_hybrid=True)``:
+            a layer whose quantized output's cosine to the float one falls below ``auto_hybrid_cos_thresh`` is kept
+            in fp16; RKNN-Toolkit2 2.5.0 ``rknn.config``/``rknn.build`` docstrings).
+        auto_hybrid_cos: that threshold (``rknn.config(auto_hybrid_cos_thresh=...)``, SDK default 0.98).
     """
 
     quantized_dtype: str | None = None
@@ -85,6 +89,8 @@ class RknnBuild:
     dataset: str | None = None
     float_layers: tuple[str, ...] = ()
     export: str | None = None
+    auto_hybrid: bool = False
+    auto_hybrid_cos: float = 0.98
 
     def __post_init__(self) -> None:
         if self.quantized_dtype is not None and self.quantized_dtype not in QUANTIZED_DTYPES:
@@ -106,6 +112,8 @@ class RknnBuild:
         if self.quantized_dtype is None:
             return "fp16 (RKNN build without quantization)"
         hybrid = f", {len(self.float_layers)} layers fp16 (hybrid)" if self.float_layers else ""
+        if self.auto_hybrid:
+            hybrid = f", auto hybrid (layers below cosine {self.auto_hybrid_cos:g} kept fp16)"
         return f"{self.quantized_dtype} ({self.quantized_algorithm}{hybrid})"
 
     def to_json(self) -> str:
@@ -117,6 +125,8 @@ class RknnBuild:
                 "dataset": self.dataset,
                 "float_layers": list(self.float_layers),
                 "export": self.export,
+                "auto_hybrid": self.auto_hybrid,
+                "auto_hybrid_cos": self.auto_hybrid_cos,
             }
         )
 

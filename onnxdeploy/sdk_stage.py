@@ -188,6 +188,8 @@ def rknn_build_for(
         quantized_algorithm=quantization.algorithm,
         dataset=str(dataset),
         float_layers=tuple(quantization.float_layers),
+        auto_hybrid=quantization.auto_hybrid,
+        auto_hybrid_cos=quantization.auto_hybrid_cos,
     )
 
 

@@ -46,6 +46,7 @@ from onnxdeploy.run_stages import (
     write_stage,
 )
 from onnxdeploy.runner.verify import logits_vocab
+from onnxdeploy.sdk_stage import sdk_stage
 from onnxdeploy.text import load_codec, text_token_ids
 from onnxdeploy.token_ids import load_token_ids
 
@@ -164,10 +165,15 @@ def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _P
     clock.done("write")
     checks = checks_stage(config, written.staged, passes.artifacts, told.say, told.step)
     clock.done("checks")
-    verified = verify_stage(config, written.staged, passes.artifacts, inputs.held_out, told.say, told.verify)
+    built = sdk_stage(config, written.staged, passes.artifacts, checks.findings, inputs.calibration, told.say)
+    if built.report is not None and built.report.get("ran"):
+        clock.done("sdk")
+    verified = verify_stage(
+        config, written.staged, passes.artifacts, inputs.held_out, told.say, told.verify, inputs.calibration
+    )
     if config.verify is not None:
         clock.done("verify")
-    report = report_stage(config, load, passes, written, checks, verified, clock=clock, start=start)
+    report = report_stage(config, load, passes, written, checks, verified, clock=clock, start=start, sdk=built)
     commit_stage(config, written, wrote_model=True, say=told.say)
     return report
 

@@ -116,6 +116,25 @@ class RuntimeComparison(BaseModel):
     )
     first_divergent_step: int | None = None
     refused: str | None = Field(None, description="Why the runtime could not run the candidate (names the op).")
+    max_rel_logit_diff: float | None = Field(
+        None, description="Largest per-position max|diff| / max|reference logit| (runner/thresholds.py)."
+    )
+    mean_cosine_similarity: float | None = Field(None, description="Mean cosine similarity of the logit rows.")
+    thresholds: dict[str, Any] | None = Field(
+        None, description="The bounds this runtime was held to and their basis (fp32 / fp16 / int8 defaults)."
+    )
+    graphs: list[str] = Field(default_factory=list, description="The candidate's graph files opened on the runtime.")
+    graphs_driven: dict[str, int] = Field(
+        default_factory=dict, description="Compared calls per graph file on this runtime (0: not driven)."
+    )
+    graphs_driven_apart: list[str] = Field(default_factory=list, description="Graphs driven apart from the decode.")
+    by_graph: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="The figures of the positions each graph of a set computed."
+    )
+    accuracy: dict[str, Any] | None = Field(
+        None, description="Held-out teacher-forced figures on this runtime (int8 builds are judged by them)."
+    )
+    failures: list[str] = Field(default_factory=list, description="Each bound broken, overall or per graph.")
 
 
 class PassReport(BaseModel):
@@ -585,6 +604,11 @@ class RunReport(BaseModel):
     first_divergent_pass: str | None = Field(None, description="verify_each_pass: the first pass that diverged.")
     first_divergent_node: NodeDivergence | None = Field(
         None, description="bisect: the first node of that pass's input graph its output does not reproduce."
+    )
+    sdk: dict[str, Any] | None = Field(
+        None,
+        description="The device SDK build stage (sdk: auto | build | off): mode, build, per graph the verdict, "
+        "the .rknn file and per node where the SDK placed it beside the matrix; null for targets without one.",
     )
     failures: list[str] = Field(default_factory=list, description="Why status is 'failed'.")
     wall_time_s: float = 0.0

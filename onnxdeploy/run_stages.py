@@ -48,7 +48,7 @@ from onnxdeploy.report import (
 )
 from onnxdeploy.runner import check_header, verify
 from onnxdeploy.runner.accuracy import evaluate_accuracy
-from onnxdeploy.runner.runtimes import compare_on_runtime
+from onnxdeploy.sdk_stage import other_runtimes
 from onnxdeploy.text import generations_with
 
 __all__ = [
@@ -442,6 +442,7 @@ def verify_stage(
     held_out: list[int] | None,
     say: Say,
     verify_progress: StepProgress | None,
+    calibration: list[list[int]] | None = None,
 ) -> Verified:
     """Decode the staged candidate against the original: on ONNX Runtime, on the other runtimes, held-out tokens.
 
@@ -472,36 +473,17 @@ def verify_stage(
         strict_providers=v.strict_providers,
         remainder=v.remainder,
         progress=verify_progress,
+        max_rel_logit_diff=v.max_rel_logit_diff,
+        min_cosine_similarity=v.min_cosine_similarity,
     )
     fallbacks = [line.replace(str(candidate), str(final)) for line in report.provider_fallbacks]
     report = report.model_copy(update={"candidate": str(final), "provider_fallbacks": fallbacks})
     report = generations_with(report, v.tokenizer, prompt_text=v.prompt_text, chat=v.chat_template)
-    runtimes = _other_runtimes(config, candidate, say)
+    runtimes = other_runtimes(config, candidate, held_out, calibration or [], say)
     accuracy = _accuracy(config, held_out, candidate, final, say)
     failures = [*(accuracy.failures if accuracy is not None else []), *_verify_failures(report)]
     failures += [_runtime_failure(r) for r in runtimes if not r.passed]
     return Verified(verify=report, accuracy=accuracy, runtimes=runtimes, failures=failures)
-
-
-def _other_runtimes(config: PipelineConfig, candidate: Path, say: Say) -> list[RuntimeComparison]:
-    """``verify.runtimes`` other than onnxruntime: the candidate on each, against the original on ORT."""
-    v = config.verify
-    assert v is not None
-    reports = []
-    for spec in v.runtime_specs():
-        if spec.name != "onnxruntime":
-            say(f"verify on {spec.name}: the candidate against the original on ONNX Runtime")
-            reports.append(
-                compare_on_runtime(
-                    str(config.model),
-                    str(candidate),
-                    spec.name,
-                    prompt=list(v.prompt),
-                    steps=v.steps,
-                    max_abs_logit_diff=spec.max_abs_logit_diff,
-                )
-            )
-    return reports
 
 
 def _verify_failures(report: VerifyReport) -> list[str]:
@@ -515,11 +497,14 @@ def _verify_failures(report: VerifyReport) -> list[str]:
 
 
 def _runtime_failure(r: RuntimeComparison) -> str:
-    detail = r.refused or (
-        f"max |diff| {r.max_abs_logit_diff:.3g} (allowed {r.max_abs_logit_diff_allowed:.3g}), "
-        f"top-1 {r.top1_agreement:.3f}"
-    )
-    return f"verify on {r.runtime}: {detail}"
+    """One line: why the candidate failed on another runtime (refused, each bound broken, a graph not driven)."""
+    if r.refused:
+        return f"verify on {r.runtime}: {r.refused}"
+    if r.failures:
+        return f"verify on {r.runtime}: {'; '.join(r.failures)}"
+    allowed = f"{r.max_abs_logit_diff_allowed:.3g}" if r.max_abs_logit_diff_allowed is not None else "none"
+    worst = f"{r.max_abs_logit_diff:.3g}" if r.max_abs_logit_diff is not None else "?"
+    return f"verify on {r.runtime}: max |diff| {worst} (allowed {allowed}), top-1 {r.top1_agreement:.3f}"
 
 
 def _accuracy(

@@ -131,9 +131,7 @@ class StaticKVCachePass(Pass):
             ConfigError: ``len(prompt) + steps`` above the largest cache length. The message starts with the key
                 below ``passes[i].static_kv`` (``max_cache_len=…`` or ``max_cache_lens=…``).
             SettingsConflict: under ``verify.accuracy.max_tokens``, more held-out tokens than the largest cache
-                length; under ``verify.runtimes[i]``, a runtime other than ONNX Runtime (openvino,
-                rknn-sim: they decode one graph, one token per call) asked to verify a graph set or a
-                ``step_len > 1`` graph.
+                length. (Every ``verify.runtimes`` entry drives graph sets and ``step_len > 1`` graphs, issue 19.)
         """
         cfg = self.config
         positions, largest = settings.verify_positions, cfg.caches()[-1]
@@ -152,16 +150,6 @@ class StaticKVCachePass(Pass):
                 f"the {held_out} held-out tokens are decoded as one teacher-forced sequence, but {{pass_key}} makes "
                 f"caches of at most {largest} slots; lower verify.accuracy.max_tokens to {largest} or raise the "
                 "largest cache length",
-            )
-        others = [(i, name) for i, name in enumerate(settings.verify_runtimes) if name != "onnxruntime"]
-        graphs = cfg.graphs()
-        if others and (len(graphs) > 1 or graphs[0][0] != 1):
-            i, name = others[0]
-            raise SettingsConflict(
-                f"verify.runtimes[{i}]",
-                f"{name} decodes one graph one token per call, but {{pass_key}} makes {len(graphs)} graph(s) with "
-                f"step lengths {sorted({s for s, _ in graphs})}; verify the set on onnxruntime only, or run {name} "
-                "on a single step_len 1 graph",
             )
 
     def check_model(self, model: ir.Model, settings: PipelineSettings) -> None:

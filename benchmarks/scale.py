@@ -15,7 +15,9 @@ one external data file, and cached there. Below the 2 GiB protobuf limit it is a
 3. the baseline again.
 
 Each subprocess's peak RSS is the largest sum of RSS over the process and all its descendants, sampled from
-``/proc`` every 50 ms; ``ru_maxrss`` from ``wait4`` (the largest single process) is a cross-check. Printed:
+``/proc`` every 50 ms; ``ru_maxrss`` from ``wait4`` (the largest single process) is a cross-check. Peak PSS
+(``smaps_rollup``, every 250 ms) counts a file page shared by several mappings once: a graph set's ORT sessions
+each map the one weights file, so their RSS counts its pages once per session while PSS counts them once. Printed:
 peak RSS / model bytes (the form's ``.onnx`` + data file), the inline run's peak against the external run's
 of the same chain, wall time / baseline wall time (mean of the two baselines), and each run's per-phase times
 and peak RSS from ``report.json``. Figures are not asserted: a run that fails or refuses the model (exit 1 or 2)
@@ -152,14 +154,36 @@ def tree_rss(root: int) -> int:
     return total
 
 
+def tree_pss(root: int) -> int:
+    """Sum of the proportional set sizes (bytes; ``/proc/PID/smaps_rollup`` ``Pss``) of ``root`` and its descendants.
+
+    Unlike RSS, a file page several mappings share (each ORT session of a graph set maps the one weights file) is
+    counted once in all, split between them: PSS is what the tree really holds.
+    """
+    tree, todo, total = _children(), [root], 0
+    while todo:
+        pid = todo.pop()
+        todo += tree.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
 @dataclass
 class Measured:
-    """One subprocess: exit code, wall time (s), peak tree RSS (bytes), ``ru_maxrss`` (bytes), output files."""
+    """One subprocess: exit code, wall time (s), peak tree RSS and PSS (bytes), ``ru_maxrss`` (bytes), outputs."""
 
     cmd: list[str]
     exit_code: int
     wall_s: float
     peak_tree_rss: int
+    peak_tree_pss: int
     ru_maxrss: int
     samples: int
     stdout: str
@@ -181,7 +205,7 @@ def measure(cmd: list[str], log_dir: Path, tag: str, env: dict[str, str] | None 
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     out_path, err_path = log_dir / f"{tag}.stdout", log_dir / f"{tag}.stderr"
-    peak, samples, stop = [0], [0], threading.Event()
+    peak, pss, samples, stop = [0], [0], [0], threading.Event()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
@@ -189,6 +213,8 @@ def measure(cmd: list[str], log_dir: Path, tag: str, env: dict[str, str] | None 
         def sample() -> None:
             while not stop.is_set():
                 peak[0] = max(peak[0], tree_rss(proc.pid))
+                if samples[0] % 5 == 0:  # smaps_rollup walks the page tables: every 5th sample (250 ms)
+                    pss[0] = max(pss[0], tree_pss(proc.pid))
                 samples[0] += 1
                 stop.wait(interval)
 
@@ -205,6 +231,7 @@ def measure(cmd: list[str], log_dir: Path, tag: str, env: dict[str, str] | None 
         exit_code=proc.returncode,
         wall_s=wall,
         peak_tree_rss=peak[0],
+        peak_tree_pss=pss[0],
         ru_maxrss=usage.ru_maxrss * 1024,  # KiB on Linux
         samples=samples[0],
         stdout=out_path.read_text(errors="replace"),
@@ -519,7 +546,7 @@ def print_results(results: list[SizeResult]) -> None:
     """The summary tables: memory and time ratios per (chain, form), inline against external, then details."""
     print("\n== onnxdeploy run vs onnx.load + onnx.save (baseline: mean of the two baselines around the runs) ==")
     head = (f"{'size':6} {'chain':6} {'form':9} {'model':>9} {'exit':>4} {'status':8} {'run s':>7} {'run/base':>8} "
-            f"{'peak RSS':>9} {'RSS/model':>9} {'ru_maxrss':>9} {'inline/ext':>10}")  # fmt: skip
+            f"{'peak RSS':>9} {'RSS/model':>9} {'PSS/model':>9} {'ru_maxrss':>9} {'inline/ext':>10}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in results:
@@ -539,7 +566,7 @@ def print_results(results: list[SizeResult]) -> None:
                 f"{r.size:6} {run.chain:6} {run.form:9} {_gb(run.model_bytes):>9} {m['exit_code']:>4} "
                 f"{run.status or '-':8} {m['wall_s']:7.1f} {m['wall_s'] / base_wall:8.2f} "
                 f"{_gb(m['peak_tree_rss']):>9} {m['peak_tree_rss'] / run.model_bytes:9.2f} "
-                f"{_gb(m['ru_maxrss']):>9} {versus}"
+                f"{m['peak_tree_pss'] / run.model_bytes:9.2f} {_gb(m['ru_maxrss']):>9} {versus}"
             )
         for form, why in r.skipped.items():
             print(f"{r.size:6} {'':6} {form:9} not run: {why}")

@@ -1,23 +1,31 @@
-"""How ``onnxdeploy run`` scales with model size: peak memory and wall time against a plain load + save.
+"""How ``onnxdeploy run`` scales with model size, on both input forms: peak memory and wall time.
 
 For each size, a LLaMA-shaped decoder (4 KV heads, intermediate ≈ 2.7 × hidden, fp32, seeded random init) is
 exported once with the TorchScript flat-KV path of the fixtures (``fixtures/_export_scale.py`` in the fixtures'
 ``torchscript`` venv, made by ``fixtures/make_fixtures.py``) into ``WORK_DIR/models/SIZE/`` as ``model.onnx`` +
-one external data file, and cached there. Then, interleaved in one run:
+one external data file, and cached there. Below the 2 GiB protobuf limit it is also saved **inline** (one
+``.onnx`` with every weight in it, the form the TorchScript exporter and optimum write below 2 GB) into
+``WORK_DIR/models/SIZE-inline/`` (``onnx.load`` + ``onnx.save``, in a subprocess; cached). Then, interleaved in one run:
 
-1. baseline: ``onnx.load`` + ``onnx.save(save_as_external_data=True)`` of the same model, in a subprocess;
-2. ``onnxdeploy run pipeline.yaml --json`` (``static_kv {batch: 1, step_len: 1, max_cache_len: 64}``, the
-   default checks, an 8-step verify) in a subprocess;
+1. baseline: ``onnx.load`` + ``onnx.save(save_as_external_data=True)`` of the external form, in a subprocess;
+2. for each chain, ``onnxdeploy run pipeline.yaml --json`` on each input form (external, then inline) in a
+   subprocess: ``basic`` is ``static_kv {batch: 1, step_len: 1, max_cache_len: 64}``; ``fast`` is issue 15's
+   chain ``static_kv {step_lens: [1, 16], max_cache_lens: [128, 512]}`` → ``mask_rewrite`` →
+   ``grouped_attention`` → ``fuse_matmuls``; both with the default checks and an 8-step verify;
 3. the baseline again.
 
 Each subprocess's peak RSS is the largest sum of RSS over the process and all its descendants, sampled from
-``/proc`` every 50 ms; ``ru_maxrss`` from ``wait4`` (the largest single process) is a cross-check. Printed:
-peak RSS / model bytes (``.onnx`` + data file), wall time / baseline wall time (mean of the two baselines),
-and the per-phase times of ``report.json``. Figures are not asserted: a run that fails or refuses the model
-(exit 1 or 2) is printed and the benchmark goes on; it exits non-zero only when something crashed (an export,
-a baseline, or an ``onnxdeploy`` run killed by a signal or ending without its JSON). Usage::
+``/proc`` every 50 ms; ``ru_maxrss`` from ``wait4`` (the largest single process) is a cross-check. Peak PSS
+(``smaps_rollup``, every 250 ms) counts a file page shared by several mappings once: a graph set's ORT sessions
+each map the one weights file, so their RSS counts its pages once per session while PSS counts them once. Printed:
+peak RSS / model bytes (the form's ``.onnx`` + data file), the inline run's peak against the external run's
+of the same chain, wall time / baseline wall time (mean of the two baselines), and each run's per-phase times
+and peak RSS from ``report.json``. Figures are not asserted: a run that fails or refuses the model (exit 1 or 2)
+is printed and the benchmark goes on; it exits non-zero only when something crashed (an export, a baseline, or
+an ``onnxdeploy`` run killed by a signal or ending without its JSON). Usage::
 
-    .venv/bin/python benchmarks/scale.py [--sizes 1g,2.4g] [--work-dir /tmp/onnxdeploy-scale] [--keep]
+    .venv/bin/python benchmarks/scale.py [--sizes 1g,2.4g] [--forms external,inline] [--chains basic,fast]
+                                         [--work-dir /tmp/onnxdeploy-scale] [--keep]
 
 ``--sizes tiny`` (hidden 256, 2 layers, 15 MB) is a quick smoke run. Exports are always kept (delete
 ``WORK_DIR/models`` to remake them); ``--keep`` also keeps each run's output model and the baseline copies.
@@ -44,7 +52,18 @@ FIXTURES = REPO / "fixtures"
 ONNXDEPLOY = REPO / ".venv" / "bin" / "onnxdeploy"
 DATA_NAME = "model.onnx.data"
 PAGE = os.sysconf("SC_PAGE_SIZE")
-PIPELINE_PASSES = [{"static_kv": {"batch": 1, "step_len": 1, "max_cache_len": 64}}]
+CHAINS: dict[str, list[dict[str, Any]]] = {
+    "basic": [{"static_kv": {"batch": 1, "step_len": 1, "max_cache_len": 64}}],
+    "fast": [
+        {"static_kv": {"batch": 1, "step_lens": [1, 16], "max_cache_lens": [128, 512]}},
+        {"mask_rewrite": {}},
+        {"grouped_attention": {}},
+        {"fuse_matmuls": {}},
+    ],
+}
+"""The pass chains measured (issue 15: the fast chain is the one SmolLM2-135M goes through)."""
+FORMS = ("external", "inline")
+PROTOBUF_LIMIT_BYTES = 2**31 - 1
 VERIFY = {"prompt": [1, 17, 42, 99, 7, 3], "steps": 8}
 GB = 1e9
 
@@ -135,14 +154,36 @@ def tree_rss(root: int) -> int:
     return total
 
 
+def tree_pss(root: int) -> int:
+    """Sum of the proportional set sizes (bytes; ``/proc/PID/smaps_rollup`` ``Pss``) of ``root`` and its descendants.
+
+    Unlike RSS, a file page several mappings share (each ORT session of a graph set maps the one weights file) is
+    counted once in all, split between them: PSS is what the tree really holds.
+    """
+    tree, todo, total = _children(), [root], 0
+    while todo:
+        pid = todo.pop()
+        todo += tree.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
 @dataclass
 class Measured:
-    """One subprocess: exit code, wall time (s), peak tree RSS (bytes), ``ru_maxrss`` (bytes), output files."""
+    """One subprocess: exit code, wall time (s), peak tree RSS and PSS (bytes), ``ru_maxrss`` (bytes), outputs."""
 
     cmd: list[str]
     exit_code: int
     wall_s: float
     peak_tree_rss: int
+    peak_tree_pss: int
     ru_maxrss: int
     samples: int
     stdout: str
@@ -164,7 +205,7 @@ def measure(cmd: list[str], log_dir: Path, tag: str, env: dict[str, str] | None 
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     out_path, err_path = log_dir / f"{tag}.stdout", log_dir / f"{tag}.stderr"
-    peak, samples, stop = [0], [0], threading.Event()
+    peak, pss, samples, stop = [0], [0], [0], threading.Event()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
@@ -172,6 +213,8 @@ def measure(cmd: list[str], log_dir: Path, tag: str, env: dict[str, str] | None 
         def sample() -> None:
             while not stop.is_set():
                 peak[0] = max(peak[0], tree_rss(proc.pid))
+                if samples[0] % 5 == 0:  # smaps_rollup walks the page tables: every 5th sample (250 ms)
+                    pss[0] = max(pss[0], tree_pss(proc.pid))
                 samples[0] += 1
                 stop.wait(interval)
 
@@ -188,6 +231,7 @@ def measure(cmd: list[str], log_dir: Path, tag: str, env: dict[str, str] | None 
         exit_code=proc.returncode,
         wall_s=wall,
         peak_tree_rss=peak[0],
+        peak_tree_pss=pss[0],
         ru_maxrss=usage.ru_maxrss * 1024,  # KiB on Linux
         samples=samples[0],
         stdout=out_path.read_text(errors="replace"),
@@ -217,8 +261,8 @@ def export_env(work: Path) -> dict[str, str]:
 
 
 def model_bytes(folder: Path) -> int:
-    """Bytes of ``model.onnx`` plus its data file."""
-    return sum((folder / n).stat().st_size for n in ("model.onnx", DATA_NAME))
+    """Bytes of ``model.onnx`` plus its data file (none for the inline form)."""
+    return sum((folder / n).stat().st_size for n in ("model.onnx", DATA_NAME) if (folder / n).exists())
 
 
 def cached_export(folder: Path, size: ModelSize) -> dict[str, Any] | None:
@@ -267,6 +311,43 @@ def ensure_export(size: ModelSize, work: Path, venv_dir: Path) -> tuple[dict[str
     return info, m
 
 
+INLINE = textwrap.dedent(
+    """
+    import sys
+    import onnx
+    onnx.save(onnx.load(sys.argv[1]), sys.argv[2])  # external data read in, saved without: every weight inline
+    """
+)
+
+
+def ensure_inline(size: ModelSize, work: Path) -> tuple[Path | None, str | None]:
+    """Reuse or make ``WORK/models/SIZE-inline/model.onnx``, the external export saved with its weights inline.
+
+    Returns:
+        (the inline model, None), or (None, why not): over the 2 GiB protobuf limit, or the save failed.
+    """
+    source = work / "models" / size.name
+    folder = work / "models" / f"{size.name}-inline"
+    if model_bytes(source) > PROTOBUF_LIMIT_BYTES:
+        return None, f"{_gb(model_bytes(source))}: over the 2 GiB protobuf limit, no single-file form exists"
+    stamp = {"from": (source / DATA_NAME).stat().st_mtime_ns, "config": size.llama_config()}
+    try:
+        if json.loads((folder / "inline.json").read_text()) == stamp and (folder / "model.onnx").is_file():
+            return folder / "model.onnx", None
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    print(f"[{size.name}] saving the inline form ...", flush=True)
+    m = measure(
+        [sys.executable, "-c", INLINE, str(source / "model.onnx"), str(folder / "model.onnx")], folder, "inline"
+    )
+    if m.exit_code != 0:
+        return None, f"saving the inline form failed (exit {m.exit_code}): {m.stderr_tail}"
+    (folder / "inline.json").write_text(json.dumps(stamp) + "\n")
+    return folder / "model.onnx", None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Baseline and run
 # ---------------------------------------------------------------------------------------------------------
@@ -297,13 +378,13 @@ def baseline(model: Path, dest_dir: Path, tag: str) -> tuple[Measured, dict[str,
     return m, json.loads(m.stdout.strip().splitlines()[-1])
 
 
-def write_pipeline(model: Path, run_dir: Path) -> Path:
-    """The benchmark's pipeline file for ``model``, writing into ``RUN_DIR/out`` (default checks).
+def write_pipeline(model: Path, run_dir: Path, passes: list[dict[str, Any]]) -> Path:
+    """The benchmark's pipeline file for ``model`` and ``passes``, writing into ``RUN_DIR/out`` (default checks).
 
     Values are written as JSON, which YAML reads as flow scalars and mappings.
     """
     lines = [f"model: {json.dumps(str(model))}", f"output_dir: {json.dumps(str(run_dir / 'out'))}", "passes:"]
-    lines += [f"  - {json.dumps(p)[1:-1]}" for p in PIPELINE_PASSES]
+    lines += [f"  - {json.dumps(p)[1:-1]}" for p in passes]
     lines.append(f"verify: {json.dumps(VERIFY)}")
     lines.append("cache: null  # the pipeline's own cost: no pass cache read or stored")
     path = run_dir / "pipeline.yaml"
@@ -355,15 +436,12 @@ def timings(report: dict[str, Any]) -> dict[str, float]:
 
 
 @dataclass
-class SizeResult:
-    """Everything measured for one model size."""
+class RunResult:
+    """One ``onnxdeploy run`` of one chain on one input form."""
 
-    size: str
-    config: dict[str, Any]
-    model_bytes: int = 0
-    export: dict[str, Any] = field(default_factory=dict)
-    export_made_now: bool = False
-    baselines: list[dict[str, Any]] = field(default_factory=list)
+    form: str
+    chain: str
+    model_bytes: int
     run: dict[str, Any] = field(default_factory=dict)
     status: str | None = None
     error: str | None = None
@@ -373,8 +451,44 @@ class SizeResult:
     crashed: bool = False
 
 
-def bench_size(size: ModelSize, work: Path, venv_dir: Path, exe: Path, keep: bool) -> SizeResult:
-    """Export (or reuse), then baseline, run, baseline for one size."""
+@dataclass
+class SizeResult:
+    """Everything measured for one model size."""
+
+    size: str
+    config: dict[str, Any]
+    model_bytes: int = 0
+    export: dict[str, Any] = field(default_factory=dict)
+    export_made_now: bool = False
+    baselines: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[RunResult] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    crashed: bool = False
+
+
+def run_once(exe: Path, model: Path, form: str, chain: str, run_dir: Path) -> RunResult:
+    """``onnxdeploy run`` of ``chain`` on ``model`` (the ``form`` input), measured; its report's figures."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    res = RunResult(form=form, chain=chain, model_bytes=model_bytes(model.parent))
+    m, report = run_onnxdeploy(exe, write_pipeline(model, run_dir, CHAINS[chain]), run_dir)
+    res.run = {k: v for k, v in asdict(m).items() if k != "stdout"}
+    res.crashed = m.exit_code not in (0, 1, 2) or report is None
+    if report is None:
+        res.error = (m.stderr_tail.splitlines() or ["(no output)"])[-1]
+        return res
+    res.status = report.get("status")
+    res.error = report.get("error") or ("; ".join(report.get("failures") or []) or None)
+    res.passes = [{"name": p.get("name"), "wall_time_s": p.get("wall_time_s")} for p in report.get("passes", [])]
+    res.report_timings = timings({k: v for k, v in report.items() if k not in ("error", "phases")})
+    res.phases = report.get("phases", [])
+    return res
+
+
+def bench_size(
+    size: ModelSize, work: Path, venv_dir: Path, exe: Path, keep: bool, forms: list[str], chains: list[str]
+) -> SizeResult:
+    """Export (or reuse) both forms, then baseline, every (chain, form) run interleaved, baseline for one size."""
     res = SizeResult(size=size.name, config=size.llama_config())
     try:
         info, made = ensure_export(size, work, venv_dir)
@@ -382,39 +496,37 @@ def bench_size(size: ModelSize, work: Path, venv_dir: Path, exe: Path, keep: boo
         res.error, res.crashed = str(exc), True
         return res
     res.export, res.export_made_now = info, made is not None
-    folder = work / "models" / size.name
-    model = folder / "model.onnx"
-    res.model_bytes = model_bytes(folder)
-    run_dir = work / "runs" / size.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    pipeline = write_pipeline(model, run_dir)
+    models = {"external": work / "models" / size.name / "model.onnx"}
+    res.model_bytes = model_bytes(models["external"].parent)
+    if "inline" in forms:
+        inline, why = ensure_inline(size, work)
+        if inline is None:
+            res.skipped["inline"] = why or "not made"
+        else:
+            models["inline"] = inline
+    run_root = work / "runs" / size.name
+    run_root.mkdir(parents=True, exist_ok=True)
+    steps = ["baseline_1"] + [(c, f) for c in chains for f in forms if f in models] + ["baseline_2"]
     try:
-        for step in ("baseline_1", "run", "baseline_2"):
-            print(f"[{size.name}] {step} ...", flush=True)
+        for step in steps:
+            print(f"[{size.name}] {step if isinstance(step, str) else ' on '.join(step)} ...", flush=True)
             os.sync()  # the previous step's dirty pages are written back before this one is timed
-            if step == "run":
-                m, report = run_onnxdeploy(exe, pipeline, run_dir)
-                res.run = {k: v for k, v in asdict(m).items() if k != "stdout"}
-                res.crashed = m.exit_code not in (0, 1, 2) or report is None
-                if report is not None:
-                    res.status = report.get("status")
-                    res.error = report.get("error") or ("; ".join(report.get("failures") or []) or None)
-                    res.passes = [
-                        {"name": p.get("name"), "wall_time_s": p.get("wall_time_s")} for p in report.get("passes", [])
-                    ]
-                    res.report_timings = timings({k: v for k, v in report.items() if k not in ("error", "phases")})
-                    res.phases = report.get("phases", [])
-                else:
-                    res.error = (m.stderr_tail.splitlines() or ["(no output)"])[-1]
+            if isinstance(step, tuple):
+                chain, form = step
+                r = run_once(exe, models[form], form, chain, run_root / f"{chain}-{form}")
+                res.runs.append(r)
+                res.crashed = res.crashed or r.crashed
+                if not keep:
+                    shutil.rmtree(run_root / f"{chain}-{form}" / "out", ignore_errors=True)
             else:
-                m, inner = baseline(model, run_dir / f"{step}_copy", step)
+                m, inner = baseline(models["external"], run_root / f"{step}_copy", step)
                 res.baselines.append({**{k: v for k, v in asdict(m).items() if k != "stdout"}, **inner})
     except RuntimeError as exc:
         res.error, res.crashed = str(exc), True
     finally:
         if not keep:
-            for name in ("out", "baseline_1_copy", "baseline_2_copy"):
-                shutil.rmtree(run_dir / name, ignore_errors=True)
+            for name in ("baseline_1_copy", "baseline_2_copy"):
+                shutil.rmtree(run_root / name, ignore_errors=True)
     return res
 
 
@@ -431,77 +543,97 @@ def du(path: Path) -> int:
 
 
 def print_results(results: list[SizeResult]) -> None:
-    """The summary tables: memory and time ratios, per-phase times, exports."""
-    print("\n== onnxdeploy run vs onnx.load + onnx.save (baseline: mean of the two baselines around the run) ==")
-    head = (f"{'size':6} {'model':>9} {'exit':>4} {'status':8} {'run s':>7} {'base s':>7} {'run/base':>8} "
-            f"{'peak RSS':>9} {'RSS/model':>9} {'ru_maxrss':>9} {'base RSS/model':>14}")  # fmt: skip
+    """The summary tables: memory and time ratios per (chain, form), inline against external, then details."""
+    print("\n== onnxdeploy run vs onnx.load + onnx.save (baseline: mean of the two baselines around the runs) ==")
+    head = (f"{'size':6} {'chain':6} {'form':9} {'model':>9} {'exit':>4} {'status':8} {'run s':>7} {'run/base':>8} "
+            f"{'peak RSS':>9} {'RSS/model':>9} {'PSS/model':>9} {'ru_maxrss':>9} {'inline/ext':>10}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in results:
-        if not r.run:
-            print(f"{r.size:6} {_gb(r.model_bytes) if r.model_bytes else '-':>9}  not run: {r.error}")
+        if not r.runs:
+            print(f"{r.size:6} not run: {r.error}")
             continue
-        run = r.run
         base_wall = sum(b["wall_s"] for b in r.baselines) / len(r.baselines) if r.baselines else float("nan")
-        base_rss = max((b["peak_tree_rss"] for b in r.baselines), default=0)
-        print(
-            f"{r.size:6} {_gb(r.model_bytes):>9} {run['exit_code']:>4} {r.status or '-':8} {run['wall_s']:7.1f} "
-            f"{base_wall:7.1f} {run['wall_s'] / base_wall:8.2f} {_gb(run['peak_tree_rss']):>9} "
-            f"{run['peak_tree_rss'] / r.model_bytes:9.2f} {_gb(run['ru_maxrss']):>9} "
-            f"{base_rss / r.model_bytes:14.2f}"
-        )
+        for run in r.runs:
+            ext = next((x for x in r.runs if x.chain == run.chain and x.form == "external"), None)
+            versus = (
+                f"{run.run['peak_tree_rss'] / ext.run['peak_tree_rss']:10.2f}"
+                if run.form == "inline" and ext is not None and ext.run.get("peak_tree_rss")
+                else f"{'-':>10}"
+            )
+            m = run.run
+            print(
+                f"{r.size:6} {run.chain:6} {run.form:9} {_gb(run.model_bytes):>9} {m['exit_code']:>4} "
+                f"{run.status or '-':8} {m['wall_s']:7.1f} {m['wall_s'] / base_wall:8.2f} "
+                f"{_gb(m['peak_tree_rss']):>9} {m['peak_tree_rss'] / run.model_bytes:9.2f} "
+                f"{m['peak_tree_pss'] / run.model_bytes:9.2f} {_gb(m['ru_maxrss']):>9} {versus}"
+            )
+        for form, why in r.skipped.items():
+            print(f"{r.size:6} {'':6} {form:9} not run: {why}")
     for r in results:
-        print(f"\n-- {r.size}: {r.config}")
-        if r.export:
-            t, meas = r.export.get("times", {}), r.export.get("measured", {})
-            print(
-                f"   export ({'made now' if r.export_made_now else 'cached'}): {r.export['parameters'] / 1e6:.1f} M "
-                f"params, {_gb(r.model_bytes)} on disk; took {meas.get('wall_s', float('nan')):.1f} s "
-                f"({', '.join(f'{k} {v:.1f}' for k, v in t.items())}), peak tree RSS "
-                f"{_gb(meas.get('peak_tree_rss', 0))}; ORT vs torch max |Δ logit| "
-                f"{r.export['ort_vs_torch_max_abs_logit_diff']:.2g}"
-            )
-        for i, b in enumerate(r.baselines, 1):
-            print(
-                f"   baseline {i}: {b['wall_s']:.2f} s (import {b['import_s']:.2f}, load {b['load_s']:.2f}, save "
-                f"{b['save_s']:.2f}), peak tree RSS {_gb(b['peak_tree_rss'])} "
-                f"({b['peak_tree_rss'] / r.model_bytes:.2f}x model)"
-            )
-        if not r.run:
-            continue
-        run = r.run
+        print_details(r)
+
+
+def print_details(r: SizeResult) -> None:
+    """One size: its export, the baselines, and each run's passes, report timings and phases."""
+    print(f"\n-- {r.size}: {r.config}")
+    if r.export:
+        t, meas = r.export.get("times", {}), r.export.get("measured", {})
         print(
-            f"   run: exit {run['exit_code']}, status {r.status}, {run['wall_s']:.2f} s, peak tree RSS "
-            f"{_gb(run['peak_tree_rss'])} ({run['peak_tree_rss'] / r.model_bytes:.2f}x model, {run['samples']} "
-            f"samples), ru_maxrss {_gb(run['ru_maxrss'])} ({run['ru_maxrss'] / r.model_bytes:.2f}x)"
+            f"   export ({'made now' if r.export_made_now else 'cached'}): {r.export['parameters'] / 1e6:.1f} M "
+            f"params, {_gb(r.model_bytes)} on disk; took {meas.get('wall_s', float('nan')):.1f} s "
+            f"({', '.join(f'{k} {v:.1f}' for k, v in t.items())}), peak tree RSS "
+            f"{_gb(meas.get('peak_tree_rss', 0))}; ORT vs torch max |Δ logit| "
+            f"{r.export['ort_vs_torch_max_abs_logit_diff']:.2g}"
         )
-        if r.error:
-            print(f"   error / failures: {r.error}")
-        if r.crashed:
-            print(f"   CRASHED; stderr tail:\n{textwrap.indent(run.get('stderr_tail', ''), '     ')}")
-        total = r.report_timings.get("wall_time_s")
-        for p in r.passes:
+    for i, b in enumerate(r.baselines, 1):
+        print(
+            f"   baseline {i}: {b['wall_s']:.2f} s (import {b['import_s']:.2f}, load {b['load_s']:.2f}, save "
+            f"{b['save_s']:.2f}), peak tree RSS {_gb(b['peak_tree_rss'])} "
+            f"({b['peak_tree_rss'] / r.model_bytes:.2f}x model)"
+        )
+    if r.error:
+        print(f"   error: {r.error}")
+    for run in r.runs:
+        m = run.run
+        print(
+            f"   {run.chain} on {run.form}: exit {m['exit_code']}, status {run.status}, {m['wall_s']:.2f} s, peak tree "
+            f"RSS {_gb(m['peak_tree_rss'])} ({m['peak_tree_rss'] / run.model_bytes:.2f}x model, {m['samples']} "
+            f"samples), ru_maxrss {_gb(m['ru_maxrss'])} ({m['ru_maxrss'] / run.model_bytes:.2f}x)"
+        )
+        if run.error:
+            print(f"     error / failures: {run.error}")
+        if run.crashed:
+            print(f"     CRASHED; stderr tail:\n{textwrap.indent(m.get('stderr_tail', ''), '       ')}")
+        total = run.report_timings.get("wall_time_s")
+        for p in run.passes:
             share = f" ({p['wall_time_s'] / total:.0%} of the report's total)" if total and p["wall_time_s"] else ""
-            print(f"   pass {p['name']}: {p['wall_time_s']} s{share}")
+            print(f"     pass {p['name']}: {p['wall_time_s']} s{share}")
         if total is not None:
-            in_passes = sum(p["wall_time_s"] or 0 for p in r.passes)
-            print(f"   report wall_time_s (from the process's start): {total} s; outside the passes (startup, "
-                  f"load, checks, verify, report): {total - in_passes:.2f} s; process wall - report total (report.md, "
-                  f"renames, exit): {run['wall_s'] - total:.2f} s")  # fmt: skip
-        for key, value in r.report_timings.items():
-            if key != "wall_time_s":
-                print(f"   {key}: {value:g}")
-        for ph in r.phases:  # report.json -> phases: time and the process's peak RSS by the end of each phase
+            in_passes = sum(p["wall_time_s"] or 0 for p in run.passes)
+            print(f"     report wall_time_s (from the process's start): {total} s; outside the passes: "
+                  f"{total - in_passes:.2f} s; process wall - report total: {m['wall_s'] - total:.2f} s")  # fmt: skip
+        for ph in run.phases:  # report.json -> phases: time and the process's peak RSS by the end of each phase
             print(
-                f"   phase {ph['name']:8s} {ph['wall_time_s']:7.2f} s   peak RSS so far {_gb(ph['peak_rss_bytes'])} "
-                f"({ph['peak_rss_bytes'] / r.model_bytes:.2f}x model)   RSS at its end {_gb(ph['rss_bytes'])}"
+                f"     phase {ph['name']:8s} {ph['wall_time_s']:7.2f} s   peak RSS so far {_gb(ph['peak_rss_bytes'])} "
+                f"({ph['peak_rss_bytes'] / run.model_bytes:.2f}x model)   RSS at its end {_gb(ph['rss_bytes'])}"
             )
+
+
+def _choices(ap: argparse.ArgumentParser, text: str, known, what: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        ap.error(f"unknown {what} {unknown}; choose from {', '.join(known)}")
+    return names
 
 
 def main() -> int:
     """Run the benchmark; returns the exit status (1 only if something crashed)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1g,2.4g", help=f"comma-separated, from {', '.join(SIZES)}")
+    ap.add_argument("--forms", default=",".join(FORMS), help="input forms: external (model.onnx + data), inline")
+    ap.add_argument("--chains", default="basic,fast", help=f"pass chains, from {', '.join(CHAINS)}")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/onnxdeploy-scale"))
     ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/onnxdeploy-fixture-venvs"),
                     help="the fixtures' venvs (fixtures/make_fixtures.py --venv-dir)")  # fmt: skip
@@ -509,10 +641,9 @@ def main() -> int:
                     help="the onnxdeploy executable to measure (e.g. another checkout's venv)")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep run outputs and baseline copies (exports always stay)")
     args = ap.parse_args()
-    names = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    unknown = [n for n in names if n not in SIZES]
-    if unknown or not names:
-        ap.error(f"unknown size(s) {unknown}; choose from {', '.join(SIZES)}")
+    names = _choices(ap, args.sizes, SIZES, "size(s)")
+    forms = _choices(ap, args.forms, FORMS, "form(s)")
+    chains = _choices(ap, args.chains, CHAINS, "chain(s)")
     work = args.work_dir.resolve()
     if work == REPO or REPO in work.parents:
         ap.error(f"--work-dir {work} must be outside the repository")
@@ -520,16 +651,9 @@ def main() -> int:
     mem = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
     print(f"work dir {work}; {os.cpu_count()} CPUs, {mem.split(':')[1].strip()}; measuring {args.onnxdeploy}")
 
-    results = []
-    for name in names:
-        results.append(bench_size(SIZES[name], work, args.venv_dir.resolve(), args.onnxdeploy, args.keep))
+    venvs = args.venv_dir.resolve()
+    results = [bench_size(SIZES[n], work, venvs, args.onnxdeploy, args.keep, forms, chains) for n in names]
     print_results(results)
-    by_size = {r.size: r for r in results}
-    one = by_size.get("1g")
-    if one is not None and one.passes:
-        kv = next((p for p in one.passes if p["name"] == "static_kv"), None)
-        if kv is not None:
-            print(f"\nstatic_kv wall time on the 1 GB model: {kv['wall_time_s']} s")
     doc = {"onnxdeploy": str(args.onnxdeploy), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "sizes": [asdict(r) for r in results]}  # fmt: skip
     (work / "results.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -9,12 +9,13 @@ which ORT 1.32 refuses) is opened through a scratch copy written by
 :func:`onnxdeploy.model_io.write_for_ort` (hard links where possible), removed when the session closes.
 
 **Session options follow the graph** (:func:`graph_weights`, :func:`session_settings`; README, "Sessions"): ORT's
-weight prepacking (``session.disable_prepacking``) is **off for float weights**, whose packed copy would be a
-second float copy of every MatMul weight beside the mapped file, and **on for quantized ones**
-(``com.microsoft::MatMulNBits``, or an integer weight behind a ``DequantizeLinear`` feeding a MatMul/Gemm, which
-ORT fuses into ``MatMulNBits``): without prepacking ``MatMulNBits`` dequantizes its whole weight to fp32 on
-every call (ORT 1.32 ``matmul_nbits.cc``: no packed B, so ``ComputeBUnpacked``), measured at 10x the float
-step on a 125M decoder, while the packed copy of 4-bit weights is about an eighth of the float bytes. The
+weight prepacking (``session.disable_prepacking``) is **off for float weights**, which then stay mapped from the
+file (prepacking makes a private packed copy at load; measured on one decode graph of the 125M export of
+``benchmarks/int4_speed.py``: peak RSS 491 MiB against 450 MiB, the static step no faster), and **on for quantized
+ones** (``com.microsoft::MatMulNBits``, or an integer weight behind a ``DequantizeLinear`` feeding a MatMul/Gemm,
+which ORT fuses into ``MatMulNBits``): without prepacking ``MatMulNBits`` dequantizes its whole weight to fp32 on
+every call (ORT 1.32 ``matmul_nbits.cc``: no packed B, so ``ComputeBUnpacked``), measured at 12x the float
+original's step on that export and a higher peak (236 MiB against 153 MiB with the packed copy). The
 ``accuracy_level`` the session computes at is reported with it (:class:`onnxdeploy.report.SessionSettings`);
 ``session.qdq_matmulnbits_accuracy_level`` in ``config_entries`` sets it for the ``MatMulNBits`` ORT fuses
 from ``DequantizeLinear`` + ``MatMul`` (ORT's own meaning of the key) **and** for the graph's own
@@ -171,7 +172,7 @@ def session_settings(weights: GraphWeights, config_entries: Mapping[str, str] | 
         if weights.float_matmul_bytes:
             reason += f"; {weights.float_matmul_bytes / 1e6:.1f} MB of float MatMul weights are prepacked too"
     else:
-        prepacking, reason = False, "float weights: prepacking would copy them"
+        prepacking, reason = False, "float weights: kept mapped (prepacking makes a private copy at load)"
     return SessionSettings(
         weights="quantized" if weights.quantized else "float",
         prepacking=prepacking,

@@ -419,7 +419,8 @@ def open_session(
     try:
         if rewrite or relevel is not None:
             scratch = Path(tempfile.mkdtemp(prefix="onnxdeploy-session-", dir=scratch_root))
-            target = _scratch_copy(Path(path), scratch, relevel)
+            linked = None if rewrite or relevel is None else _relevelled_header(Path(path), scratch, relevel)
+            target = linked or _scratch_copy(Path(path), scratch, relevel)
         with warnings.catch_warnings():
             # ORT warns and falls back when an EP is unavailable; the fallback is reported below.
             warnings.simplefilter("ignore")
@@ -442,6 +443,30 @@ def open_session(
     return ModelSession(
         source, header, session, requested, active, fallbacks, scratch, dict(config_entries or {}), threads, settings
     )
+
+
+def _relevelled_header(path: Path, scratch: Path, accuracy_level: int) -> str | None:
+    """The graph file alone with every MatMulNBits at ``accuracy_level``, beside hard links of its data files.
+
+    The fast way (no graph deserialised, no weight read); None when a data file is on another filesystem (the
+    caller then writes the copy through :func:`_scratch_copy`, which streams such weights).
+    """
+    proto = onnx.load(str(path), load_external_data=False)
+    for data in model_io.check_external_data(proto, path):
+        link = scratch / data.location
+        link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(data.path, link)
+        except OSError:
+            return None
+    for node in proto.graph.node:
+        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", accuracy_level)])
+    target = scratch / path.name
+    onnx.save(proto, str(target))
+    return str(target)
 
 
 def _scratch_copy(path: Path, scratch: Path, accuracy_level: int | None) -> str:

@@ -22,6 +22,7 @@ from onnxdeploy.report import (
     StepRecord,
     VerifyReport,
 )
+from onnxdeploy.text_report import generations_markdown
 
 __all__ = ["SET_NOTE", "block_text", "fmt_number", "render_markdown", "rows_with_blocks", "yaml_inline"]
 
@@ -89,6 +90,7 @@ def render_markdown(report: RunReport) -> str:
         ]
     else:
         lines += _markdown_verify(report.verify)
+        lines += generations_markdown(report.verify.generations)
     lines += _markdown_runtimes(report)
     lines += _markdown_accuracy(report)
     return "\n".join(lines) + "\n"

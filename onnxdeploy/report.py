@@ -20,6 +20,8 @@ __all__ = [
     "RuntimeComparison",
     "PassReport",
     "StepRecord",
+    "GenerationText",
+    "GenerationsReport",
     "LatencySummary",
     "CallTiming",
     "PrefillSummary",
@@ -114,6 +116,25 @@ class RuntimeComparison(BaseModel):
     )
     first_divergent_step: int | None = None
     refused: str | None = Field(None, description="Why the runtime could not run the candidate (names the op).")
+    max_rel_logit_diff: float | None = Field(
+        None, description="Largest per-position max|diff| / max|reference logit| (runner/thresholds.py)."
+    )
+    mean_cosine_similarity: float | None = Field(None, description="Mean cosine similarity of the logit rows.")
+    thresholds: dict[str, Any] | None = Field(
+        None, description="The bounds this runtime was held to and their basis (fp32 / fp16 / int8 defaults)."
+    )
+    graphs: list[str] = Field(default_factory=list, description="The candidate's graph files opened on the runtime.")
+    graphs_driven: dict[str, int] = Field(
+        default_factory=dict, description="Compared calls per graph file on this runtime (0: not driven)."
+    )
+    graphs_driven_apart: list[str] = Field(default_factory=list, description="Graphs driven apart from the decode.")
+    by_graph: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="The figures of the positions each graph of a set computed."
+    )
+    accuracy: dict[str, Any] | None = Field(
+        None, description="Held-out teacher-forced figures on this runtime (int8 builds are judged by them)."
+    )
+    failures: list[str] = Field(default_factory=list, description="Each bound broken, overall or per graph.")
 
 
 class PassReport(BaseModel):
@@ -364,6 +385,34 @@ class SessionSettings(BaseModel):
         )
 
 
+class GenerationText(BaseModel):
+    """One model's free-running generation after the prompt, decoded (``onnxdeploy/text.py``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[int] = Field(description="Generated token ids, up to and including the first stop token.")
+    text: str = Field(description="The tokens decoded, special tokens and the stop token left out.")
+    stopped: bool = Field(False, description="The generation ended at a stop token the tokenizer folder declares.")
+    mark_start: int | None = Field(None, description="Character offset in text of the first differing token.")
+    mark_end: int | None = Field(None, description="Character offset in text just after the first differing token.")
+
+
+class GenerationsReport(BaseModel):
+    """The original's and the candidate's free-running generations as text, with the first differing token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokenizer: str = Field(description="The tokenizer.json that decoded them.")
+    prompt_text: str = Field(description="The prompt as text (as given, or its ids decoded).")
+    chat_template: bool = Field(False, description="The prompt went through the folder's chat template.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Ids that end a generation (the folder's).")
+    original: GenerationText
+    candidate: GenerationText | None = Field(None, description="null without the free_running mode.")
+    first_differing_token: int | None = Field(
+        None, description="Index among the generated tokens of the first one that differs; null if none does."
+    )
+
+
 class VerifyReport(BaseModel):
     """Step-by-step verification of a candidate against the original on ONNX Runtime."""
 
@@ -405,6 +454,9 @@ class VerifyReport(BaseModel):
     )
     candidate_session: SessionSettings | None = Field(
         None, description="The candidate's session (a set: its primary graph's; every graph has the same weights)."
+    )
+    generations: GenerationsReport | None = Field(
+        None, description="Both models' free-running generations as text, when a tokenizer is known (text.py)."
     )
 
     def graphs_driven_text(self) -> str | None:
@@ -523,6 +575,11 @@ class RunReport(BaseModel):
     output_files: list[str] = Field(
         default_factory=list, description="Every file the run wrote: external data, graphs, reports."
     )
+    removed_files: list[str] = Field(
+        default_factory=list,
+        description="Graphs and data files an earlier run wrote into output_dir (listed in its report.json) that this "
+        "run's output does not replace: removed when this run's outputs were moved into place.",
+    )
     files: list[FileRecord] = Field(
         default_factory=list,
         description="Every input file (model, its data, the pipeline, token files) and every output graph and data "
@@ -548,6 +605,11 @@ class RunReport(BaseModel):
     first_divergent_pass: str | None = Field(None, description="verify_each_pass: the first pass that diverged.")
     first_divergent_node: NodeDivergence | None = Field(
         None, description="bisect: the first node of that pass's input graph its output does not reproduce."
+    )
+    sdk: dict[str, Any] | None = Field(
+        None,
+        description="The device SDK build stage (sdk: auto | build | off): mode, build, per graph the verdict, "
+        "the .rknn file and per node where the SDK placed it beside the matrix; null for targets without one.",
     )
     failures: list[str] = Field(default_factory=list, description="Why status is 'failed'.")
     wall_time_s: float = 0.0

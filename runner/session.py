@@ -6,7 +6,10 @@ with weights memory-mapped (56 MB instead of 2.15 GB after load for a 1 GiB floa
 file resolves somewhere other than
 ``folder/location`` (a Hugging Face cache: ``snapshots/<rev>/model.onnx_data`` symlinked into ``blobs/``,
 which ORT 1.32 refuses) is opened through a scratch copy written by
-:func:`onnxdeploy.model_io.write_for_ort` (hard links where possible), removed when the session closes.
+:func:`onnxdeploy.model_io.write_for_ort` (hard links where possible), removed when the session closes. So is
+a model with its weights inline (one ``.onnx``, as optimum writes every model under 2 GB): by path ORT would parse
+the file and copy every weight (3.3x a 1 GB model's bytes); the scratch copy's header references the weights'
+byte ranges in a hard link of the ``.onnx`` itself, which ORT maps (ORT 1.32 maps unaligned offsets).
 
 **Session options follow the graph** (:func:`graph_weights`, :func:`session_settings`; README, "Sessions"): ORT's
 weight prepacking (``session.disable_prepacking``) is **off for float weights**, which then stay mapped from the
@@ -382,8 +385,8 @@ def open_session(
     Args:
         path: the ``.onnx`` file; external data is resolved relative to its folder.
         providers: EP names in priority order, e.g. ``("CUDAExecutionProvider", "CPUExecutionProvider")``.
-        scratch_root: where to make the scratch folder for a model ORT cannot open in place (Hugging Face
-            cache layout); the system temp folder by default. On the data files' filesystem the copy is
+        scratch_root: where to make the scratch folder for a model ORT cannot map in place (Hugging Face
+            cache layout, weights inline); the system temp folder by default. On the data files' filesystem the copy is
             hard links (no bytes copied); elsewhere the weights are streamed into it.
         config_entries: further ORT session config entries (see :func:`session_options`); an explicit
             :data:`PREPACKING_KEY` overrides the graph's rule.
@@ -402,7 +405,8 @@ def open_session(
     """
     source = str(path)
     header = model_io.read_model_header(path)
-    rewrite = _needs_rewrite(header, Path(path))
+    # an inline model's weights too: ORT would copy them out of the parsed file; mapped through the link, it does not
+    rewrite = _needs_rewrite(header, Path(path)) or model_io.in_place_tensors(header, path) > 0
     header = _drop_inline_weights(header)
     weights = graph_weights(header)
     settings = session_settings(weights, config_entries)

@@ -52,6 +52,7 @@ from onnxdeploy.runner.exporter_decoder import exporter_logits_output
 from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder
 from onnxdeploy.runner.numerics import compute_dtype, float32_shadow, numerics_report
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, read_header
+from onnxdeploy.runner.thresholds import LogitThresholds, mode_bounds_failures
 
 __all__ = ["MODES", "ProgressCallback", "check_header", "greedy_decode", "logits_vocab", "verify"]
 
@@ -290,6 +291,8 @@ def verify(
     strict_providers: bool = False,
     remainder: Remainder = "padded",
     progress: ProgressCallback | None = None,
+    max_rel_logit_diff: float | None = None,
+    min_cosine_similarity: float | None = None,
 ) -> VerifyReport:
     """Decode the original and the candidate greedily and compare them position by position.
 
@@ -312,6 +315,9 @@ def verify(
             chunk; ``buckets``: smaller buckets).
         progress: optional ``progress(mode, done, total)`` callback; ``mode`` is ``"reference"`` while
             the original decodes, then each mode; ``done`` of ``total`` positions fed.
+        max_rel_logit_diff: largest per-position ``max|diff| / max|reference|`` per mode and per graph
+            (:mod:`onnxdeploy.runner.thresholds`); None: not checked.
+        min_cosine_similarity: smallest mean cosine similarity per mode and per graph; None: not checked.
 
     Returns:
         The report; ``passed`` is true when every mode passed, every graph of a set was driven and matched
@@ -338,6 +344,7 @@ def verify(
         strict_providers=strict_providers,
         remainder=remainder,
         progress=progress,
+        bounds=LogitThresholds(max_rel_logit_diff=max_rel_logit_diff, min_cosine_similarity=min_cosine_similarity),
     )
     request.check()
     for path in (original_path, candidate_path):
@@ -371,6 +378,7 @@ class _Request:
     strict_providers: bool
     remainder: Remainder
     progress: ProgressCallback | None
+    bounds: LogitThresholds = LogitThresholds()
 
     @property
     def total(self) -> int:
@@ -475,6 +483,13 @@ def _run_candidate(
             prefill=run.prefill(),
             reference_prefill=reference.prefill(),
         )
+        extra = mode_bounds_failures(
+            mode, reference.logits, run.logits, [c.graph for c in run.call_at()], request.bounds
+        )
+        if extra:
+            results[mode] = results[mode].model_copy(
+                update={"passed": False, "failures": results[mode].failures + extra}
+            )
     coverage = drive_every_graph(candidate, reference.tokens_in, reference.logits, driven, request.max_abs_logit_diff)
     rss_growth = rss_bytes() - rss_before
     session = candidate.model_session

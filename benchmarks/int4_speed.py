@@ -204,33 +204,45 @@ def weight_bytes(folder: Path) -> int:
     return (folder / "model.onnx.data").stat().st_size
 
 
-def accuracy_phase(original: Path, int4: Path, tokens: list[int]) -> dict[str, float]:
-    """``evaluate_accuracy``'s wall time against 3 × (the original in one call + one step-1 decode of the tokens)."""
-    with ExporterDecoder(open_session(original)) as decoder:
-        decoder.feed(tokens[:8])  # warm-up
-        decoder.reset()
-        start = time.perf_counter()
-        decoder.feed(tokens)
-        one_call = time.perf_counter() - start
-    session = open_session(int4)
+def step1_decode(int4: Path, tokens: list[int], entries: dict[str, str]) -> float:
+    """Seconds to feed ``tokens`` one at a time through the INT4 set's decode graph (bound buffers), warmed up."""
+    session = open_session(int4, config_entries=entries)
     with ContractDecoder(session, read_contract(session.model), bind_buffers=True) as step:
         step.feed(tokens[:4])
         step.reset()
         start = time.perf_counter()
         for token in tokens:
             step.feed([token])
-        step_decode = time.perf_counter() - start
+        return time.perf_counter() - start
+
+
+def accuracy_phase(original: Path, int4: Path, tokens: list[int]) -> dict[str, float]:
+    """``evaluate_accuracy``'s wall time against 3 × (the original in one call + one step-1 decode of the tokens).
+
+    The step-1 decode is timed at both accuracy levels: 4 (the graph as written, the faster) and 0 (the level of
+    the ``weight_only`` figures the thresholds apply to); the budget is given for each.
+    """
+    with ExporterDecoder(open_session(original)) as decoder:
+        decoder.feed(tokens[:8])  # warm-up
+        decoder.reset()
+        start = time.perf_counter()
+        decoder.feed(tokens)
+        one_call = time.perf_counter() - start
+    step = {level: step1_decode(int4, tokens, LEVEL[level]) for level in (4, 0)}
     start = time.perf_counter()
     report = evaluate_accuracy(original, int4, tokens)
     phase = time.perf_counter() - start
-    budget = 3 * (one_call + step_decode)
+    budget = {level: 3 * (one_call + s) for level, s in step.items()}
     return {
         "tokens": len(tokens),
         "original_one_call_s": one_call,
-        "int4_step1_decode_s": step_decode,
-        "budget_s": budget,
+        "int4_step1_decode_s_level4": step[4],
+        "int4_step1_decode_s_level0": step[0],
+        "budget_s_level4": budget[4],
+        "budget_s_level0": budget[0],
         "accuracy_phase_s": phase,
-        "phase_over_budget": phase / budget,
+        "phase_over_budget_level4": phase / budget[4],
+        "phase_over_budget_level0": phase / budget[0],
         "weight_only_mean_kl": report.weight_only.mean_kl,
         "default_mean_kl": report.default_optimized.mean_kl,
     }
@@ -323,11 +335,17 @@ def main() -> int:
         print(f"\n== accuracy phase, {args.tokens} tokens ==")
         print(
             f"  original, one call: {phase['original_one_call_s']:.2f} s; INT4 step-1 decode: "
-            f"{phase['int4_step1_decode_s']:.2f} s; budget 3x their sum: {phase['budget_s']:.1f} s"
+            f"{phase['int4_step1_decode_s_level4']:.2f} s at accuracy_level 4, "
+            f"{phase['int4_step1_decode_s_level0']:.2f} s at 0"
         )
         print(
-            f"  evaluate_accuracy: {phase['accuracy_phase_s']:.1f} s = {phase['phase_over_budget']:.2f}x the budget "
-            f"(weight_only mean KL {phase['weight_only_mean_kl']:.4g}, default {phase['default_mean_kl']:.4g})"
+            f"  evaluate_accuracy: {phase['accuracy_phase_s']:.1f} s = {phase['phase_over_budget_level4']:.2f}x the "
+            f"budget 3x(one call + step-1 decode at level 4) = {phase['budget_s_level4']:.1f} s; "
+            f"{phase['phase_over_budget_level0']:.2f}x the budget at level 0 ({phase['budget_s_level0']:.1f} s)"
+        )
+        print(
+            f"  weight_only (level 0) mean KL {phase['weight_only_mean_kl']:.4g}, "
+            f"default_optimized (level 4) {phase['default_mean_kl']:.4g}"
         )
     if args.json:
         print(json.dumps(results, indent=2))

@@ -360,9 +360,10 @@ class SessionSettings(BaseModel):
 
     ``prepacking``: ORT's weight prepacking (``session.disable_prepacking`` "0"), on for graphs with quantized
     weights (``MatMulNBits`` or integer weights behind a ``DequantizeLinear``: without it ORT dequantizes them on
-    every call), off for float weights (its packed copy would double their memory). ``accuracy_level``: the
-    ``MatMulNBits`` accuracy levels the session computes at (the nodes' attribute, or for ``DequantizeLinear`` +
-    ``MatMul`` that ORT fuses, ``session.qdq_matmulnbits_accuracy_level``, default 4); empty for float weights.
+    every call), off for float weights (they stay mapped from the file instead of a private packed copy).
+    ``accuracy_level``: the ``MatMulNBits`` accuracy levels the session computes at (the nodes' attribute, or for
+    ``DequantizeLinear`` + ``MatMul`` that ORT fuses, ``session.qdq_matmulnbits_accuracy_level``, default 4); empty
+    for float weights.
     On fp32 activations ORT's CPU EP computes level 4 with int8 activations where MLAS has the kernel and every
     other level in fp32 (onnxruntime 1.32, ``contrib_ops/cpu/quantization/matmul_nbits.cc``, GetComputeType).
     """

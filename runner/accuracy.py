@@ -9,7 +9,9 @@ token actually at ``t + 1``, which gives both perplexities (``exp`` of the mean 
 (exporter convention) takes every token in **one call** with an empty past (its logits are ``(B, S, V)``)
 unless its ``input_ids`` has a static sequence dim of 1, which is fed token by token; a contract graph goes
 ``step_len`` at a time; a graph set through its prefill buckets when every graph returns every position
-(``prefill_logits: all``), else one token per call through its step-1 graphs.
+(``prefill_logits: all``), else one token per call through its step-1 graphs. A ``full_buffer`` graph's cache is
+bound to one buffer (ORT IOBinding; each graph checks the binding against numpy feeds once when opened), so no call
+copies the cache in or out.
 
 **Sessions** (:mod:`onnxdeploy.runner.session`, README "Sessions"): every session's prepacking follows its
 graph (on for quantized MatMul weights, so ``MatMulNBits`` runs MLAS's packed kernels instead of dequantizing
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.report import AccuracyFigures, AccuracyReport, SessionSettings
 from onnxdeploy.runner.decoder import Decoder, make_decoder
@@ -109,7 +112,14 @@ def teacher_forced(
     """
     model_session = open_session(path, providers=providers, config_entries=config_entries)
     settings = model_session.settings
-    with make_decoder(model_session) as decoder:
+    try:
+        contract = read_contract(model_session.model, source=str(path))
+    except BaseException:
+        model_session.close()
+        raise
+    # a full-buffer graph's past and present bound to one buffer (ORT IOBinding): no cache copy in or out per call
+    bind = contract is not None and contract.cache_update == "full_buffer"
+    with make_decoder(model_session, bind_buffers=bind) as decoder:
         outputs = _feed_every_position(decoder, [int(t) for t in tokens])
     return np.stack([logits for logits, _ in outputs]).astype(np.float32), settings
 

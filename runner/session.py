@@ -12,12 +12,13 @@ the file and copy every weight (3.3x a 1 GB model's bytes); the scratch copy's h
 byte ranges in a hard link of the ``.onnx`` itself, which ORT maps (ORT 1.32 maps unaligned offsets).
 
 **Session options follow the graph** (:func:`graph_weights`, :func:`session_settings`; README, "Sessions"): ORT's
-weight prepacking (``session.disable_prepacking``) is **off for float weights**, whose packed copy would be a
-second float copy of every MatMul weight beside the mapped file, and **on for quantized ones**
-(``com.microsoft::MatMulNBits``, or an integer weight behind a ``DequantizeLinear`` feeding a MatMul/Gemm, which
-ORT fuses into ``MatMulNBits``): without prepacking ``MatMulNBits`` dequantizes its whole weight to fp32 on
-every call (ORT 1.32 ``matmul_nbits.cc``: no packed B, so ``ComputeBUnpacked``), measured at 10x the float
-step on a 125M decoder, while the packed copy of 4-bit weights is about an eighth of the float bytes. The
+weight prepacking (``session.disable_prepacking``) is **off for float weights**, which then stay mapped from the
+file (prepacking makes a private packed copy at load; measured on one decode graph of the 125M export of
+``benchmarks/int4_speed.py``: peak RSS 491 MiB against 450 MiB, the static step no faster), and **on for quantized
+ones** (``com.microsoft::MatMulNBits``, or an integer weight behind a ``DequantizeLinear`` feeding a MatMul/Gemm,
+which ORT fuses into ``MatMulNBits``): without prepacking ``MatMulNBits`` dequantizes its whole weight to fp32 on
+every call (ORT 1.32 ``matmul_nbits.cc``: no packed B, so ``ComputeBUnpacked``), measured at 12x the float
+original's step on that export and a higher peak (236 MiB against 153 MiB with the packed copy). The
 ``accuracy_level`` the session computes at is reported with it (:class:`onnxdeploy.report.SessionSettings`);
 ``session.qdq_matmulnbits_accuracy_level`` in ``config_entries`` sets it for the ``MatMulNBits`` ORT fuses
 from ``DequantizeLinear`` + ``MatMul`` (ORT's own meaning of the key) **and** for the graph's own
@@ -174,7 +175,7 @@ def session_settings(weights: GraphWeights, config_entries: Mapping[str, str] | 
         if weights.float_matmul_bytes:
             reason += f"; {weights.float_matmul_bytes / 1e6:.1f} MB of float MatMul weights are prepacked too"
     else:
-        prepacking, reason = False, "float weights: prepacking would copy them"
+        prepacking, reason = False, "float weights: kept mapped (prepacking makes a private copy at load)"
     return SessionSettings(
         weights="quantized" if weights.quantized else "float",
         prepacking=prepacking,
@@ -422,7 +423,8 @@ def open_session(
     try:
         if rewrite or relevel is not None:
             scratch = Path(tempfile.mkdtemp(prefix="onnxdeploy-session-", dir=scratch_root))
-            target = _scratch_copy(Path(path), scratch, relevel)
+            linked = None if rewrite or relevel is None else _relevelled_header(Path(path), scratch, relevel)
+            target = linked or _scratch_copy(Path(path), scratch, relevel)
         with warnings.catch_warnings():
             # ORT warns and falls back when an EP is unavailable; the fallback is reported below.
             warnings.simplefilter("ignore")
@@ -445,6 +447,30 @@ def open_session(
     return ModelSession(
         source, header, session, requested, active, fallbacks, scratch, dict(config_entries or {}), threads, settings
     )
+
+
+def _relevelled_header(path: Path, scratch: Path, accuracy_level: int) -> str | None:
+    """The graph file alone with every MatMulNBits at ``accuracy_level``, beside hard links of its data files.
+
+    The fast way (no graph deserialised, no weight read); None when a data file is on another filesystem (the
+    caller then writes the copy through :func:`_scratch_copy`, which streams such weights).
+    """
+    proto = onnx.load(str(path), load_external_data=False)
+    for data in model_io.check_external_data(proto, path):
+        link = scratch / data.location
+        link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(data.path, link)
+        except OSError:
+            return None
+    for node in proto.graph.node:
+        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", accuracy_level)])
+    target = scratch / path.name
+    onnx.save(proto, str(target))
+    return str(target)
 
 
 def _scratch_copy(path: Path, scratch: Path, accuracy_level: int | None) -> str:

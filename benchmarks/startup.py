@@ -11,14 +11,16 @@ Timed as a user runs them (the venv's ``onnxdeploy`` console script, a fresh pro
 
 The variants are interleaved over ``--rounds`` rounds (rotated, so none always follows another). Printed per
 command: the median wall time, the median less the baseline's median (what the issue's goal counts), and that
-over the goal (<= 1.00 meets it). The load average is printed too: other processes on the machine slow every
-figure alike.
+over the goal (<= 1.00 meets it); then the median CPU time (the child's user + system seconds) and that less the
+baseline's: on a machine shared with other jobs the wall time grows with the load average (printed) while the CPU
+time stays near what an idle machine's wall time would be.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,13 +59,16 @@ def _commands(folder: Path) -> dict[str, tuple[list[str], int]]:
     }
 
 
-def _time(argv: list[str], expected: int, env: dict[str, str]) -> float:
+def _time(argv: list[str], expected: int, env: dict[str, str]) -> tuple[float, float]:
+    """(wall s, CPU s: the child's user + system time) of one run of ``argv``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, check=False)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != expected:
         raise SystemExit(f"{' '.join(argv)}: exit {done.returncode}, expected {expected}\n{done.stderr.decode()}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -76,20 +81,21 @@ def main() -> None:
         names = list(commands)
         for name in names:  # one untimed run each: bytecode caches written, files in the page cache
             _time(*commands[name], env)
-        times: dict[str, list[float]] = {name: [] for name in names}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
         for r in range(args.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(_time(*commands[name], env))
-    base = statistics.median(times["python -c pass"])
+    wall = {name: statistics.median(w for w, _ in runs) for name, runs in times.items()}
+    cpu = {name: statistics.median(c for _, c in runs) for name, runs in times.items()}
+    base, base_cpu = wall["python -c pass"], cpu["python -c pass"]
     print(f"median of {args.rounds} interleaved rounds; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'command':16s} {'wall s':>8s} {'- python':>9s} {'/ goal':>7s}")
+    print(f"{'command':16s} {'wall s':>8s} {'- python':>9s} {'/ goal':>7s} {'cpu s':>7s} {'- python':>9s}")
     for name in names:
-        med = statistics.median(times[name])
         if name == "python -c pass":
-            print(f"{name:16s} {med:8.3f} {'':>9s} {'':>7s}")
+            print(f"{name:16s} {base:8.3f} {'':>9s} {'':>7s} {base_cpu:7.3f}")
             continue
-        net = med - base
-        print(f"{name:16s} {med:8.3f} {net:9.3f} {net / GOAL_S:7.2f}")
+        net, net_cpu = wall[name] - base, cpu[name] - base_cpu
+        print(f"{name:16s} {wall[name]:8.3f} {net:9.3f} {net / GOAL_S:7.2f} {cpu[name]:7.3f} {net_cpu:9.3f}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from onnxdeploy import __version__
@@ -26,6 +25,8 @@ from onnxdeploy.console_report import print_run, print_sdk, print_verify
 from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError, OutputError
 
 if TYPE_CHECKING:  # the commands import the library lazily: `onnxdeploy --help` stays fast
+    from rich.progress import Progress
+
     from onnxdeploy.config import PipelineConfig
 
 __all__ = ["app", "main"]
@@ -113,6 +114,8 @@ def _interrupt_on_termination() -> None:
 
 def _progress(console: Console, *, quiet: bool = False) -> Progress:
     """Progress bars on ``console`` (stderr), removed when done; none with ``--quiet``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),

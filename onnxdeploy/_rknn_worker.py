@@ -7,12 +7,19 @@ PLATFORM``). It imports only the standard library, numpy and ``rknn.api``.
 Everything the SDK prints (its verbose build log included) goes to stderr; the protocol uses the original
 stdout, one JSON object per line:
 
-- ``build``: load the ONNX model, build it for ``PLATFORM`` (fp16, no quantization), print
-  ``{"ok": bool, "seconds": float, "error": str}`` and exit. The per-node verdicts are in the build log.
-- ``builds``: ``python _rknn_worker.py builds PLATFORM MODEL [MODEL ...]``: ``build`` for each model in one
-  process (the SDK's import costs ~3 s), one JSON line per model; before each build the line
+- ``build``: ``python _rknn_worker.py build MODEL PLATFORM [OPTIONS]``: load the ONNX model, build it for
+  ``PLATFORM``, print ``{"ok": bool, "seconds": float, "error": str}`` and exit. The per-node verdicts are in the
+  build log. ``OPTIONS`` is the JSON of :class:`onnxdeploy.sdk.RknnBuild` (default: fp16, no quantization):
+  ``quantized_dtype`` (``w8a8`` / ``w16a16i_dfp``: ``rknn.config(quantized_dtype=...)`` and
+  ``rknn.build(do_quantization=True, dataset=...)``), ``quantized_algorithm``, ``dataset``, ``float_layers``
+  (hybrid quantization: ``hybrid_quantization_step1`` writes the SDK's ``.quantization.cfg``, these layers are
+  set to ``float16`` in its ``custom_quantize_layers``, ``hybrid_quantization_step2`` builds) and ``export``
+  (``rknn.export_rknn`` path).
+- ``builds``: ``python _rknn_worker.py builds PLATFORM [--options JSON-LIST] MODEL [MODEL ...]``: ``build`` for
+  each model in one process (the SDK's import costs ~3 s), one JSON line per model; before each build the line
   ``onnxdeploy-rknn-worker: model I`` goes to stderr, so the caller can cut the log per model.
-- ``serve``: build, start the simulator (``init_runtime()`` with no target), print ``{"ok": ...}``, then for
+- ``serve``: ``python _rknn_worker.py serve MODEL PLATFORM [OPTIONS]``: build, start the simulator
+  (``init_runtime()`` with no target), print ``{"ok": ...}``, then for
   each request line ``{"inputs": npz, "outputs": npz}`` run one inference on the input file's arrays ``in0``, ``in1``,
   ... (graph-input order) and write the outputs (graph-output order) as ``out0``, ``out1``, ...;
   reply ``{"ok": true}`` or ``{"ok": false, "error": ...}``. Ends at end of input.
@@ -47,17 +54,66 @@ def _flush_all():
     ctypes.CDLL(None).fflush(None)
 
 
-def _build(model: str, platform: str):
+def _options(text):
+    """The build options (``RknnBuild`` JSON), defaults filled in."""
+    options = {"quantized_dtype": None, "quantized_algorithm": "normal", "dataset": None, "float_layers": []}
+    options.update(auto_hybrid=False, auto_hybrid_cos=0.98)
+    options.update(json.loads(text) if text else {})
+    return options
+
+
+def _hybrid(rknn, model, options):
+    """Hybrid quantization: step 1 writes the SDK's model/data/cfg files, the named layers become float16, step 2.
+
+    RKNN-Toolkit2's ``.quantization.cfg`` is YAML with a ``custom_quantize_layers`` mapping (layer name -> dtype);
+    step 2 rebuilds from the step-1 files with that mapping (RKNN-Toolkit2 User Guide, "Hybrid quantization").
+    """
+    if rknn.hybrid_quantization_step1(dataset=options["dataset"], proposal=False) != 0:
+        return "hybrid_quantization_step1 failed"
+    stem = os.path.splitext(os.path.basename(model))[0]
+    cfg = f"{stem}.quantization.cfg"
+    lines = open(cfg).read().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("custom_quantize_layers"):
+            extra = [f"    {name}: float16" for name in options["float_layers"]]
+            lines[i : i + 1] = ["custom_quantize_layers:", *extra]
+            break
+    else:
+        lines[:0] = ["custom_quantize_layers:", *(f"    {n}: float16" for n in options["float_layers"])]
+    with open(cfg, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    ok = rknn.hybrid_quantization_step2(
+        model_input=f"{stem}.model", data_input=f"{stem}.data", model_quantization_cfg=cfg
+    )
+    return "" if ok == 0 else "hybrid_quantization_step2 failed"
+
+
+def _build(model: str, platform: str, options=None):
     from rknn.api import RKNN
 
+    options = options or _options("")
+    quantized = options["quantized_dtype"] is not None
     rknn = RKNN(verbose=True)
-    rknn.config(target_platform=platform)
+    config = {"target_platform": platform}
+    if quantized:
+        config.update(quantized_dtype=options["quantized_dtype"], quantized_algorithm=options["quantized_algorithm"])
+        if options["auto_hybrid"]:
+            config["auto_hybrid_cos_thresh"] = options["auto_hybrid_cos"]
     start = time.perf_counter()
     try:  # the SDK raises on some graphs (e.g. an ORT session it opens on a contrib-op model) instead of returning
+        rknn.config(**config)
         if rknn.load_onnx(model=model) != 0:
             return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "load_onnx failed"}
-        if rknn.build(do_quantization=False) != 0:
-            return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "build failed"}
+        if quantized and options["float_layers"]:
+            error = _hybrid(rknn, model, options)
+        elif rknn.build(do_quantization=quantized, dataset=options["dataset"], auto_hybrid=options["auto_hybrid"]) != 0:
+            error = "build failed"
+        else:
+            error = ""
+        if not error and options.get("export") and rknn.export_rknn(options["export"]) != 0:
+            error = f"export_rknn {options['export']} failed"
+        if error:
+            return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": error}
     except Exception as exc:  # noqa: BLE001 - reported to the caller
         error = f"{type(exc).__name__}: {exc}".strip().splitlines()[-1][:500]
         return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": error}
@@ -69,15 +125,18 @@ def main() -> int:
     proto = _protocol_stream()
     if sys.argv[1] == "builds":
         platform, models = sys.argv[2], sys.argv[3:]
+        options = [_options("")] * len(models)
+        if models and models[0] == "--options":  # one JSON list: the options of each model
+            options, models = [_options(json.dumps(o)) for o in json.loads(models[1])], models[2:]
         for i, model in enumerate(models):
             print(f"{MARKER} {i}", file=sys.stderr, flush=True)
-            rknn, result = _build(model, platform)
+            rknn, result = _build(model, platform, options[i])
             rknn.release()
             _flush_all()
             proto.write(json.dumps(result) + "\n")
         return 0
     mode, model, platform = sys.argv[1:4]
-    rknn, result = _build(model, platform)
+    rknn, result = _build(model, platform, _options(sys.argv[4] if len(sys.argv) > 4 else ""))
     if mode == "build" or not result["ok"]:
         proto.write(json.dumps(result) + "\n")
         return 0 if result["ok"] else 1

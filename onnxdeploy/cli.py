@@ -300,6 +300,17 @@ def list_passes(*, as_json: JsonOpt = False) -> None:
     raise typer.Exit(EXIT_OK)
 
 
+PromptTextOpt = Annotated[
+    str | None, typer.Option("--prompt-text", help="The prompt as text, replacing --prompt (the text extra).")
+]
+TokenizerOpt = Annotated[
+    Path | None, typer.Option("--tokenizer", help="tokenizer.json or its folder (default: the original's folder).")
+]
+ChatTemplateOpt = Annotated[
+    bool, typer.Option("--chat-template", help="Render --prompt-text through the folder's chat template.")
+]
+
+
 @app.command("verify")
 def verify_cmd(
     original: Annotated[Path, typer.Argument(help="The original model (exporter convention).")],
@@ -307,6 +318,9 @@ def verify_cmd(
     *,
     steps: Annotated[int, typer.Option("--steps", "-n", min=0, help="Greedy steps after the prompt.")] = 32,
     prompt: Annotated[str, typer.Option("--prompt", help="Comma-separated prompt token ids.")] = "1,17,42,99,7,3",
+    prompt_text: PromptTextOpt = None,
+    tok: TokenizerOpt = None,
+    chat: ChatTemplateOpt = False,
     max_abs_logit_diff: Annotated[float, typer.Option(help="Tolerance on max abs logit diff.")] = 1e-4,
     min_top1_agreement: Annotated[float, typer.Option(help="Minimum top-1 agreement rate.")] = 1.0,
     providers: Annotated[
@@ -333,10 +347,11 @@ def verify_cmd(
     """
     from onnxdeploy.report import SCHEMA_VERSION, summarise_verify
     from onnxdeploy.runner import verify
+    from onnxdeploy.text import generations_with
 
     out, err = _consoles(as_json)
     try:
-        tokens, requested = _verify_args(prompt, providers, remainder, report)
+        tokens, requested, tok = _verify_args(prompt, providers, remainder, report, (original, prompt_text, tok, chat))
         with _progress(err, quiet=quiet) as bar:
             on_verify = _progress_callback(bar)
             result = verify(
@@ -355,6 +370,7 @@ def verify_cmd(
         raise _fail(err, exc, as_json=as_json) from None
     except KeyboardInterrupt:
         raise _interrupted(err, as_json=as_json) from None
+    result = generations_with(result, tok, prompt_text=prompt_text, chat=chat)
     result = summarise_verify(result, max_rows)
     status = "passed" if result.passed else "failed"
     payload = json.dumps(
@@ -378,8 +394,13 @@ def verify_cmd(
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAILED)
 
 
-def _verify_args(prompt: str, providers: str, remainder: str, report: Path | None) -> tuple[list[int], list[str]]:
+def _verify_args(
+    prompt: str, providers: str, remainder: str, report: Path | None, text: tuple[Path, str | None, Path | None, bool]
+) -> tuple[list[int], list[str], Path | None]:
     """``onnxdeploy verify``'s options checked before any model is read: the prompt ids and the providers.
+
+    ``text`` is ``(original, --prompt-text, --tokenizer, --chat-template)``: the prompt text replaces the ids
+    (``onnxdeploy.text.text_prompt``), and the tokenizer found is returned third (None without one).
 
     Raises:
         ConfigError: the prompt is empty or not comma-separated integers, no provider, an unknown remainder.
@@ -398,7 +419,11 @@ def _verify_args(prompt: str, providers: str, remainder: str, report: Path | Non
         raise ConfigError(f"--remainder must be 'padded' or 'buckets', got {remainder!r}")
     if report is not None and not report.parent.is_dir():
         raise OutputError(f"--report {report}: folder {report.parent} does not exist; create it or choose another")
-    return tokens, requested
+    from onnxdeploy.text import text_prompt  # noqa: PLC0415  (tokenizers only when asked for)
+
+    original, prompt_text, tokenizer, chat = text
+    tokens, found = text_prompt(original, tokens, prompt_text, tokenizer, chat=chat)
+    return tokens, requested, found
 
 
 def _write_verify_report(report: Path, payload: str, original: Path, candidate: Path) -> None:

@@ -26,6 +26,8 @@ __all__ = [
     "CalibrationConfig",
     "VerifyConfig",
     "ReportConfig",
+    "SdkConfig",
+    "SdkQuantization",
     "PassSpec",
     "PipelineConfig",
     "RuntimeSpec",
@@ -67,8 +69,32 @@ class RuntimeSpec(BaseModel):
         ge=0,
         allow_inf_nan=False,
         description="Largest allowed max-abs logit difference on this runtime against the original on ORT; "
-        "null: verify.max_abs_logit_diff.",
+        "null: the runtime's precision defaults (fp32: verify.max_abs_logit_diff; fp16 builds: none).",
     )
+    max_rel_logit_diff: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Largest allowed per-position max|diff| / max|reference logit|; null: precision defaults.",
+    )
+    min_cosine_similarity: float | None = Field(
+        None,
+        ge=-1,
+        le=1,
+        description="Smallest allowed mean cosine similarity; null: precision defaults (fp16 builds: 0.9999).",
+    )
+    min_top1_agreement: float | None = Field(
+        None, ge=0, le=1, description="Smallest allowed top-1 agreement; null: precision defaults (fp16: 0.99)."
+    )
+
+    def bounds(self) -> dict[str, float | None]:
+        """The bounds this entry sets itself (None: the runtime's precision defaults decide)."""
+        return {
+            "max_abs_logit_diff": self.max_abs_logit_diff,
+            "max_rel_logit_diff": self.max_rel_logit_diff,
+            "min_cosine_similarity": self.min_cosine_similarity,
+            "min_top1_agreement": self.min_top1_agreement,
+        }
 
 
 class VerifyConfig(BaseModel):
@@ -77,6 +103,23 @@ class VerifyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: list[int] = Field(default=[1, 17, 42, 99, 7, 3], min_length=1, description="Prompt token ids.")
+    prompt_text: str | None = Field(
+        None,
+        min_length=1,
+        description="The prompt as text instead of ids, encoded by the tokenizer (verify.tokenizer); needs the "
+        "text extra. Not together with prompt.",
+    )
+    chat_template: StrictBool = Field(
+        False,
+        description="Render prompt_text as one user message through the tokenizer folder's chat template (with the "
+        "assistant's turn opened) before encoding it; needs jinja2 (the text extra).",
+    )
+    tokenizer: Path | None = Field(
+        None,
+        strict=False,
+        description="A tokenizer.json, or the folder holding one (relative to the pipeline file); default: the "
+        "model's folder. Encodes prompt_text and accuracy.text_file and decodes the generations in the reports.",
+    )
     steps: int = Field(32, ge=0, description="Greedy tokens generated (and fed) after the prompt.")
     modes: list[Literal["teacher_forced", "free_running"]] = Field(
         default=["teacher_forced", "free_running"], min_length=1, description="Decode modes to compare."
@@ -85,6 +128,20 @@ class VerifyConfig(BaseModel):
         1e-4, ge=0, allow_inf_nan=False, description="Largest allowed max-abs logit difference."
     )
     min_top1_agreement: float = Field(1.0, ge=0, le=1, description="Smallest allowed top-1 agreement rate.")
+    max_rel_logit_diff: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Largest allowed per-position max|diff| / max|reference logit| (dimensionless; null: not "
+        "checked), per mode and per graph of a set.",
+    )
+    min_cosine_similarity: float | None = Field(
+        None,
+        ge=-1,
+        le=1,
+        description="Smallest allowed mean cosine similarity of the logits (null: not checked), per mode and per "
+        "graph of a set; e.g. 0.9999 for an fp16 KV cache.",
+    )
     providers: list[str] = Field(
         default=["CPUExecutionProvider"], min_length=1, description="ONNX Runtime execution providers, in order."
     )
@@ -184,13 +241,84 @@ class AccuracyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    token_ids_file: Path = Field(
-        strict=False, description="Held-out token ids (formats as calibration); relative to the pipeline."
+    token_ids_file: Path | None = Field(
+        None, strict=False, description="Held-out token ids (formats as calibration); relative to the pipeline."
+    )
+    text_file: Path | None = Field(
+        None,
+        strict=False,
+        description="Held-out UTF-8 text instead of ids, encoded by verify.tokenizer (the text extra); relative to "
+        "the pipeline. Exactly one of token_ids_file and text_file.",
     )
     max_tokens: int = Field(129, ge=2, description="Tokens fed at most (positions compared: one fewer).")
     max_mean_kl: float | None = Field(None, ge=0, description="Largest allowed mean KL(original || candidate), nats.")
     min_top1_agreement: float | None = Field(None, ge=0, le=1, description="Smallest allowed top-1 agreement.")
     max_ppl_ratio: float | None = Field(None, ge=1, description="Largest allowed perplexity candidate / original.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AccuracyConfig:
+        if (self.token_ids_file is None) == (self.text_file is None):
+            raise ValueError("give exactly one of token_ids_file (ids) and text_file (text)")
+        return self
+
+    @property
+    def source_key(self) -> str:
+        """``verify.accuracy.token_ids_file`` or ``verify.accuracy.text_file``: the key the tokens come from."""
+        return "verify.accuracy." + ("text_file" if self.text_file is not None else "token_ids_file")
+
+
+class SdkQuantization(BaseModel):
+    """``sdk.quantization``: the NPU's own integer quantization (RKNN-Toolkit2 ``rknn.config`` + ``rknn.build``).
+
+    RK3588's NPU computes int8 × int8: RKNN-Toolkit2 2.5.0 quantizes weights **and** activations from a
+    calibration dataset (``quantized_dtype`` ``w8a8`` or ``w16a16i_dfp`` on rk3588; it refuses ``w8a16`` and
+    ``w4a16`` there), which onnxdeploy generates from the pipeline's ``calibration`` token ids through the decode
+    contract (the cache inputs filled as in a real decode).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dtype: Literal["w8a8", "w16a16i_dfp"] = Field("w8a8", description="rknn.config(quantized_dtype=...).")
+    algorithm: Literal["normal", "mmse", "kl_divergence", "gdq"] = Field(
+        "normal", description="rknn.config(quantized_algorithm=...)."
+    )
+    float_layers: list[str] = Field(
+        default_factory=list,
+        description="Hybrid quantization: ONNX node names kept in fp16 (hybrid_quantization_step1/2); [] with "
+        "auto_hybrid false: plain quantization.",
+    )
+    auto_hybrid: StrictBool = Field(
+        False,
+        description="The SDK keeps in fp16 every layer whose quantized output's cosine to the float one falls below "
+        "auto_hybrid_cos (rknn.build(auto_hybrid=True)), chosen from per-layer error on the calibration dataset.",
+    )
+    auto_hybrid_cos: float = Field(
+        0.98, gt=0, le=1, description="rknn.config(auto_hybrid_cos_thresh=...): the per-layer cosine bound."
+    )
+    max_samples: int = Field(
+        32, ge=1, description="Calibration samples (decode calls) per graph, spread over the calibration tokens."
+    )
+    max_mean_kl: float | None = Field(
+        0.05, ge=0, description="Largest mean KL(original || simulator) on verify.accuracy's held-out tokens, nats."
+    )
+    min_top1_agreement: float | None = Field(0.95, ge=0, le=1, description="Smallest held-out top-1 agreement.")
+    max_ppl_ratio: float | None = Field(None, ge=1, description="Largest held-out perplexity ratio.")
+
+
+class SdkConfig(BaseModel):
+    """The ``sdk`` key: the device SDK build stage (after the checks; ``target: rknn-rk3588`` only).
+
+    ``auto`` (default) builds every graph of the set where the SDK environment exists and adds a note where it does
+    not; ``build`` makes a missing environment an error (exit 2 before any pass); ``off`` skips the stage. The
+    plain string is the mapping's ``mode``.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    mode: Literal["auto", "build", "off"] = Field("auto", description="auto | build | off.")
+    quantization: SdkQuantization | None = Field(
+        None, description="null: fp16 build (no quantization); else the NPU's own quantization (w8a8)."
+    )
 
 
 class ReportConfig(BaseModel):
@@ -257,6 +385,10 @@ class PipelineConfig(BaseModel):
         description="The per-pass cache (dir, full_hash, max_bytes); null turns it off. CLI: --cache-dir, --no-cache.",
     )
     report: ReportConfig = Field(default_factory=ReportConfig, description="Report settings (max_rows).")
+    sdk: SdkConfig = Field(
+        default_factory=SdkConfig,
+        description="Device SDK build stage: auto | build | off, or {mode, quantization} (target rknn-rk3588).",
+    )
     source: Path | None = Field(None, description="Set by the loader: the pipeline file this was read from.")
 
     def settings(self, *, accuracy_tokens: int | None = None) -> PipelineSettings:
@@ -273,6 +405,7 @@ class PipelineConfig(BaseModel):
             calibration_tokens=self.calibration.max_tokens if self.calibration is not None else None,
             verify_runtimes=() if v is None else tuple(s.name for s in v.runtime_specs()),
             accuracy_tokens=accuracy_tokens,
+            prompt_key="verify.prompt_text" if v is not None and v.prompt_text is not None else "verify.prompt",
         )
 
     @model_validator(mode="after")
@@ -282,6 +415,12 @@ class PipelineConfig(BaseModel):
         if self.verify_each_pass and self.verify is None:
             raise ValueError("verify_each_pass/bisect need a verify section (its prompt and thresholds)")
         return self
+
+    @field_validator("sdk", mode="before")
+    @classmethod
+    def _sdk_mode(cls, v: Any) -> Any:
+        """``sdk: build`` is ``sdk: {mode: build}``."""
+        return {"mode": v} if isinstance(v, str) else v
 
     @field_validator("model", "output_dir", mode="before")
     @classmethod
@@ -401,16 +540,93 @@ def _resolve_token_files(cfg: PipelineConfig, base: Path, where: Path) -> Pipeli
     for key, section in sections:
         if section is None:
             continue
-        file = section.token_ids_file if section.token_ids_file.is_absolute() else base / section.token_ids_file
+        field = "text_file" if getattr(section, "text_file", None) is not None else "token_ids_file"
+        given = getattr(section, field)
+        file = given if given.is_absolute() else base / given
         if not file.is_file():
-            raise ConfigError(f"{where}: key '{key}.token_ids_file': file not found: {file}")
-        resolved = section.model_copy(update={"token_ids_file": file.resolve()})
+            raise ConfigError(f"{where}: key '{key}.{field}': file not found: {file}")
+        resolved = section.model_copy(update={field: file.resolve()})
         if key == "calibration":
             update["calibration"] = resolved
         else:
             assert cfg.verify is not None
             update["verify"] = cfg.verify.model_copy(update={"accuracy": resolved})
     return cfg.model_copy(update=update) if update else cfg
+
+
+def _resolve_text(cfg: PipelineConfig, base: Path, model: Path, where: Path) -> PipelineConfig:
+    """Find the tokenizer (``verify.tokenizer``, else the model's folder) and encode ``verify.prompt_text``.
+
+    ``verify.tokenizer`` becomes the resolved ``tokenizer.json`` when one is found, and ``verify.prompt`` the text's
+    ids, so everything after (the passes' ``check_settings``, the prompt's vocabulary check) sees them.
+
+    Raises:
+        ConfigError: ``prompt`` and ``prompt_text`` both given; text (``prompt_text``, ``accuracy.text_file``)
+            but no tokenizer found, the tokenizers/jinja2 package missing, no chat template declared (each names
+            its key).
+    """
+    from onnxdeploy.text import find_tokenizer, load_codec  # noqa: PLC0415  (tokenizers only when text is given)
+
+    v = cfg.verify
+    if v is None:
+        return cfg
+    if v.prompt_text is not None and "prompt" in v.model_fields_set:
+        raise ConfigError(f"{where}: key 'verify.prompt_text': give verify.prompt (token ids) or prompt_text, not both")
+    needs = "verify.prompt_text" if v.prompt_text is not None else None
+    if needs is None and v.accuracy is not None and v.accuracy.text_file is not None:
+        needs = "verify.accuracy.text_file"
+    if v.tokenizer is not None:
+        given = v.tokenizer.expanduser()
+        tokenizer: Path | None = find_tokenizer(
+            given if given.is_absolute() else base / given, key=f"{where}: key 'verify.tokenizer'"
+        )
+    else:
+        try:
+            tokenizer = find_tokenizer(model.parent, key=f"{where}: key '{needs}'")
+        except ConfigError:
+            if needs is not None:
+                raise
+            tokenizer = None  # ids in, and no tokenizer beside the model: the reports show ids only
+    if v.tokenizer is not None:  # asked for by name: read it now, so a bad file exits 2 before any pass
+        load_codec(tokenizer, key=f"{where}: key 'verify.tokenizer'")
+    update: dict[str, Any] = {"tokenizer": tokenizer}
+    if v.prompt_text is not None:
+        assert tokenizer is not None
+        codec = load_codec(tokenizer, key=f"{where}: key 'verify.prompt_text'")
+        update["prompt"] = codec.prompt_ids(
+            v.prompt_text, chat=v.chat_template, key=f"{where}: key 'verify.prompt_text'"
+        )
+    elif v.chat_template:
+        raise ConfigError(f"{where}: key 'verify.chat_template': applies to verify.prompt_text, which is not given")
+    return cfg.model_copy(update={"verify": v.model_copy(update=update)})
+
+
+def _check_sdk(cfg: PipelineConfig, where: Path) -> None:
+    """``sdk: build`` needs the SDK environment, and quantization needs ``calibration`` (ConfigError, exit 2)."""
+    if cfg.sdk.mode == "off":
+        return
+    if cfg.sdk.quantization is not None and cfg.calibration is None:
+        raise ConfigError(
+            f"{where}: key 'sdk.quantization': the {cfg.sdk.quantization.dtype} build needs a calibration dataset, "
+            "generated from the 'calibration' section's token ids; add calibration: {token_ids_file: ...}"
+        )
+    on_sim = cfg.verify is not None and any(r.name == "rknn-sim" for r in cfg.verify.runtimes)
+    if cfg.sdk.quantization is not None and on_sim and cfg.verify is not None and cfg.verify.accuracy is None:
+        raise ConfigError(
+            f"{where}: key 'sdk.quantization': an int8 build on rknn-sim is judged by held-out accuracy (mean KL, "
+            "top-1, perplexity); add verify.accuracy: {token_ids_file: ...}"
+        )
+    if cfg.sdk.mode != "build":
+        return
+    if cfg.target != "rknn-rk3588":
+        raise ConfigError(f"{where}: key 'sdk': no SDK build is wired for target {cfg.target!r}; only rknn-rk3588")
+    from onnxdeploy.sdk import rknn_env, rknn_python  # noqa: PLC0415
+
+    if rknn_python() is None:
+        raise ConfigError(
+            f"{where}: key 'sdk': mode build needs the RKNN-Toolkit2 environment ({rknn_env()}), which is not "
+            "installed; run `onnxdeploy sdk install rknn`, or use sdk: auto / off"
+        )
 
 
 def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> PipelineConfig:
@@ -481,7 +697,9 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
             check_runtimes([spec.name for spec in cfg.verify.runtime_specs()])
         except ConfigError as exc:
             raise ConfigError(f"{p}: key 'verify.runtimes': {exc}") from None
+    _check_sdk(cfg, p)
     cfg = _resolve_token_files(cfg, base, p)
+    cfg = _resolve_text(cfg, base, model, p)
     if cfg.cache is not None and cfg.cache.dir is not None and not cfg.cache.dir.is_absolute():
         cfg = cfg.model_copy(update={"cache": cfg.cache.model_copy(update={"dir": (base / cfg.cache.dir).resolve()})})
     cfg = cfg.model_copy(

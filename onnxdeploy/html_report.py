@@ -23,6 +23,7 @@ from onnxdeploy.report import (
     summarise_steps,
 )
 from onnxdeploy.resources import format_bytes
+from onnxdeploy.text_report import generations_html
 
 __all__ = ["render_html"]
 
@@ -125,6 +126,7 @@ def render_html(report: RunReport, *, max_rows: int = 200) -> str:
     parts += _html_findings(report)
     if report.verify is not None:
         parts += _html_verify(report.verify, max_rows)
+        parts += generations_html(report.verify.generations)
     else:
         parts += ["<h2>Verification</h2>", "<p><b>Skipped</b> (<code>verify: null</code>): not compared.</p>"]
     parts += _html_runtimes(report)

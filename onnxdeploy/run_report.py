@@ -26,6 +26,7 @@ from onnxdeploy.model_io import StagedArtifacts, input_files, sha256_file
 from onnxdeploy.render import render_markdown
 from onnxdeploy.report import FileRecord, GraphReport, PhaseReport, RunReport, summarise_verify
 from onnxdeploy.run_stages import Checked, GraphIO, Loaded, Passed, StageResult, Verified, Written, graph_io
+from onnxdeploy.sdk_stage import SdkBuilt
 
 __all__ = ["REPORT_FILES", "report_stage"]
 
@@ -43,6 +44,7 @@ def report_stage(
     *,
     clock: PhaseClock,
     start: float,
+    sdk: SdkBuilt | None = None,
 ) -> RunReport:
     """Assemble the run's report and stage its three files.
 
@@ -57,23 +59,26 @@ def report_stage(
         clock: the run's phase clock; the ``report`` phase (rendering report.html) closes before report.json is
             written, so the phases account for the rendering too.
         start: ``time.perf_counter()``'s reading at the process's start.
+        sdk: the SDK build stage's result (``report.json`` → ``sdk``; its failures join the run's), if it ran.
 
     Returns:
         The report as written to report.json (status ``failed`` when any stage has a failure).
     """
-    stages: list[StageResult | None] = [load, passes, written, checks, verified]
+    stages: list[StageResult | SdkBuilt | None] = [load, passes, written, checks, sdk, verified]
     failures = [line for stage in stages if stage is not None for line in stage.failures]
     common = {
         "status": "failed" if failures else "passed",
         "pipeline": str(config.source.resolve()) if config.source else None,
         "input_model": str(config.model),
         "output_files": [str(config.output_dir / n) for n in (*written.staged.files, *REPORT_FILES)],
+        "removed_files": [str(config.output_dir / n) for n in written.removes],
         "target": config.target,
         "checks_run": checks.names,
         "failures": failures,
         "phases": clock.phases,
         "onnxdeploy_version": __version__,
         "versions": _versions(),
+        "sdk": sdk.report if sdk is not None else None,
     }
     if passes is None or verified is None:
         report = RunReport(
@@ -177,6 +182,9 @@ def _file_records(
     extra = [config.source] + [
         s.token_ids_file for s in (config.calibration, config.verify and config.verify.accuracy) if s
     ]
+    if config.verify is not None:  # text inputs (text.py): the held-out text and the tokenizer that encoded it
+        acc = config.verify.accuracy
+        extra += [acc.text_file if acc else None, config.verify.tokenizer]
     inputs = [model, *sorted(p for p in input_files(model) if p != model.resolve()), *(Path(p) for p in extra if p)]
     records = []
     for path in dict.fromkeys(inputs):  # the model, then the rest, each once

@@ -33,7 +33,10 @@ from pathlib import Path
 from onnxdeploy.errors import ConfigError, ModelLoadError
 
 __all__ = [
+    "QUANTIZED_ALGORITHMS",
+    "QUANTIZED_DTYPES",
     "RKNN_PACKAGE",
+    "RknnBuild",
     "SdkNodeVerdict",
     "SdkReport",
     "install_rknn",
@@ -51,6 +54,81 @@ RKNN_PACKAGE = "rknn-toolkit2==2.5.0"
 _WORKER = Path(__file__).with_name("_rknn_worker.py")
 _WORKER_MARKER = "onnxdeploy-rknn-worker: model"  # the worker's stderr line before each build (``builds``)
 _TIMEOUT_S = 600
+
+
+QUANTIZED_DTYPES: tuple[str, ...] = ("w8a8", "w16a16i_dfp")
+"""``rknn.config(quantized_dtype=...)`` values RKNN-Toolkit2 2.5.0 accepts for ``rk3588`` (it refuses ``w8a16``
+and ``w4a16`` there; read off the 2.5.0 wheel's ``rknn.config`` check, issue 19)."""
+
+QUANTIZED_ALGORITHMS: tuple[str, ...] = ("normal", "mmse", "kl_divergence", "gdq")
+"""``rknn.config(quantized_algorithm=...)`` values of RKNN-Toolkit2 2.5.0."""
+
+
+@dataclass(frozen=True)
+class RknnBuild:
+    """How the worker builds a model: fp16 (no quantization) or the NPU's own integer quantization.
+
+    Attributes:
+        quantized_dtype: None (fp16 build, ``do_quantization=False``) or one of :data:`QUANTIZED_DTYPES`.
+        quantized_algorithm: one of :data:`QUANTIZED_ALGORITHMS` (used when quantizing).
+        dataset: the calibration dataset file (one sample per line: one ``.npy`` path per model input, in input
+            order, separated by spaces; :func:`onnxdeploy.sdk_stage.write_calibration_dataset`); required when
+            quantizing.
+        float_layers: ONNX node names kept in fp16 by hybrid quantization (``hybrid_quantization_step1/2``:
+            their entries move to the ``custom_quantize_layers`` of the SDK's ``.quantization.cfg`` as
+            ``float16``); empty: plain quantization.
+        export: where the worker writes the built ``.rknn`` (``rknn.export_rknn``), or None.
+        auto_hybrid: the SDK picks the fp16 layers itself from per-layer error (``rknn.build(auto_hybrid=True)``:
+            a layer whose quantized output's cosine to the float one falls below ``auto_hybrid_cos_thresh`` is kept
+            in fp16; RKNN-Toolkit2 2.5.0 ``rknn.config``/``rknn.build`` docstrings).
+        auto_hybrid_cos: that threshold (``rknn.config(auto_hybrid_cos_thresh=...)``, SDK default 0.98).
+    """
+
+    quantized_dtype: str | None = None
+    quantized_algorithm: str = "normal"
+    dataset: str | None = None
+    float_layers: tuple[str, ...] = ()
+    export: str | None = None
+    auto_hybrid: bool = False
+    auto_hybrid_cos: float = 0.98
+
+    def __post_init__(self) -> None:
+        if self.quantized_dtype is not None and self.quantized_dtype not in QUANTIZED_DTYPES:
+            raise ConfigError(f"quantized_dtype must be one of {list(QUANTIZED_DTYPES)}, got {self.quantized_dtype!r}")
+        if self.quantized_algorithm not in QUANTIZED_ALGORITHMS:
+            raise ConfigError(
+                f"quantized_algorithm must be one of {list(QUANTIZED_ALGORITHMS)}, got {self.quantized_algorithm!r}"
+            )
+        if self.quantized_dtype is not None and not self.dataset:
+            raise ConfigError(f"a {self.quantized_dtype} build needs a calibration dataset file")
+
+    @property
+    def precision(self) -> str:
+        """``fp16`` for an unquantized build, ``int8`` for ``w8a8``, ``int16`` for ``w16a16i_dfp``."""
+        return {None: "fp16", "w8a8": "int8", "w16a16i_dfp": "int16"}[self.quantized_dtype]
+
+    def label(self) -> str:
+        """One line for reports: ``fp16`` or ``w8a8 (normal, 3 layers fp16)``."""
+        if self.quantized_dtype is None:
+            return "fp16 (RKNN build without quantization)"
+        hybrid = f", {len(self.float_layers)} layers fp16 (hybrid)" if self.float_layers else ""
+        if self.auto_hybrid:
+            hybrid = f", auto hybrid (layers below cosine {self.auto_hybrid_cos:g} kept fp16)"
+        return f"{self.quantized_dtype} ({self.quantized_algorithm}{hybrid})"
+
+    def to_json(self) -> str:
+        """The options as the worker reads them (``--options JSON``)."""
+        return json.dumps(
+            {
+                "quantized_dtype": self.quantized_dtype,
+                "quantized_algorithm": self.quantized_algorithm,
+                "dataset": self.dataset,
+                "float_layers": list(self.float_layers),
+                "export": self.export,
+                "auto_hybrid": self.auto_hybrid,
+                "auto_hybrid_cos": self.auto_hybrid_cos,
+            }
+        )
 
 
 def sdk_home() -> Path:
@@ -220,8 +298,12 @@ def rknn_build_report(model: str | Path, *, target_platform: str = "rk3588") -> 
     return rknn_build_reports([model], target_platform=target_platform)[0]
 
 
-def rknn_build_reports(models: Sequence[str | Path], *, target_platform: str = "rk3588") -> list[SdkReport]:
-    """Build each model with RKNN-Toolkit2 (fp16) in one worker process; one :class:`SdkReport` per model.
+def rknn_build_reports(
+    models: Sequence[str | Path], *, target_platform: str = "rk3588", builds: Sequence[RknnBuild] | None = None
+) -> list[SdkReport]:
+    """Build each model with RKNN-Toolkit2 in one worker process; one :class:`SdkReport` per model.
+
+    ``builds`` gives each model's :class:`RknnBuild` (quantization, dataset, ``.rknn`` export path); default fp16.
 
     One process for all: importing the SDK (torch, onnxruntime) takes ~3 s, a fixture's build ~1-2.5 s. A model
     the SDK refuses or raises on is a report with ``built`` false and the SDK's error, not an exception.
@@ -232,7 +314,8 @@ def rknn_build_reports(models: Sequence[str | Path], *, target_platform: str = "
     """
     import onnx
 
-    command = rknn_worker_command("builds", target_platform, *(str(Path(m).resolve()) for m in models))
+    options = ["--options", "[" + ", ".join(b.to_json() for b in builds) + "]"] if builds else []
+    command = rknn_worker_command("builds", target_platform, *options, *(str(Path(m).resolve()) for m in models))
     graphs = [[(n.name, n.op_type) for n in onnx.load(str(m), load_external_data=False).graph.node] for m in models]
     # the SDK dumps check*.onnx into its working folder: give it a temporary one, never the user's
     with tempfile.TemporaryDirectory(prefix="onnxdeploy-rknn-build-") as workdir:

@@ -8,7 +8,8 @@ named like it: the same config model, the module named here, and the summary giv
 the decorator fills ``Pass.summary`` in). ``tests/core/test_pass_catalog.py`` checks that the catalogue and the
 registry filled by importing every pass module say the same.
 
-Imports: pydantic, typing and :mod:`onnxdeploy.contract_terms` only (no onnx, onnx_ir, numpy).
+Imports: pydantic, typing, :mod:`onnxdeploy.contract_terms` and :mod:`onnxdeploy.passes._quant_rules` (pydantic
+only) only (no onnx, onnx_ir, numpy).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from onnxdeploy.contract_terms import CacheWrite
+from onnxdeploy.passes._quant_rules import Budget, QuantRule
 
 __all__ = [
     "CATALOG",
     "LOWEST_OPSET",
+    "PROVE_MAX_BYTES",
     "EmbedExternalDataConfig",
     "ExternalizeConfig",
     "FuseMatMulsConfig",
@@ -53,6 +56,10 @@ Layout = Literal["BHSD", "BSH2D", "BHDS_K"]
 
 LOWEST_OPSET = 11
 """The lowest target ``pin_opset`` is tested to reach (the LLaMA exports lower to 11, IR 7)."""
+
+PROVE_MAX_BYTES = 256 * 2**20
+"""``pin_opset``'s proof runs by default on graphs with at most this many bytes of weights (256 MiB: two ORT CPU
+sessions and their random feeds stay well inside a CI machine's memory and a few seconds)."""
 
 
 class StaticKVConfig(PassConfig):
@@ -198,7 +205,9 @@ class QuantizeWeightsConfig(PassConfig):
 
     bits: Literal[4, 8] = Field(4, description="Weight bits: 8 = per output channel, 4 = per group of block_size.")
     block_size: Literal[16, 32, 64, 128] = Field(
-        32, description="Input channels per group for bits 4 (a K that is not a multiple is padded)."
+        32,
+        description="Input channels per group for bits 4 (a K that is not a multiple: a partial last block in "
+        "DequantizeLinear, as ONNX's blocked form allows; the zero level as padding in MatMulNBits).",
     )
     symmetric: bool = Field(True, description="Signed values without zero point; false: unsigned + zero points.")
     format: Literal["qdq", "matmulnbits"] = Field(
@@ -210,6 +219,11 @@ class QuantizeWeightsConfig(PassConfig):
     lm_head: bool = Field(True, description="Quantize the LM head (the MatMul/Gemm producing the logits).")
     embedding: bool = Field(False, description="Quantize embedding Gather tables (dequantized by DequantizeLinear).")
     exclude: list[str] = Field(default_factory=list, description="Node names (shell patterns) left in float.")
+    rules: list[QuantRule] = Field(
+        default_factory=list,
+        description="Per-weight bits/block_size: [{nodes: PATTERN and/or kind: matmul|gemm|embedding|lm_head, "
+        "bits: 4|8|float, block_size: 16..128}], applied in order after lm_head/embedding/exclude; later wins.",
+    )
     act_order: bool = Field(
         False,
         description="Permute input channels by calibration importance, folded into the graph (needs calibration).",
@@ -217,7 +231,17 @@ class QuantizeWeightsConfig(PassConfig):
     method: Literal["rtn", "gptq"] = Field(
         "rtn", description="rtn: round to nearest; gptq: GPTQ error compensation (needs calibration)."
     )
+    scale_search: Literal["none", "mse"] = Field(
+        "none",
+        description="mse: each block's scale from the clipping ratio of its range with the least squared error "
+        "(weighted by diag(X^T X) when calibration is given); none: the range's extremes (ORT's MLAS rule).",
+    )
     gptq_damp: float = Field(0.01, gt=0, le=1, description="GPTQ dampening: this fraction of mean(diag(H)) is added.")
+    budget: Budget | None = Field(
+        None,
+        description="{max_mean_kl, max_ppl_ratio} on the calibration text: keep the fewest-bytes candidate of INT4 "
+        "g128/g64/g32, INT8 per channel that meets it (bits/block_size then come from the candidate; rules apply).",
+    )
     raise_opset: bool = Field(
         True,
         description="qdq: raise ai.onnx to 13 (per-axis INT8; 19 for float16/bfloat16 weights) / 21 and IR 10 "
@@ -232,6 +256,13 @@ class PinOpsetConfig(PassConfig):
         ...,
         description=f"Target ai.onnx opset, {LOWEST_OPSET} up to the newest the installed onnx knows "
         "(onnx.defs.onnx_opset_version()); raised or lowered.",
+    )
+    prove: bool = Field(
+        True,
+        description="Prove the conversion: run the input and the output on ONNX Runtime CPU on the same random "
+        "feeds and refuse to write an output that differs (float32 beyond rtol 1e-3/atol 1e-4). Skipped for "
+        f"decoders (verify decodes them) and graphs with more than {PROVE_MAX_BYTES // 2**20} MiB of weights; "
+        "false turns it off.",
     )
 
     @field_validator("opset")
@@ -316,13 +347,15 @@ CATALOG: dict[str, PassInfo] = _entries(
     PassInfo(
         "quantize_weights",
         "quantize_weights",
-        "Weight-only INT8/INT4 (QDQ or MatMulNBits), act-order folded into the graph, RTN or GPTQ.",
+        "Weight-only INT8/INT4 (QDQ or MatMulNBits) per rule, act-order folded into the graph, RTN or GPTQ, "
+        "clipping scale search, an accuracy budget.",
         QuantizeWeightsConfig,
     ),
     PassInfo(
         "pin_opset",
         "pin_opset",
-        "Convert ai.onnx to a target opset (onnx version_converter); names any op it cannot convert.",
+        "Convert ai.onnx to a target opset (onnx version_converter plus exact adapters); checks the result with "
+        "full shape inference and proves it on ORT CPU on random feeds (prove); names any op it cannot convert.",
         PinOpsetConfig,
     ),
     PassInfo(

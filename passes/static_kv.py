@@ -39,6 +39,7 @@ from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
 from onnxdeploy.graph import default_opset
 from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output, genai_head_size
 from onnxdeploy.passes._attention_cache import rewrite_gqa_cache
+from onnxdeploy.passes._attention_decompose import causal_refusal
 from onnxdeploy.passes._cache_edits import (
     CACHE_POSITION,
     KNOWN_INPUTS,
@@ -130,18 +131,17 @@ class StaticKVCachePass(Pass):
             ConfigError: ``len(prompt) + steps`` above the largest cache length. The message starts with the key
                 below ``passes[i].static_kv`` (``max_cache_len=…`` or ``max_cache_lens=…``).
             SettingsConflict: under ``verify.accuracy.max_tokens``, more held-out tokens than the largest cache
-                length; under ``verify.runtimes[i]``, a runtime other than ONNX Runtime (openvino,
-                rknn-sim: they decode one graph, one token per call) asked to verify a graph set or a
-                ``step_len > 1`` graph.
+                length. (Every ``verify.runtimes`` entry drives graph sets and ``step_len > 1`` graphs, issue 19.)
         """
         cfg = self.config
         positions, largest = settings.verify_positions, cfg.caches()[-1]
         if positions is not None and positions > largest:
             prompt = settings.verify_prompt_len or 0
             key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
+            text = f", or shorten {settings.prompt_key}" if settings.prompt_key != "verify.prompt" else ""
             raise ConfigError(
                 f"{key} is smaller than the {prompt} prompt tokens + {positions - prompt} steps = {positions} "
-                "positions verification decodes; lower verify.steps or raise the largest cache length"
+                f"positions verification decodes; lower verify.steps or raise the largest cache length{text}"
             )
         held_out = settings.accuracy_tokens
         if held_out is not None and held_out > largest:
@@ -150,16 +150,6 @@ class StaticKVCachePass(Pass):
                 f"the {held_out} held-out tokens are decoded as one teacher-forced sequence, but {{pass_key}} makes "
                 f"caches of at most {largest} slots; lower verify.accuracy.max_tokens to {largest} or raise the "
                 "largest cache length",
-            )
-        others = [(i, name) for i, name in enumerate(settings.verify_runtimes) if name != "onnxruntime"]
-        graphs = cfg.graphs()
-        if others and (len(graphs) > 1 or graphs[0][0] != 1):
-            i, name = others[0]
-            raise SettingsConflict(
-                f"verify.runtimes[{i}]",
-                f"{name} decodes one graph one token per call, but {{pass_key}} makes {len(graphs)} graph(s) with "
-                f"step lengths {sorted({s for s, _ in graphs})}; verify the set on onnxruntime only, or run {name} "
-                "on a single step_len 1 graph",
             )
 
     def check_model(self, model: ir.Model, settings: PipelineSettings) -> None:
@@ -170,12 +160,15 @@ class StaticKVCachePass(Pass):
             settings: the pipeline's non-pass sections.
 
         Raises:
-            PreconditionError: no KV cache, no single logits output, or a batch other than the export's.
+            PreconditionError: no KV cache, no single logits output, a batch other than the export's, or an
+                ``is_causal`` Attention with q_len != kv_len (``causal_refusal``, naming the node).
             ConfigError: ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × 3 copies`` plus the
                 folded constants, or the peak of folding, exceed
                 :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
         self._refuse_contract(model)
+        if (why := causal_refusal(model.graph)) is not None:
+            raise PreconditionError(self.name, why)
         kv = self._find(model)
         available = available_memory_bytes()
         if available is None:

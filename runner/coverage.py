@@ -32,11 +32,14 @@ class GraphCoverage:
             driven).
         apart: the graphs the modes did not use, driven apart.
         failures: one line per graph not driven, or driven apart with logits outside the tolerance.
+        rows: ``(position, graph file, reference (V,), candidate (V,))`` of every position compared apart, for a
+            caller that judges them with other bounds too (:func:`onnxdeploy.runner.thresholds.judge_positions`).
     """
 
     calls: dict[str, int]
     apart: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    rows: list[tuple[int, str, np.ndarray, np.ndarray]] = field(default_factory=list)
 
 
 def drive_every_graph(
@@ -78,7 +81,8 @@ def drive_every_graph(
             continue
         coverage.calls[name] = 1
         coverage.apart.append(name)
-        failure = _drive_apart(decoder, (step, cache), tokens, (start, real), reference, max_abs_logit_diff)
+        failure, rows = _drive_apart(decoder, (step, cache), tokens, (start, real), reference, max_abs_logit_diff)
+        coverage.rows += [(position, name, want, got) for position, want, got in rows]
         if failure is not None:
             coverage.failures.append(f"{label}: {failure}")
     return coverage
@@ -91,7 +95,7 @@ def _drive_apart(
     span: tuple[int, int],
     reference: Sequence[np.ndarray | None],
     max_abs_logit_diff: float,
-) -> str | None:
+) -> tuple[str | None, list[tuple[int, np.ndarray, np.ndarray]]]:
     """Feed ``tokens`` up to ``span``'s start through the plan, then its tokens in one call of ``graph``.
 
     Args:
@@ -103,20 +107,22 @@ def _drive_apart(
         max_abs_logit_diff: the tolerance.
 
     Returns:
-        Why the call's logits do not match the original's, or None when they do.
+        Why the call's logits do not match the original's (None when they do), and the compared
+        ``(position, reference, candidate)`` rows.
     """
     start, real = span
     decoder.reset()
     decoder.feed(tokens[:start])
     outputs = decoder.feed_through(tokens[start : start + real], *graph)
-    diffs = [
-        float(np.max(np.abs(logits.astype(np.float64) - want.astype(np.float64))))
-        for (logits, _), want in zip(outputs, reference[start : start + real], strict=True)
+    rows = [
+        (start + i, want, logits)
+        for i, ((logits, _), want) in enumerate(zip(outputs, reference[start : start + real], strict=True))
         if logits is not None and want is not None
     ]
+    diffs = [float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) for _, want, got in rows]
     where = f"positions {start}..{start + real - 1} (driven apart from the modes)"
     if not diffs:
-        return f"no position of {where} has logits from both models to compare"
+        return f"no position of {where} has logits from both models to compare", rows
     if max(diffs) > max_abs_logit_diff:
-        return f"max abs logit diff {max(diffs):.3g} at {where} exceeds {max_abs_logit_diff:g}"
-    return None
+        return f"max abs logit diff {max(diffs):.3g} at {where} exceeds {max_abs_logit_diff:g}", rows
+    return None, rows

@@ -19,7 +19,7 @@ drives it, and how :class:`GraphSetDecoder` does (README, "Graph sets"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
@@ -277,10 +277,13 @@ def open_graph_set(
     bind_buffers: bool = False,
     config_entries: Mapping[str, str] | None = None,
     threads: int | None = None,
+    opener: Callable[[Path], ModelSession] | None = None,
 ) -> GraphSetDecoder:
     """Open every graph of the set ``path``'s contract lists (files beside ``path``) and drive them together.
 
-    Every graph opens with the same session options: the same providers, config entries and threads.
+    Every graph opens with the same session options: the same providers, config entries and threads; or, with
+    ``opener``, on another runtime (``verify.runtimes``: :mod:`onnxdeploy.runner.runtimes` opens each graph on
+    OpenVINO or the RKNN simulator and drives the set exactly as on ONNX Runtime).
 
     Args:
         path: one graph of the set (usually the primary ``model.onnx``).
@@ -292,6 +295,8 @@ def open_graph_set(
         config_entries: ORT session config entries for every graph (e.g. ``verify.accuracy``'s weight-only and
             default settings); None: ``opened``'s (none without it).
         threads: intra-op threads of every graph; None: ``opened``'s (1 without it).
+        opener: opens one graph file as a :class:`ModelSession` of another runtime (then ``providers``,
+            ``config_entries`` and ``threads`` are not used); None: ONNX Runtime's :func:`open_session`.
 
     Returns:
         The decoder, reset to position 0; close it (or use it as a context manager).
@@ -322,6 +327,8 @@ def open_graph_set(
         for entry in entries:
             if opened is not None and entry.file == path.name:
                 model_session, opened = opened, None  # owned by its member from here
+            elif opener is not None:
+                model_session = opener(path.with_name(entry.file))
             else:
                 model_session = open_session(
                     path.with_name(entry.file), providers=providers, config_entries=config_entries, threads=threads

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,24 +31,32 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
+from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import ConfigError, ModelLoadError
 from onnxdeploy.graph import ort_numpy_dtype
 from onnxdeploy.report import RuntimeComparison
-from onnxdeploy.runner.decoder import make_decoder, open_decoder
+from onnxdeploy.runner.accuracy import accuracy_figures, teacher_forced_logits
+from onnxdeploy.runner.coverage import GraphCoverage, drive_every_graph
+from onnxdeploy.runner.decoder import Decoder, make_decoder, open_decoder
+from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder, open_graph_set
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, read_header, session_options
-from onnxdeploy.sdk import rknn_python, rknn_worker_command
+from onnxdeploy.runner.thresholds import LogitThresholds, judge_positions
+from onnxdeploy.sdk import RknnBuild, rknn_python, rknn_worker_command
 
 __all__ = [
     "OPENVINO_CONFIG",
     "RUNTIMES",
     "OpenVINOSession",
     "RKNNSimSession",
+    "accuracy_on_runtime",
     "check_runtimes",
     "compare_on_runtime",
     "installed_runtimes",
     "node_providers",
     "open_openvino_session",
     "open_rknn_sim_session",
+    "open_runtime_decoder",
+    "runtime_opener",
 ]
 
 Runtime = Literal["onnxruntime", "openvino", "rknn-sim"]
@@ -158,7 +166,10 @@ class OpenVINOSession:
 
 
 class RKNNSimSession:
-    """The RKNN-Toolkit2 simulator (fp16 build for ``rk3588``) behind the session interface the decoders use.
+    """The RKNN-Toolkit2 simulator behind the session interface the decoders use.
+
+    The build is fp16 by default, or the NPU's own quantization (``build``: :class:`onnxdeploy.sdk.RknnBuild`,
+    e.g. ``w8a8`` from a calibration dataset, with hybrid fp16 layers).
 
     The model is built and the simulator started once in a worker process of the SDK environment; each
     ``run`` sends the feeds through a temporary ``.npz`` file and reads the outputs back.
@@ -168,10 +179,13 @@ class RKNNSimSession:
         ModelLoadError: the SDK cannot build the model or start the simulator.
     """
 
-    def __init__(self, path: str | Path, header, *, target_platform: str = "rk3588") -> None:
+    def __init__(
+        self, path: str | Path, header, *, target_platform: str = "rk3588", build: RknnBuild | None = None
+    ) -> None:
         from onnx import helper
 
-        command = rknn_worker_command("serve", str(Path(path).resolve()), target_platform)
+        build = build or RknnBuild()
+        command = rknn_worker_command("serve", str(Path(path).resolve()), target_platform, build.to_json())
         self._inputs = [self._arg(v, helper) for v in header.graph.input]
         self._outputs = [self._arg(v, helper) for v in header.graph.output]
         self._dir = Path(tempfile.mkdtemp(prefix="onnxdeploy-rknn-"))
@@ -198,7 +212,7 @@ class RKNNSimSession:
             self.close()
             raise ModelLoadError(f"{path}: RKNN-Toolkit2 cannot build/simulate the model: {ready.get('error')}")
         self.build_seconds = float(ready["seconds"])
-        self.precision = "fp16 (RKNN build without quantization)"
+        self.precision = build.label()
 
     @staticmethod
     def _arg(value, helper) -> _Arg:
@@ -274,8 +288,8 @@ def open_openvino_session(path: str | Path, *, device: str = "CPU") -> ModelSess
     return ModelSession(str(path), header, session, active, active)  # type: ignore[arg-type]
 
 
-def open_rknn_sim_session(path: str | Path) -> ModelSession:
-    """Build the model with RKNN-Toolkit2 (fp16, rk3588) and start its simulator; the decoders drive it.
+def open_rknn_sim_session(path: str | Path, build: RknnBuild | None = None) -> ModelSession:
+    """Build the model with RKNN-Toolkit2 (rk3588; fp16 unless ``build`` quantizes) and start its simulator.
 
     Raises:
         ConfigError: the SDK environment is not installed.
@@ -284,12 +298,12 @@ def open_rknn_sim_session(path: str | Path) -> ModelSession:
     """
     check_runtimes(["rknn-sim"])
     header = read_header(path)
-    session = RKNNSimSession(path, header)
+    session = RKNNSimSession(path, header, build=build)
     active = tuple(session.get_providers())
     return ModelSession(str(path), header, session, active, active)  # type: ignore[arg-type]
 
 
-def _greedy_reference(original: str, prompt: Sequence[int], steps: int) -> tuple[list[int], np.ndarray]:
+def _greedy_reference(original: str, prompt: Sequence[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
     """The original's greedy decode on ORT CPU: the tokens fed at each position and the logits there."""
     with open_decoder(original, providers=DEFAULT_PROVIDERS) as decoder:
         decoder.reset()
@@ -299,7 +313,89 @@ def _greedy_reference(original: str, prompt: Sequence[int], steps: int) -> tuple
             token = int(np.argmax(outputs[-1][0]))
             outputs += decoder.feed([token])
             tokens.append(token)
-    return tokens, np.stack([logits for logits, _ in outputs])
+    return tokens, [logits for logits, _ in outputs]
+
+
+BuildFor = RknnBuild | Callable[[Path], RknnBuild] | None
+"""An RKNN build for every graph, or a function giving each graph file its own (a per-graph calibration dataset)."""
+
+
+def runtime_opener(runtime: str, build: BuildFor = None) -> Callable[[Path], ModelSession] | None:
+    """The function that opens one graph file on ``runtime`` (None: ONNX Runtime, opened by the decoders).
+
+    Raises:
+        ConfigError: an unknown runtime.
+    """
+    if runtime == "onnxruntime":
+        return None
+    if runtime == "openvino":
+        return open_openvino_session
+    if runtime == "rknn-sim":
+        return lambda path: open_rknn_sim_session(path, build(path) if callable(build) else build)
+    raise ConfigError(f"unknown runtime '{runtime}'; known runtimes: {', '.join(RUNTIMES)}")
+
+
+def open_runtime_decoder(
+    candidate: str | Path, runtime: str, *, remainder: Remainder = "padded", build: BuildFor = None
+) -> Decoder:
+    """The candidate's decode loop with every graph on ``runtime``, driven as on ONNX Runtime.
+
+    A graph set (and a ``step_len > 1`` graph, fed in padded chunks) opens through
+    :func:`~onnxdeploy.runner.graph_set.open_graph_set` with the runtime's opener for every graph.
+
+    Args:
+        candidate: the candidate ``.onnx`` (a set's other graphs beside it).
+        runtime: ``onnxruntime``, ``openvino`` or ``rknn-sim``.
+        remainder: how a set feeds the prompt tokens left after its largest bucket.
+        build: the RKNN build (rknn-sim only; default fp16), or a function giving each graph file its own.
+
+    Raises:
+        ConfigError: the runtime is unknown or not installed.
+        ModelLoadError: the runtime cannot compile or build a graph (names it).
+        ContractError: as :func:`~onnxdeploy.runner.decoder.make_decoder`.
+    """
+    opener = runtime_opener(runtime, build)
+    if opener is None:
+        return open_decoder(candidate, remainder=remainder)
+    contract = read_contract(read_header(candidate), source=str(candidate))
+    if contract is not None and contract.graph_set and (len(contract.graph_set) > 1 or contract.step_len > 1):
+        return open_graph_set(candidate, contract, remainder=remainder, opener=opener)
+    return make_decoder(opener(Path(candidate)))
+
+
+@dataclass
+class _RuntimeRun:
+    """What one decode on a runtime gave: compared rows, the graphs it opened and drove, the device."""
+
+    rows: list[tuple[int, str | None, np.ndarray, np.ndarray]]
+    graphs: list[str]
+    coverage: GraphCoverage
+    device: str
+    precision: str
+
+
+def _decode_on(decoder: Decoder, tokens: list[int], prompt_len: int, reference: list[np.ndarray | None]) -> _RuntimeRun:
+    """Teacher-force ``tokens`` through ``decoder`` (the prompt in one feed), then drive any graph left undriven."""
+    decoder.reset()
+    outputs = decoder.feed(tokens[:prompt_len])
+    for token in tokens[prompt_len:]:
+        outputs += decoder.feed([token])
+    calls = decoder.call_records
+    graph_at = [c.graph for c in calls for _ in range(c.tokens)]
+    rows = [
+        (i, graph_at[i] if i < len(graph_at) else None, want, got)
+        for i, ((got, _), want) in enumerate(zip(outputs, reference, strict=True))
+        if got is not None and want is not None
+    ]
+    driven = Counter(c.graph for c in calls)
+    coverage = drive_every_graph(decoder, tokens, reference, driven, float("inf"))
+    rows += coverage.rows
+    session = decoder.model_session
+    graphs = [Path(decoder.source).name]
+    if isinstance(decoder, GraphSetDecoder):
+        graphs = [name for name, _, _ in decoder.graphs()]
+    device = ", ".join(session.providers_active)
+    return _RuntimeRun(rows, graphs, coverage, device, getattr(session.session, "precision", ""))
 
 
 def compare_on_runtime(
@@ -309,9 +405,18 @@ def compare_on_runtime(
     *,
     prompt: Sequence[int],
     steps: int,
-    max_abs_logit_diff: float,
+    max_abs_logit_diff: float | None = None,
+    thresholds: LogitThresholds | None = None,
+    remainder: Remainder = "padded",
+    build: BuildFor = None,
+    held_out: Sequence[int] | None = None,
+    accuracy_bounds: Mapping[str, float | None] | None = None,
 ) -> RuntimeComparison:
     """Decode ``candidate`` on ``runtime``, teacher-forced on the original's greedy tokens, and compare logits.
+
+    A graph set (or a ``step_len > 1`` graph) is driven as on ONNX Runtime: the prompt through its buckets, the
+    generated tokens through the step-1 graphs, then each graph the decode did not use driven apart
+    (:mod:`onnxdeploy.runner.coverage`); ``graphs_driven`` says which graphs ran, and a graph not driven fails.
 
     Args:
         original: the original model (decoded on ONNX Runtime CPU).
@@ -319,58 +424,108 @@ def compare_on_runtime(
         runtime: ``onnxruntime``, ``openvino`` or ``rknn-sim``.
         prompt: prompt token ids.
         steps: greedy tokens after the prompt.
-        max_abs_logit_diff: tolerance; the comparison passes when every position is within it and top-1 agrees.
+        max_abs_logit_diff: shorthand for ``LogitThresholds(max_abs_logit_diff=..., min_top1_agreement=1.0)``
+            when ``thresholds`` is None.
+        thresholds: the bounds (:mod:`onnxdeploy.runner.thresholds`), judged overall and per graph.
+        remainder: how a set feeds the prompt tokens left after its largest bucket.
+        build: the RKNN build of every graph (rknn-sim only; default fp16), or a function giving each its own.
+        held_out: held-out token ids: teacher-forced through the runtime too (:func:`accuracy_on_runtime`),
+            its KL / top-1 / perplexity figures in ``accuracy``.
+        accuracy_bounds: ``max_mean_kl``, ``min_top1_agreement``, ``max_ppl_ratio`` (None: not checked) on
+            those figures; an int8 build is judged by them.
 
     Returns:
-        The comparison; ``refused`` says why when the runtime cannot compile the candidate (not an exception).
+        The comparison; ``refused`` says why when the runtime cannot compile a graph (not an exception).
 
     Raises:
-        ConfigError: the runtime is unknown or not installed.
+        ConfigError: the runtime is unknown or not installed, or neither bound form is given.
+        DecodeRunError / ModelLoadError: a runtime failed while decoding.
     """
     check_runtimes([runtime])
+    if thresholds is None:
+        if max_abs_logit_diff is None:
+            raise ConfigError("compare_on_runtime: give max_abs_logit_diff or thresholds")
+        thresholds = LogitThresholds(max_abs_logit_diff=max_abs_logit_diff, min_top1_agreement=1.0)
     tokens, reference = _greedy_reference(original, prompt, steps)
+    device = "rk3588 simulator" if runtime == "rknn-sim" else "CPU"
     try:
-        session = {"openvino": open_openvino_session, "rknn-sim": open_rknn_sim_session}.get(
-            runtime, lambda _path: None
-        )(candidate)
+        decoder = open_runtime_decoder(candidate, runtime, remainder=remainder, build=build)
     except ModelLoadError as exc:
-        device = "rk3588 simulator" if runtime == "rknn-sim" else "CPU"
         return RuntimeComparison(
             runtime=runtime,
             device=device,
             passed=False,
             refused=str(exc),
-            max_abs_logit_diff_allowed=max_abs_logit_diff,
+            max_abs_logit_diff_allowed=thresholds.max_abs_logit_diff,
+            thresholds=thresholds.as_dict(),
         )
-    precision = getattr(session.session, "precision", "") if session is not None else ""
-    decoder = None
-    try:  # closing the decoder or, if it was never made, the session stops rknn-sim's worker and removes its folder
-        decoder = make_decoder(session) if session is not None else open_decoder(candidate)
-        decoder.reset()
-        outputs = decoder.feed(tokens[: len(prompt)])
-        for token in tokens[len(prompt) :]:
-            outputs += decoder.feed([token])
-        device = ", ".join(decoder.model_session.providers_active)
-    finally:
-        if decoder is not None:
-            decoder.close()
-        if session is not None:
-            session.close()
-    logits = np.stack([out for out, _ in outputs])
-    diffs = np.abs(logits.astype(np.float64) - reference.astype(np.float64)).reshape(len(tokens), -1).max(axis=1)
-    agree = logits.reshape(len(tokens), -1).argmax(axis=1) == reference.reshape(len(tokens), -1).argmax(axis=1)
-    bad = np.flatnonzero(~agree | (diffs > max_abs_logit_diff))
+    with decoder:  # closing it stops rknn-sim's workers and removes their folders
+        run = _decode_on(decoder, tokens, len(prompt), reference)
+        accuracy = None
+        if held_out is not None:
+            accuracy = accuracy_on_runtime(original, decoder, held_out, accuracy_bounds or {})
+    judged = judge_positions(run.rows, thresholds)
+    failures = [*run.coverage.failures, *judged.failures, *(accuracy["failures"] if accuracy else [])]
+    overall = judged.overall
     return RuntimeComparison(
         runtime=runtime,
-        device=device,
-        precision=precision,
-        passed=not bad.size,
-        positions=len(tokens),
-        top1_agreement=float(agree.mean()),
-        max_abs_logit_diff=float(diffs.max()),
-        max_abs_logit_diff_allowed=max_abs_logit_diff,
-        first_divergent_step=int(bad[0]) if bad.size else None,
+        device=run.device,
+        precision=run.precision,
+        passed=not failures,
+        positions=overall.positions,
+        top1_agreement=overall.top1_agreement,
+        max_abs_logit_diff=overall.max_abs_logit_diff,
+        max_abs_logit_diff_allowed=thresholds.max_abs_logit_diff,
+        first_divergent_step=overall.first_divergent_position,
+        max_rel_logit_diff=overall.max_rel_logit_diff,
+        mean_cosine_similarity=overall.mean_cosine_similarity,
+        thresholds=thresholds.as_dict(),
+        graphs=run.graphs,
+        graphs_driven=run.coverage.calls or {g: 1 for g in run.graphs},
+        graphs_driven_apart=run.coverage.apart,
+        by_graph={g: f.as_dict() for g, f in judged.by_graph.items()},
+        accuracy=accuracy,
+        failures=failures,
     )
+
+
+def accuracy_on_runtime(
+    original: str, decoder: Decoder, tokens: Sequence[int], bounds: Mapping[str, float | None]
+) -> dict[str, Any]:
+    """Teacher-forced held-out figures of a runtime's decoder against the original on ONNX Runtime CPU.
+
+    The original's logits come from :func:`~onnxdeploy.runner.accuracy.teacher_forced_logits`; the candidate is
+    fed one token per call when a graph of its set computes only a chunk's last logits, else in one feed.
+
+    Args:
+        original: the original model.
+        decoder: the candidate's decoder on the runtime (reset here).
+        tokens: held-out token ids (at least two; within the largest cache).
+        bounds: ``max_mean_kl`` (nats), ``min_top1_agreement``, ``max_ppl_ratio``; None entries are not checked.
+
+    Returns:
+        ``{positions, mean_kl, max_kl, top1_agreement, ppl_original, ppl_candidate, ppl_ratio, bounds,
+        failures}`` (the per-position KL left out).
+    """
+    reference = teacher_forced_logits(original, tokens)
+    decoder.reset()
+    if isinstance(decoder, GraphSetDecoder) and not decoder.every_position_logits:
+        outputs = [out for token in tokens for out in decoder.feed([int(token)])]
+    else:
+        outputs = decoder.feed([int(t) for t in tokens])
+    candidate = np.stack([logits for logits, _ in outputs]).astype(np.float32)
+    figures = accuracy_figures(reference, candidate, tokens).model_dump(exclude={"kl_per_position"})
+    failures = []
+    checks = (
+        ("max_mean_kl", "mean_kl", 1),
+        ("min_top1_agreement", "top1_agreement", -1),
+        ("max_ppl_ratio", "ppl_ratio", 1),
+    )
+    for key, figure, sign in checks:
+        bound = bounds.get(key)
+        if bound is not None and not sign * figures[figure] <= sign * bound:
+            failures.append(f"held-out {figure} {figures[figure]:.4g} breaks {key}={bound:g}")
+    return {**figures, "bounds": dict(bounds), "failures": failures}
 
 
 def node_providers(path: str | Path, providers: Sequence[str] = DEFAULT_PROVIDERS) -> dict[str, Any]:

@@ -19,6 +19,10 @@ other position is, and its record names the graph that computed it. The graphs t
 driven apart (:mod:`onnxdeploy.runner.coverage`): the report states the calls per graph (``graphs_driven``) and
 fails naming a graph that could not be driven.
 
+Sessions follow their graph (:mod:`onnxdeploy.runner.session`): a quantized candidate's weights are prepacked,
+and the report names each model's prepacking and ``accuracy_level`` beside its latencies (``original_session``,
+``candidate_session``).
+
 Latency (README, "Latency"): each model is warmed up first (the prompt and up to three steps, and every
 graph of a set once). The per-step summary covers the single-token calls after the prompt, for the original
 as for the candidate; the prompt's calls (one prefill call for the original, buckets for a set) are reported
@@ -48,6 +52,7 @@ from onnxdeploy.runner.exporter_decoder import exporter_logits_output
 from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder
 from onnxdeploy.runner.numerics import compute_dtype, float32_shadow, numerics_report
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, read_header
+from onnxdeploy.runner.thresholds import LogitThresholds, mode_bounds_failures
 
 __all__ = ["MODES", "ProgressCallback", "check_header", "greedy_decode", "logits_vocab", "verify"]
 
@@ -286,6 +291,8 @@ def verify(
     strict_providers: bool = False,
     remainder: Remainder = "padded",
     progress: ProgressCallback | None = None,
+    max_rel_logit_diff: float | None = None,
+    min_cosine_similarity: float | None = None,
 ) -> VerifyReport:
     """Decode the original and the candidate greedily and compare them position by position.
 
@@ -308,6 +315,9 @@ def verify(
             chunk; ``buckets``: smaller buckets).
         progress: optional ``progress(mode, done, total)`` callback; ``mode`` is ``"reference"`` while
             the original decodes, then each mode; ``done`` of ``total`` positions fed.
+        max_rel_logit_diff: largest per-position ``max|diff| / max|reference|`` per mode and per graph
+            (:mod:`onnxdeploy.runner.thresholds`); None: not checked.
+        min_cosine_similarity: smallest mean cosine similarity per mode and per graph; None: not checked.
 
     Returns:
         The report; ``passed`` is true when every mode passed, every graph of a set was driven and matched
@@ -334,6 +344,7 @@ def verify(
         strict_providers=strict_providers,
         remainder=remainder,
         progress=progress,
+        bounds=LogitThresholds(max_rel_logit_diff=max_rel_logit_diff, min_cosine_similarity=min_cosine_similarity),
     )
     request.check()
     for path in (original_path, candidate_path):
@@ -367,6 +378,7 @@ class _Request:
     strict_providers: bool
     remainder: Remainder
     progress: ProgressCallback | None
+    bounds: LogitThresholds = LogitThresholds()
 
     @property
     def total(self) -> int:
@@ -416,8 +428,10 @@ def _verify_paths(
         reference = _decode(original, request.prompt, request.steps, report=request.reporter("reference"))
         rss_growth = rss_bytes() - rss_before
         original_fallbacks = _fallbacks(original)
+        original_settings = original.model_session.settings
     with open_decoder(candidate_path, providers=request.providers, remainder=request.remainder) as candidate:
         runs = _run_candidate(candidate, reference, request, candidate_header)
+        candidate_settings = candidate.model_session.settings
     fallbacks = [*original_fallbacks, *runs.fallbacks]
     failures = list(runs.coverage.failures)
     if request.strict_providers and fallbacks:
@@ -441,6 +455,8 @@ def _verify_paths(
         failures=failures,
         modes=runs.modes,
         numerics=runs.numerics,
+        original_session=original_settings,
+        candidate_session=candidate_settings,
     )
 
 
@@ -467,6 +483,13 @@ def _run_candidate(
             prefill=run.prefill(),
             reference_prefill=reference.prefill(),
         )
+        extra = mode_bounds_failures(
+            mode, reference.logits, run.logits, [c.graph for c in run.call_at()], request.bounds
+        )
+        if extra:
+            results[mode] = results[mode].model_copy(
+                update={"passed": False, "failures": results[mode].failures + extra}
+            )
     coverage = drive_every_graph(candidate, reference.tokens_in, reference.logits, driven, request.max_abs_logit_diff)
     rss_growth = rss_bytes() - rss_before
     session = candidate.model_session

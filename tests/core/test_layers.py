@@ -12,6 +12,8 @@ BOTTOM = {
     "errors",
     "graph",
     "model_io",
+    "model_write",
+    "inline_weights",
     "contract",
     "contract_terms",
     "kv_cache",
@@ -20,6 +22,7 @@ BOTTOM = {
     "report",
     "resources",
     "token_ids",
+    "text",
     "sdk",
     "_rknn_worker",
 }

@@ -21,7 +21,7 @@ from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import open_session, verify
-from onnxdeploy.settings import PipelineSettings, SettingsConflict
+from onnxdeploy.settings import PipelineSettings
 from tests.conftest import ALL_FIXTURE_NAMES, FIXTURE_NAMES, PROMPT, FixtureExpectations, fixture_entry
 
 
@@ -372,19 +372,11 @@ def test_check_settings_refuses_what_verification_cannot_run():
         sets.check_settings(PipelineSettings(verify_positions=17, verify_prompt_len=6))
 
 
-def test_check_settings_refuses_a_set_or_chunk_graph_on_a_one_graph_runtime():
-    """openvino / rknn-sim decode one graph one token per call: the refusal is keyed by verify.runtimes[i]."""
+def test_check_settings_lets_every_runtime_verify_a_set_or_chunk_graph():
+    """Issue 19: openvino / rknn-sim drive graph sets and step_len > 1 graphs as ONNX Runtime does."""
     on_two = PipelineSettings(verify_runtimes=("onnxruntime", "rknn-sim"))
     for cfg in ({"step_lens": [1, 4], "max_cache_len": 64}, {"step_len": 4, "max_cache_len": 64}):
-        with pytest.raises(SettingsConflict) as err:
-            StaticKVCachePass(StaticKVConfig(**cfg)).check_settings(on_two)
-        assert err.value.key == "verify.runtimes[1]"
-        assert err.value.located("passes[0].static_kv").startswith(
-            "rknn-sim decodes one graph one token per call, but passes[0].static_kv makes"
-        )
-    StaticKVCachePass(StaticKVConfig(max_cache_len=64)).check_settings(on_two)
-    only_ort = PipelineSettings(verify_runtimes=("onnxruntime",))
-    StaticKVCachePass(StaticKVConfig(step_lens=[1, 4], max_cache_len=64)).check_settings(only_ort)
+        StaticKVCachePass(StaticKVConfig(**cfg)).check_settings(on_two)
 
 
 def test_cache_larger_than_memory_is_refused_before_any_work(monkeypatch):

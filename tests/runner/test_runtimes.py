@@ -78,7 +78,7 @@ def test_pipeline_reports_each_runtime_against_the_original(tmp_path):
 _FAKE_RKNN_WORKER = """
 import json, os, sys
 import numpy as np, onnxruntime as ort
-_, mode, model, platform = sys.argv
+_, mode, model, platform = sys.argv[:4]  # then the build options (RknnBuild JSON)
 session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 open("check0_base_optimize.onnx", "wb").close()  # the SDK dumps its stages into its working folder
 print(json.dumps({"ok": True, "seconds": 0.0}), flush=True)
@@ -174,15 +174,55 @@ def load_pipeline_text(tmp_path, text: str):
     return load_pipeline(pipeline)
 
 
-@pytest.mark.parametrize("static", ["{step_lens: [1, 4], max_cache_len: 64}", "{step_len: 4, max_cache_len: 64}"])
-def test_a_graph_set_or_chunk_graph_on_another_runtime_is_refused_at_config_load(tmp_path, monkeypatch, static):
-    """openvino/rknn-sim drive one graph one token per call: refused before any pass (was: a traceback or an
-    'unknown execution provider' error after the whole ONNX Runtime verification)."""
-    monkeypatch.setattr(runtimes, "installed_runtimes", lambda: ["onnxruntime", "openvino", "rknn-sim"])
-    pipeline = tmp_path / "p.yaml"
-    pipeline.write_text(
-        f"model: {fixture_entry('llama_gqa_optimum')['model_path']}\npasses:\n  - static_kv: {static}\n"
-        "verify: {runtimes: [onnxruntime, {name: rknn-sim, max_abs_logit_diff: 1.0e-2}]}\n"
+_SET = "{step_lens: [1, 4], max_cache_lens: [16, 32]}"  # 4 graphs: two step lengths x two caches
+
+
+def _fake_rknn(tmp_path, monkeypatch):
+    """The SDK worker's protocol served by ORT (no SDK needed): every graph of a set starts its own worker."""
+    worker = tmp_path / "fake_rknn_worker.py"
+    worker.write_text(_FAKE_RKNN_WORKER)
+    monkeypatch.setattr(sdk, "_WORKER", worker)
+    monkeypatch.setattr(sdk, "_require_python", lambda: Path(sys.executable))
+    monkeypatch.setattr(runtimes, "rknn_python", lambda: Path(sys.executable))
+    monkeypatch.setenv("FAKE_RKNN_FAIL_AT", "0")
+
+
+@pytest.mark.parametrize("runtime", ["openvino", "rknn-sim"])
+@pytest.mark.parametrize("static", [_SET, "{step_len: 4, max_cache_len: 32}"])
+def test_another_runtime_drives_a_graph_set_and_a_chunk_graph_like_onnx_runtime(tmp_path, monkeypatch, runtime, static):
+    """Issue 19: openvino and rknn-sim open every graph of a set (or a step_len 4 graph, fed in padded chunks),
+    decode the prompt through the buckets and the steps through the step-1 graphs, drive apart any graph left, and
+    say which graphs they drove; the run passes with every graph judged."""
+    if runtime == "openvino":
+        pytest.importorskip("openvino", reason="optional extra: pip install -e '.[openvino]'")
+    else:
+        _fake_rknn(tmp_path, monkeypatch)
+    config = load_pipeline_text(
+        tmp_path,
+        f"output_dir: {tmp_path / 'out'}\npasses:\n  - static_kv: {static}\n"
+        f"verify: {{prompt: [1, 17, 42, 99, 7, 3, 5], steps: 10, runtimes: [onnxruntime, {runtime}]}}",
     )
-    with pytest.raises(ConfigError, match=r"key 'verify.runtimes\[1\]': rknn-sim decodes one graph one token per"):
-        load_pipeline(pipeline)
+    outcome = run_pipeline(config)
+    assert outcome.exit_code == 0, outcome.report.failures
+    (other,) = outcome.report.runtimes
+    assert other.runtime == runtime and other.passed and not other.failures, other
+    graphs = outcome.report.verify.graphs
+    assert other.graphs == graphs and set(other.graphs_driven) == set(graphs)
+    assert all(calls > 0 for calls in other.graphs_driven.values()), other.graphs_driven
+    if len(graphs) > 1:  # every graph judged apart too
+        assert set(other.by_graph) == set(graphs) and all(g["positions"] > 0 for g in other.by_graph.values())
+    # the decode's positions as on ORT (a prefill_logits: last bucket computes one per call), plus those apart
+    assert other.positions >= outcome.report.verify.modes["teacher_forced"].positions
+    assert other.thresholds["basis"] == ("fp32 (verify section)" if runtime == "openvino" else "fp16 defaults")
+
+
+def test_a_graph_the_runtime_cannot_drive_fails_naming_it(tmp_path, monkeypatch):
+    """A bucket longer than the prompt and steps whose contract declares no padding is named, not skipped."""
+    _fake_rknn(tmp_path, monkeypatch)
+    _, static = _static(tmp_path, "llama_gqa_optimum")
+    monkeypatch.setattr(
+        runtimes, "drive_every_graph", lambda *a, **k: runtimes.GraphCoverage({"model.onnx": 0}, failures=["graph X"])
+    )
+    original = str(fixture_entry("llama_gqa_optimum")["model_path"])
+    result = compare_on_runtime(original, static, "rknn-sim", prompt=[1, 2, 3], steps=2, max_abs_logit_diff=1.0)
+    assert not result.passed and result.failures == ["graph X"] and result.graphs_driven == {"model.onnx": 0}

@@ -21,7 +21,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxdeploy import __version__
-from onnxdeploy.console_report import print_run, print_sdk, print_verify
 from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError, OutputError
 
 if TYPE_CHECKING:  # the commands import the library lazily: `onnxdeploy --help` stays fast
@@ -198,6 +197,8 @@ def run(
         for reason in report.failures:
             err.print(f"FAILED: {reason}", markup=False)
     elif not as_json:
+        from onnxdeploy.console_report import print_run  # noqa: PLC0415  (report models)
+
         print_run(out, outcome)
     raise typer.Exit(outcome.exit_code)
 
@@ -390,6 +391,8 @@ def verify_cmd(
         for msg in [*result.failures, *(line for m in result.modes.values() for line in m.failures)]:
             err.print(f"FAILED: {msg}", markup=False)
     elif not as_json:
+        from onnxdeploy.console_report import print_verify  # noqa: PLC0415  (report models)
+
         print_verify(out, result)
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAILED)
 
@@ -668,6 +671,8 @@ def check_cmd(
             if f.hint:
                 out.print(f"    fix: {escape(f.hint)}", soft_wrap=True)
         if report.sdk is not None:
+            from onnxdeploy.console_report import print_sdk  # noqa: PLC0415  (report models)
+
             print_sdk(out, report.sdk)
         s = report.summary
         colour = "green" if report.status == "passed" else "red"

@@ -346,6 +346,7 @@ def verify_cmd(
 
     A candidate whose contract lists a graph set (prefill buckets, several cache lengths) is driven as a set.
     """
+    from onnxdeploy.console_report import print_verify
     from onnxdeploy.report import SCHEMA_VERSION, summarise_verify
     from onnxdeploy.runner import verify
     from onnxdeploy.text import generations_with
@@ -373,10 +374,8 @@ def verify_cmd(
         raise _interrupted(err, as_json=as_json) from None
     result = generations_with(result, tok, prompt_text=prompt_text, chat=chat)
     result = summarise_verify(result, max_rows)
-    status = "passed" if result.passed else "failed"
-    payload = json.dumps(
-        {"schema_version": SCHEMA_VERSION, "status": status, **result.model_dump(mode="json")}, indent=2
-    )
+    head = {"schema_version": SCHEMA_VERSION, "status": "passed" if result.passed else "failed"}
+    payload = json.dumps({**head, **result.model_dump(mode="json")}, indent=2)
     if report is not None:
         try:
             _write_verify_report(report, payload, original, candidate)
@@ -391,8 +390,6 @@ def verify_cmd(
         for msg in [*result.failures, *(line for m in result.modes.values() for line in m.failures)]:
             err.print(f"FAILED: {msg}", markup=False)
     elif not as_json:
-        from onnxdeploy.console_report import print_verify  # noqa: PLC0415  (report models)
-
         print_verify(out, result)
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAILED)
 

@@ -23,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from onnxdeploy.errors import ConfigError
+from onnxdeploy.matrices._parsed import load_yaml
 from onnxdeploy.matrices.schema import Matrix, OpEntry
 
 __all__ = ["LookupAnswer", "Matrix", "OpEntry", "get_target", "list_targets", "lookup", "schema_version_of"]
@@ -49,7 +50,7 @@ def get_target(name: str) -> Matrix:
     text = resources.files(__name__).joinpath(f"{name}.yaml").read_text(encoding="utf-8")
     where = f"matrices/{name}.yaml"
     try:
-        matrix = Matrix.model_validate(yaml.load(text, Loader=_Loader))  # noqa: S506 (a SafeLoader)
+        matrix = Matrix.model_validate(load_yaml(text, _Loader))  # parsed once per content (_parsed.py)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:10])
         raise ConfigError(f"{where} does not validate: {problems}") from None

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from onnxdeploy import __version__
-from onnxdeploy.console_report import print_run, print_sdk, print_verify
 from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError, OutputError
 
 if TYPE_CHECKING:  # the commands import the library lazily: `onnxdeploy --help` stays fast
+    from rich.progress import Progress
+
     from onnxdeploy.config import PipelineConfig
 
 __all__ = ["app", "main"]
@@ -113,6 +113,8 @@ def _interrupt_on_termination() -> None:
 
 def _progress(console: Console, *, quiet: bool = False) -> Progress:
     """Progress bars on ``console`` (stderr), removed when done; none with ``--quiet``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -195,6 +197,8 @@ def run(
         for reason in report.failures:
             err.print(f"FAILED: {reason}", markup=False)
     elif not as_json:
+        from onnxdeploy.console_report import print_run  # noqa: PLC0415  (report models)
+
         print_run(out, outcome)
     raise typer.Exit(outcome.exit_code)
 
@@ -342,6 +346,7 @@ def verify_cmd(
 
     A candidate whose contract lists a graph set (prefill buckets, several cache lengths) is driven as a set.
     """
+    from onnxdeploy.console_report import print_verify
     from onnxdeploy.report import SCHEMA_VERSION, summarise_verify
     from onnxdeploy.runner import verify
     from onnxdeploy.text import generations_with
@@ -369,10 +374,8 @@ def verify_cmd(
         raise _interrupted(err, as_json=as_json) from None
     result = generations_with(result, tok, prompt_text=prompt_text, chat=chat)
     result = summarise_verify(result, max_rows)
-    status = "passed" if result.passed else "failed"
-    payload = json.dumps(
-        {"schema_version": SCHEMA_VERSION, "status": status, **result.model_dump(mode="json")}, indent=2
-    )
+    head = {"schema_version": SCHEMA_VERSION, "status": "passed" if result.passed else "failed"}
+    payload = json.dumps({**head, **result.model_dump(mode="json")}, indent=2)
     if report is not None:
         try:
             _write_verify_report(report, payload, original, candidate)
@@ -665,6 +668,8 @@ def check_cmd(
             if f.hint:
                 out.print(f"    fix: {escape(f.hint)}", soft_wrap=True)
         if report.sdk is not None:
+            from onnxdeploy.console_report import print_sdk  # noqa: PLC0415  (report models)
+
             print_sdk(out, report.sdk)
         s = report.summary
         colour = "green" if report.status == "passed" else "red"

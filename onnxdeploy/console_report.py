@@ -12,8 +12,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from onnxdeploy.text_report import generations_table
-
 if TYPE_CHECKING:
     from onnxdeploy.pipeline import RunOutcome
     from onnxdeploy.report import PassReport, VerifyReport
@@ -107,6 +105,8 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
             out.print(runtimes_table(report.runtimes))
         print_first_divergent(out, report.verify)
         if report.verify.generations is not None:
+            from onnxdeploy.text_report import generations_table  # noqa: PLC0415  (report models)
+
             out.print(generations_table(report.verify.generations))
     shown = 10
     for reason in report.failures[:shown]:
@@ -151,6 +151,8 @@ def print_verify(out: Console, result: VerifyReport) -> None:
     out.print(verify_table(result))
     print_first_divergent(out, result, with_failures=True)
     if result.generations is not None:
+        from onnxdeploy.text_report import generations_table  # noqa: PLC0415  (report models)
+
         out.print(generations_table(result.generations))
     for msg in result.failures:
         out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)

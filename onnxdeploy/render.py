@@ -11,18 +11,12 @@ no network).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from onnxdeploy.report import (
-    ModeResult,
-    RunReport,
-    StepBlock,
-    StepRecord,
-    VerifyReport,
-)
-from onnxdeploy.text_report import generations_markdown
+if TYPE_CHECKING:  # the report's models are not needed to import this module: `onnxdeploy passes` uses yaml_inline
+    from onnxdeploy.report import ModeResult, RunReport, StepBlock, StepRecord, VerifyReport
 
 __all__ = ["SET_NOTE", "block_text", "fmt_number", "render_markdown", "rows_with_blocks", "yaml_inline"]
 
@@ -90,6 +84,8 @@ def render_markdown(report: RunReport) -> str:
         ]
     else:
         lines += _markdown_verify(report.verify)
+        from onnxdeploy.text_report import generations_markdown  # noqa: PLC0415  (see the TYPE_CHECKING import)
+
         lines += generations_markdown(report.verify.generations)
     lines += _markdown_runtimes(report)
     lines += _markdown_accuracy(report)
@@ -226,6 +222,8 @@ def _markdown_accuracy(report: RunReport) -> list[str]:
 
 
 def _markdown_verify(v: VerifyReport) -> list[str]:
+    from onnxdeploy.report import StepBlock  # noqa: PLC0415  (see the TYPE_CHECKING import)
+
     lines = [
         "## Verification",
         "",

@@ -381,7 +381,9 @@ class PipelineConfig(BaseModel):
     @field_validator("sdk", mode="before")
     @classmethod
     def _sdk_mode(cls, v: Any) -> Any:
-        """``sdk: build`` is ``sdk: {mode: build}``."""
+        """``sdk: build`` is ``sdk: {mode: build}``; YAML 1.1 reads a bare ``off`` as false, which means ``off``."""
+        if v is False:
+            return {"mode": "off"}
         return {"mode": v} if isinstance(v, str) else v
 
     @field_validator("model", "output_dir", mode="before")

@@ -81,10 +81,11 @@ def _hybrid(rknn, model, options, config):
     with open(cfg) as f:
         lines = f.read().splitlines()
     known = {line.strip().rstrip(":") for line in lines if line.startswith("    ") and not line.startswith("     ")}
-    unknown = [name for name in options["float_layers"] if name not in known]
-    if unknown:
-        return rknn, f"float_layers not among the SDK's quantized tensors: {unknown[:5]}"
-    entries = [f"    {name}: float16" for name in options["float_layers"]]
+    chosen = [name for name in options["float_layers"] if name in known]  # the graphs of a set differ in names
+    if not chosen:
+        return rknn, f"no float_layers entry is among this graph's quantized tensors: {options['float_layers'][:5]}"
+    print(f"hybrid: float16 for {len(chosen)} of {len(options['float_layers'])} float_layers", file=sys.stderr)
+    entries = [f"    {name}: float16" for name in chosen]
     at = next(i for i, line in enumerate(lines) if line.startswith("custom_quantize_layers"))
     lines[at : at + 1] = ["custom_quantize_layers:", *entries]
     with open(cfg, "w") as f:

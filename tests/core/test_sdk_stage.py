@@ -186,3 +186,12 @@ def test_the_sdk_builds_every_graph_of_a_set_as_fp16_and_w8a8(tmp_path):
         reports = sdk.rknn_build_reports([step1, step4], builds=builds)
         assert all(r.built for r in reports), [r.error for r in reports]
         assert all(sdk_stage.Path(b.export).stat().st_size > 0 for b in builds)
+
+
+def test_check_flags_weight_only_qdq_on_rk3588(tmp_path):
+    """RKNN-Toolkit2 2.5.0 cannot build weight-only QDQ (issue 19): the rknn-rk3588 matrix no longer takes
+    DequantizeLinear, so the target check names each one (OD510) and the run fails before any SDK build."""
+    passes = "static_kv: {max_cache_len: 32}\n  - quantize_weights: {bits: 8, format: qdq}"
+    outcome = run_pipeline(load_pipeline(_pipeline(tmp_path, "sdk: off", passes=passes)))
+    flagged = [f for f in outcome.report.findings if f.code == "OD510" and "DequantizeLinear" in f.message]
+    assert flagged and outcome.exit_code == 1, [f.message for f in outcome.report.findings]

@@ -1,35 +1,41 @@
-"""onnxdeploy's ``quantize_weights`` against onnxruntime's ``MatMulNBitsQuantizer``, measured in one run.
+"""onnxdeploy's ``quantize_weights`` against ONNX Runtime's own weight-only quantizers, measured in one run.
 
-Models: the trained byte-level fixture (``fixtures/llama_bytes/torchscript``) and a ~125M LLaMA-shaped export
-made at benchmark time (``fixtures/_export_scale.py`` in the fixtures' torchscript venv, through
-``benchmarks/scale.py``'s cached-export machinery; hidden 768, 12 layers, 12 heads, 4 KV heads, vocab 32000,
-seeded random init).
+Models: ``bytes`` (the trained byte-level fixture ``fixtures/llama_bytes/torchscript``: float weights, held-out
+text ``eval.txt``), ``smollm2`` (SmolLM2-135M-Instruct exported by ``fixtures/`` into
+``~/.cache/onnxdeploy/real/smollm2-135m-instruct/``, when present; ``--smollm2-model`` names another path) and
+``125m`` (a random-init LLaMA-shaped export made at benchmark time: speed and memory only).
 
-For each model, each quantizer runs in its own subprocess (wall time including imports; peak RSS of the
-process tree sampled every 50 ms by ``scale.measure``), interleaved: onnxdeploy, ORT, onnxdeploy, ORT (times
-and RSS are the means of the two runs). Settings are the same on both sides: INT4, ``block_size`` 32,
-symmetric, round-to-nearest, ``MatMulNBits`` with ``accuracy_level`` 4 (ORT: ``DefaultWeightOnlyQuantConfig``).
-onnxdeploy is also run with ``method: gptq, act_order: true`` on calibration tokens (another stdlib file's
-bytes for the trained fixture; seeded random ids for the 125M one, only with ``--gptq bytes,125m``).
+Quantizers (INT4 ``MatMulNBits``, each in its own subprocess on a scratch copy of the model, wall time with
+imports and peak RSS of the process tree sampled every 50 ms by ``scale.measure``), at ``block_size`` 32 and 128:
 
-Printed for each output: wall time, peak RSS, file size (``.onnx`` + data), weight MSE (dequantized
-MatMulNBits weights against the float ones; not for act-order, whose stored channels are permuted),
-teacher-forced mean KL / top-1 agreement / perplexity on held-out tokens (``runner.accuracy``: weight-only
-figures, ``session.qdq_matmulnbits_accuracy_level=0``; for MatMulNBits nodes the node's own
-``accuracy_level`` decides), and decode step latency (p50 over 32 greedy steps, one thread, spinning off,
-prepacking on as ORT ships; interleaved, mean of two runs); then the ratios
-onnxdeploy / ORT. Figures are printed and saved (``WORK_DIR/quantize_results.json``), never asserted. Usage::
+* ORT 1.32 ``onnxruntime.quantization.matmul_nbits_quantizer``: ``DefaultWeightOnlyQuantConfig``
+  ``is_symmetric`` true and false, ``RTNWeightOnlyQuantConfig`` and ``KQuantWeightOnlyQuantConfig``
+  (asymmetric: ``MatMulNBitsQuantizer(is_symmetric=False)``, their default scheme), ``HQQWeightOnlyQuantConfig``
+  (needs torch: run by the fixtures' torch venv ``/tmp/onnxdeploy-fixture-venvs/torchscript/bin/python``, same
+  onnxruntime 1.32) and ``GPTQWeightOnlyQuantConfig`` (asymmetric, act-order off, ``percdamp`` 0.01; its data
+  path imports torch too, so the same venv) with a calibration data reader
+  feeding the decoder's past-cache inputs (empty past, the calibration tokens in chunks of 256);
+* onnxdeploy ``quantize_weights``: RTN symmetric (bit-identical to ORT's default symmetric), RTN asymmetric,
+  ``method: gptq`` + act-order, and the candidate ``method: gptq`` + act-order + ``scale_search: mse`` +
+  ``symmetric: false`` (:mod:`onnxdeploy.passes._quant_search`), on the same calibration tokens.
 
-    .venv/bin/python benchmarks/quantize.py [--models bytes,125m] [--work-dir /tmp/onnxdeploy-quantize]
-        [--export-cache /tmp/onnxdeploy-decode]
+Every quantizer writes ``accuracy_level`` 0 (unset: the weights dequantized, fp32 compute), the level the
+accuracy figures are taken at. Printed per output: bits per weight (packed weights + scales + zero points over
+the weights quantized, from the written file; scales float32), wall time, peak RSS, teacher-forced mean KL /
+top-1 agreement / perplexity ratio on held-out tokens (``runner.accuracy``'s ``teacher_forced_logits`` and
+``accuracy_figures``, weight-only session entries), then the ratios the issue's goals name. Figures are printed
+and saved (``WORK_DIR/quantize_results.json``), never asserted. Usage::
+
+    .venv/bin/python benchmarks/quantize.py [--models bytes,smollm2,125m] [--blocks 32,128]
+        [--only ort-default-sym,od-best] [--work-dir /tmp/onnxdeploy-quantize]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
-import statistics
 import sys
 import sysconfig
 from pathlib import Path
@@ -42,39 +48,108 @@ import scale  # noqa: E402  (benchmarks/scale.py: process-tree RSS, cached expor
 
 REPO = Path(__file__).resolve().parents[1]
 BYTES_MODEL = REPO / "fixtures" / "llama_bytes" / "torchscript" / "model.onnx"
+SMOLLM2_DIR = Path.home() / ".cache" / "onnxdeploy" / "real" / "smollm2-135m-instruct"
+TORCH_PYTHON = Path("/tmp/onnxdeploy-fixture-venvs/torchscript/bin/python")
 SIZE_125M = scale.ModelSize(
     "125m", hidden=768, layers=12, heads=12, kv_heads=4, head_dim=64, intermediate=2048, vocab=32000
 )
-BITS, BLOCK, SYMMETRIC, ACCURACY_LEVEL = 4, 32, True, 4
-EVAL_TOKENS = 257
-CALIBRATION_TOKENS = 1024
-DECODE_STEPS = 32
+ACCURACY_LEVEL = 0
+CALIBRATION_CHUNK = 256
 
-WORKER = """
+QUANTIZERS: dict[str, dict[str, Any]] = {
+    "ort-default-sym": {"side": "ort", "algo": "default", "symmetric": True},
+    "ort-default-asym": {"side": "ort", "algo": "default", "symmetric": False},
+    "ort-rtn": {"side": "ort", "algo": "rtn", "symmetric": False},
+    "ort-kquant": {"side": "ort", "algo": "kquant", "symmetric": False},
+    "ort-hqq": {"side": "ort", "algo": "hqq", "symmetric": False},
+    "ort-gptq": {"side": "ort", "algo": "gptq", "symmetric": False, "calibrated": True},
+    "ort-int8": {"side": "ort", "algo": "default", "symmetric": True, "bits": 8},
+    "od-rtn-sym": {"side": "onnxdeploy", "config": {"symmetric": True}},
+    "od-int8": {"side": "onnxdeploy", "config": {"symmetric": True, "bits": 8}},
+    "od-rtn-asym": {"side": "onnxdeploy", "config": {"symmetric": False}},
+    "od-gptq-ao": {"side": "onnxdeploy", "config": {"method": "gptq", "act_order": True}, "calibrated": True},
+    "od-rtn-search": {
+        "side": "onnxdeploy",
+        "config": {"symmetric": False, "scale_search": "mse"},
+        "calibrated": True,
+    },
+    "od-gptq-ao-asym": {
+        "side": "onnxdeploy",
+        "config": {"method": "gptq", "act_order": True, "symmetric": False},
+        "calibrated": True,
+    },
+    "od-best": {
+        "side": "onnxdeploy",
+        "config": {"method": "gptq", "act_order": True, "symmetric": False, "scale_search": "mse"},
+        "calibrated": True,
+    },
+}
+
+WORKER = r"""
 import json, sys, time
 t0 = time.perf_counter()
-sys.path.insert(0, {repo!r})
-kind, src, out, calib = sys.argv[1:5]
+spec = json.loads(sys.argv[1])
+src, out, calib = sys.argv[2:5]
 from pathlib import Path
 import numpy as np
-if kind == "ort":
+block, sym, level = spec["block"], spec["symmetric"], spec["accuracy_level"]
+if spec["side"] == "ort":
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnq
+    from onnxruntime.quantization.calibrate import CalibrationDataReader
     model = onnx.load(src)
-    cfg = DefaultWeightOnlyQuantConfig(
-        block_size={block}, is_symmetric={symmetric}, accuracy_level={level}, bits={bits}
-    )
-    quant = MatMulNBitsQuantizer(model, algo_config=cfg)
+
+    class Reader(CalibrationDataReader):
+        # The decoder's own inputs: an empty past cache, the calibration tokens in chunks.
+        def __init__(self):
+            ids = np.load(calib).astype(np.int64)
+            self.feeds = []
+            for start in range(0, len(ids), spec["chunk"]):
+                piece = ids[start : start + spec["chunk"]][None]
+                feed = {}
+                for inp in model.graph.input:
+                    name = inp.name
+                    dims = [d.dim_value if d.HasField("dim_value") else (0 if "past" in d.dim_param else 1)
+                            for d in inp.type.tensor_type.shape.dim]
+                    if name == "input_ids":
+                        feed[name] = piece
+                    elif name == "attention_mask":
+                        feed[name] = np.ones_like(piece)
+                    elif name == "position_ids":
+                        feed[name] = np.arange(piece.shape[1], dtype=np.int64)[None]
+                    else:
+                        feed[name] = np.zeros(dims, dtype=onnx.helper.tensor_dtype_to_np_dtype(
+                            inp.type.tensor_type.elem_type))
+                self.feeds.append(feed)
+            self.i = 0
+        def get_next(self):
+            self.i += 1
+            return self.feeds[self.i - 1] if self.i <= len(self.feeds) else None
+
+    algo = spec["algo"]
+    if algo == "default":
+        cfg = mnq.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=sym, accuracy_level=level,
+                                               bits=spec.get("bits", 4))
+    elif algo == "rtn":
+        cfg = mnq.RTNWeightOnlyQuantConfig()
+    elif algo == "kquant":
+        cfg = mnq.KQuantWeightOnlyQuantConfig()
+    elif algo == "hqq":
+        cfg = mnq.HQQWeightOnlyQuantConfig(block_size=block, bits=4)
+    else:
+        cfg = mnq.GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), percdamp=0.01, block_size=128)
+    quant = mnq.MatMulNBitsQuantizer(model, bits=spec.get("bits", 4), block_size=block, is_symmetric=sym,
+                                     accuracy_level=level, algo_config=cfg)
     quant.process()
     quant.model.save_model_to_file(str(Path(out) / "model.onnx"), use_external_data_format=True)
 else:
+    sys.path.insert(0, spec["repo"])
     from onnxdeploy.model_io import load_model, stage_artifacts
     from onnxdeploy.pass_context import make_pass_context
     from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
-    extra = dict(method="gptq", act_order=True) if kind == "onnxdeploy-gptq" else {{}}
-    cfg = QuantizeWeightsConfig(bits={bits}, block_size={block}, symmetric={symmetric}, format="matmulnbits",
-                                accuracy_level={level}, **extra)
-    calibration = [np.load(calib).tolist()] if extra else []
+    cfg = QuantizeWeightsConfig(**(dict(bits=4, block_size=block, format="matmulnbits", accuracy_level=level)
+                                   | spec["config"]))
+    calibration = [np.load(calib).tolist()] if spec.get("calibrated") else []
     loaded = load_model(src)
     ctx = make_pass_context(model_path=Path(src), calibration=calibration, scratch_dir=Path(out) / "scratch")
     result = QuantizeWeightsPass(cfg)(loaded.model, ctx)
@@ -82,21 +157,9 @@ else:
                              data_name="model.onnx.data")
     staged.commit()
     import shutil; shutil.rmtree(Path(out) / "scratch")
-print(json.dumps({{"total_s": time.perf_counter() - t0}}))
+    (Path(out) / "pass_report.json").write_text(json.dumps(result.report.details.get("bits_per_weight")))
+print(json.dumps({"total_s": time.perf_counter() - t0}))
 """
-
-
-def private_copy(src: Path, dest: Path) -> Path:
-    """Copy the export's files into ``dest`` once (not hard links).
-
-    onnx.load refuses a data file with several hard links ("potential hardlink attack"), which a shared export
-    cache gets from the runner's scratch copies.
-    """
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in ("model.onnx", "model.onnx.data"):
-        if not (dest / name).is_file() or (dest / name).stat().st_size != (src / name).stat().st_size:
-            shutil.copyfile(src / name, dest / name)
-    return dest
 
 
 def files_bytes(folder: Path) -> int:
@@ -104,170 +167,195 @@ def files_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
 
 
-def quantize(kind: str, model: Path, out: Path, calib: Path, tag: str) -> scale.Measured:
+def bits_per_weight(path: Path) -> dict[str, Any]:
+    """Bits per weight of a written model: every ``MatMulNBits`` (``B`` + scales + zero points) and every
+    ``DequantizeLinear`` of a constant (values + scale + zero point), over the ``N × K`` weights they hold;
+    an initializer read by several nodes counts once."""
+    import onnx_ir as ir
+
+    model = ir.load(path)
+    inits = model.graph.initializers
+    seen: set[str] = set()
+    bits = weights = 0
+    scale_types: set[str] = set()
+
+    def add(value: ir.Value | None) -> int:
+        if value is None or str(value.name) not in inits or str(value.name) in seen:
+            return 0
+        seen.add(str(value.name))
+        return inits[str(value.name)].const_value.nbytes * 8
+
+    for node in model.graph:
+        if node.op_type == "MatMulNBits":
+            k, n = node.attributes.get_int("K"), node.attributes.get_int("N")
+            if str(node.inputs[1].name) not in seen:
+                weights += k * n
+            bits += sum(add(v) for v in node.inputs[1:4])
+            scale_types.add(str(node.inputs[2].dtype))
+        elif node.op_type == "DequantizeLinear" and str(node.inputs[0].name) in inits:
+            if str(node.inputs[0].name) not in seen:
+                weights += int(np.prod(node.inputs[0].shape.numpy()))
+            bits += sum(add(v) for v in node.inputs[:3])
+            scale_types.add(str(node.inputs[1].dtype))
+    return {"bits_per_weight": bits / max(weights, 1), "weights": weights, "scale_dtypes": sorted(scale_types)}
+
+
+def quantize(name: str, spec: dict, model: Path, out: Path, calib: Path, tag: str) -> scale.Measured:
     """Run one quantizer in a subprocess into a fresh ``out``; raise when it fails."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    code = WORKER.format(repo=str(REPO), block=BLOCK, symmetric=SYMMETRIC, level=ACCURACY_LEVEL, bits=BITS)
-    m = scale.measure([sys.executable, "-c", code, kind, str(model), str(out), str(calib)], out.parent, tag)
+    # HQQ needs torch, and ORT's GPTQ data path (neural_compressor.util.to_numpy) imports it: the torch venv.
+    python = str(TORCH_PYTHON) if spec.get("algo") in ("hqq", "gptq") else sys.executable
+    full = spec | {"repo": str(REPO), "chunk": CALIBRATION_CHUNK, "accuracy_level": ACCURACY_LEVEL}
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [python, "-c", WORKER, json.dumps(full), str(model), str(out), str(calib)]
+    m = scale.measure(cmd, out.parent, tag, env=env)
     if m.exit_code != 0:
-        raise RuntimeError(f"{tag} failed (exit {m.exit_code}):\n{m.stderr_tail}")
+        raise RuntimeError(f"{tag} ({name}) failed (exit {m.exit_code}):\n{m.stderr_tail}")
     return m
 
 
-def nbits_weight_mse(original: Path, quantized: Path) -> float:
-    """Mean squared error of every MatMulNBits weight (dequantized) against the float weight it replaced."""
-    import onnx_ir as ir
-
-    src = ir.load(original)
-    q = ir.load(quantized)
-    floats = {str(name): v.const_value for name, v in src.graph.initializers.items()}
-    inits = q.graph.initializers
-    total, count = 0.0, 0
-    for node in q.graph:
-        if node.op_type != "MatMulNBits":
-            continue
-        k, n = node.attributes.get_int("K"), node.attributes.get_int("N")
-        bits, block = node.attributes.get_int("bits"), node.attributes.get_int("block_size")
-        b = inits[str(node.inputs[1].name)].const_value.numpy()
-        scales = inits[str(node.inputs[2].name)].const_value.numpy().reshape(n, -1)
-        if bits == 4:
-            u = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(n, -1).astype(np.float32)
-        else:
-            u = b.reshape(n, -1).astype(np.float32)
-        zp = float(1 << (bits - 1))
-        if len(node.inputs) > 3 and node.inputs[3] is not None:
-            raise NotImplementedError("asymmetric weights are not compared here")
-        deq = (u - zp) * np.repeat(scales, block, axis=1)
-        name = str(node.inputs[1].name).rsplit(f"_Q{bits}", 1)[0]
-        w = floats[name].numpy().astype(np.float32).T  # (N, K)
-        total += float(((deq[:, :k] - w) ** 2).sum())
-        count += w.size
-    return total / max(count, 1)
-
-
-def decode_latency_ms(path: Path, prompt: list[int]) -> float:
-    """p50 wall time (ms) of one greedy decode step: one thread, spinning off, prepacking on."""
-    import onnxruntime as ort
-
-    from onnxdeploy.runner import make_decoder, open_session
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    model_session = open_session(path)
-    model_session.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    with make_decoder(model_session) as decoder:
-        outputs = decoder.feed(prompt)
-        for _ in range(2):  # warm-up
-            outputs = decoder.feed([int(np.argmax(outputs[-1][0]))])
-        decoder.reset()
-        outputs = decoder.feed(prompt)
-        for _ in range(DECODE_STEPS):
-            outputs = decoder.feed([int(np.argmax(outputs[-1][0]))])
-        return statistics.median(decoder.call_latencies_ms[1:])
-
-
 def bench_model(
-    name: str, model: Path, eval_tokens: list[int], calib: Path, work: Path, with_gptq: bool
+    name: str, model: Path, eval_tokens: list[int], calib: Path, work: Path, blocks: list[int], only: list[str]
 ) -> dict[str, Any]:
-    """Quantize ``model`` with every quantizer (interleaved; GPTQ once, when asked), then measure each output."""
-    from onnxdeploy.runner.accuracy import evaluate_accuracy
+    """Quantize ``model`` with every quantizer at every block size, then measure each output's accuracy."""
+    from onnxdeploy.runner.accuracy import WEIGHT_ONLY_ENTRIES, accuracy_figures, teacher_forced_logits
 
-    runs: dict[str, list[scale.Measured]] = {"onnxdeploy": [], "ort": [], "onnxdeploy-gptq": []}
-    for round_ in range(2):
-        for kind in ("onnxdeploy", "ort"):
-            print(f"[{name}] {kind} run {round_ + 1}", flush=True)
-            runs[kind].append(quantize(kind, model, work / name / kind, calib, f"{name}-{kind}-{round_}"))
-    outputs = {"onnxdeploy": work / name / "onnxdeploy", "ort": work / name / "ort"}
-    if with_gptq:
-        print(f"[{name}] onnxdeploy-gptq", flush=True)
-        runs["onnxdeploy-gptq"].append(quantize("onnxdeploy-gptq", model, work / name / "gptq", calib, f"{name}-gptq"))
-        outputs["onnxdeploy-gptq"] = work / name / "gptq"
-    result: dict[str, Any] = {"model": str(model), "model_bytes": files_bytes(model.parent), "quantizers": {}}
-    latencies: dict[str, list[float]] = {k: [] for k in outputs}
-    prompt = eval_tokens[:6]
-    for _ in range(2):
-        for kind, folder in outputs.items():
-            latencies[kind].append(decode_latency_ms(folder / "model.onnx", prompt))
-    float_latency = decode_latency_ms(model, prompt)
-    for kind, folder in outputs.items():
-        path = folder / "model.onnx"
-        acc = evaluate_accuracy(model, path, eval_tokens)
-        result["quantizers"][kind] = {
-            "wall_s": statistics.mean(m.wall_s for m in runs[kind]),
-            "peak_rss_bytes": statistics.mean(m.peak_tree_rss for m in runs[kind]),
-            "file_bytes": files_bytes(folder),
-            # act-order permutes K (and producers' N): the stored weights do not line up with the float ones.
-            "weight_mse": nbits_weight_mse(model, path) if kind != "onnxdeploy-gptq" else float("nan"),
-            "mean_kl": acc.weight_only.mean_kl,
-            "top1_agreement": acc.weight_only.top1_agreement,
-            "ppl": acc.weight_only.ppl_candidate,
-            "ppl_float": acc.weight_only.ppl_original,
-            "mean_kl_default_session": acc.default_optimized.mean_kl,
-            "decode_step_ms_p50": statistics.mean(latencies[kind]),
-        }
-    result["float_decode_step_ms_p50"] = float_latency
+    reference = teacher_forced_logits(model, eval_tokens)
+    result: dict[str, Any] = {"model": str(model), "model_bytes": model.stat().st_size, "rows": {}}
+    for block in blocks:
+        for q, spec in QUANTIZERS.items():
+            if only and q not in only:
+                continue
+            if 8 in (spec.get("bits"), spec.get("config", {}).get("bits")) and block != blocks[0]:
+                continue  # INT8 is per output channel: one row
+            spec = spec | {
+                "block": block,
+                "symmetric": spec.get("symmetric", spec.get("config", {}).get("symmetric", True)),
+            }
+            if spec["side"] == "onnxdeploy":
+                spec["symmetric"] = spec["config"].get("symmetric", True)
+                spec["config"] = {k: v for k, v in spec["config"].items() if k != "symmetric"} | {
+                    "symmetric": spec["symmetric"]
+                }
+            row_name = f"{q}@{block}"
+            out = work / name / row_name
+            print(f"[{name}] {row_name}", flush=True)
+            try:
+                m = quantize(q, spec, model, out, calib, f"{name}-{row_name}")
+            except RuntimeError as exc:
+                print(f"  skipped: {str(exc)[-600:]}", flush=True)
+                result["rows"][row_name] = {"error": str(exc)[-2000:]}
+                continue
+            cand = teacher_forced_logits(out / "model.onnx", eval_tokens, config_entries=WEIGHT_ONLY_ENTRIES)
+            fig = accuracy_figures(reference, cand, eval_tokens)
+            row = {
+                "wall_s": m.wall_s,
+                "peak_rss_bytes": m.peak_tree_rss,
+                "file_bytes": files_bytes(out),
+                "mean_kl": fig.mean_kl,
+                "top1": fig.top1_agreement,
+                "ppl_ratio": fig.ppl_ratio,
+                "accuracy_level": ACCURACY_LEVEL,
+            } | bits_per_weight(out / "model.onnx")
+            result["rows"][row_name] = row
+            print(
+                f"  bpw {row['bits_per_weight']:.4f} KL {fig.mean_kl:.5f} top1 {fig.top1_agreement:.4f} "
+                f"ppl x{fig.ppl_ratio:.4f} wall {m.wall_s:.1f}s rss {m.peak_tree_rss / 1e6:.0f}MB",
+                flush=True,
+            )
+    result["positions"] = len(eval_tokens) - 1
     return result
 
 
 def print_result(name: str, r: dict[str, Any]) -> None:
-    """One table per model, then the onnxdeploy / ORT ratios."""
-    q = r["quantizers"]
-    print(f"\n== {name}: {r['model']} ({r['model_bytes'] / 1e6:.1f} MB float, decode step "
-          f"{r['float_decode_step_ms_p50']:.2f} ms)")  # fmt: skip
-    cols = ["wall_s", "peak_rss_bytes", "file_bytes", "weight_mse", "mean_kl", "top1_agreement", "ppl",
-            "decode_step_ms_p50"]  # fmt: skip
-    print(f"{'quantizer':18s}" + "".join(f"{c:>20s}" for c in cols))
-    for kind, v in q.items():
-        print(f"{kind:18s}" + "".join(f"{v[c]:>20.6g}" for c in cols))
-    ours, ort = q["onnxdeploy"], q["ort"]
-    print(f"{'onnxdeploy / ORT':18s}" + "".join(f"{ours[c] / ort[c] if ort[c] else float('nan'):>20.3f}" for c in cols))
-    if "onnxdeploy-gptq" in q:
-        print(f"{'gptq+act-order/ORT':18s}" + "".join(
-            f"{q['onnxdeploy-gptq'][c] / ort[c] if ort[c] else float('nan'):>20.3f}" for c in cols))  # fmt: skip
-    print(f"perplexity of the float model on the same tokens: {ours['ppl_float']:.4g}")
+    """One table per model, then the goal ratios per block size."""
+    print(f"\n== {name}: {r['model']} ({r['model_bytes'] / 1e6:.1f} MB), {r['positions']} held-out positions, "
+          f"accuracy_level {ACCURACY_LEVEL} (weight-only figures)")  # fmt: skip
+    print(f"{'quantizer':24s}{'bpw':>8s}{'mean KL':>10s}{'top-1':>8s}{'ppl ×':>8s}{'wall s':>8s}{'RSS MB':>8s}")
+    rows = r["rows"]
+    for q, v in rows.items():
+        if "error" in v:
+            print(f"{q:24s} failed")
+            continue
+        print(f"{q:24s}{v['bits_per_weight']:8.3f}{v['mean_kl']:10.5f}{v['top1']:8.4f}{v['ppl_ratio']:8.4f}"
+              f"{v['wall_s']:8.1f}{v['peak_rss_bytes'] / 1e6:8.0f}")  # fmt: skip
+    for block in sorted({int(k.rsplit("@", 1)[1]) for k in rows}):
+        at = {k.rsplit("@", 1)[0]: v for k, v in rows.items() if k.endswith(f"@{block}") and "error" not in v}
+        best = at.get("od-best")
+        if not best or "ort-default-sym" not in at:
+            continue
+        ort = {
+            k: v
+            for k, v in at.items()
+            if k.startswith("ort-") and v["bits_per_weight"] >= best["bits_per_weight"] - 1e-9
+        }
+        best_ort = min(ort.items(), key=lambda kv: kv[1]["mean_kl"]) if ort else None
+        ratio = best["mean_kl"] / at["ort-default-sym"]["mean_kl"]
+        print(f"block {block}: od-best KL / ORT symmetric RTN KL = {ratio:.3f}"
+              + (f"; / best ORT at >= its bpw ({best_ort[0]}, {best_ort[1]['bits_per_weight']:.3f} bpw) = "
+                 f"{best['mean_kl'] / best_ort[1]['mean_kl']:.3f}" if best_ort else ""))  # fmt: skip
+        if "ort-gptq" in at and "od-best" in at:
+            print(f"block {block}: od-best wall / ORT GPTQ wall = {best['wall_s'] / at['ort-gptq']['wall_s']:.3f}, "
+                  f"peak RSS ratio {best['peak_rss_bytes'] / at['ort-gptq']['peak_rss_bytes']:.3f}")  # fmt: skip
+
+
+def _model_and_text(name: str, args: argparse.Namespace, work: Path) -> tuple[Path, list[int], np.ndarray]:
+    """The model, its held-out tokens and the calibration tokens of one ``--models`` entry."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    if name == "bytes":
+        model = args.bytes_model.resolve()
+        text = (model.parent / "eval.txt").read_bytes()
+        # Held-out: eval.txt (textwrap.py, never trained on); calibration: difflib.py (neither trained nor held out).
+        calib = np.frombuffer((stdlib / "difflib.py").read_bytes()[: args.calibration_tokens], np.uint8)
+        return model, list(text[: args.eval_tokens]), calib.astype(np.int64)
+    if name == "smollm2":
+        model = args.smollm2_model
+        if not model.is_file():
+            raise SystemExit(f"smollm2: {model} does not exist (build it with the fixtures' real-model script)")
+        from tokenizers import Tokenizer  # noqa: PLC0415
+
+        tok = Tokenizer.from_file(str(model.parent / "tokenizer.json"))
+        held_out = Path(np.__file__).parent / "LICENSE.txt"  # numpy's LICENSE: nobody on the project wrote it
+        calib_text = (stdlib / "LICENSE.txt") if (stdlib / "LICENSE.txt").is_file() else stdlib / "difflib.py"
+        ids = tok.encode(held_out.read_text()).ids[: args.eval_tokens]
+        calib = np.array(tok.encode(calib_text.read_text()).ids[: args.calibration_tokens], dtype=np.int64)
+        print(f"[smollm2] held-out text {held_out} ({len(ids)} tokens), calibration {calib_text}", flush=True)
+        return model, ids, calib
+    if name == "125m":
+        cache = args.export_cache.resolve()
+        scale.ensure_export(SIZE_125M, cache, args.venv_dir.resolve())
+        model = cache / "models" / "125m" / "model.onnx"
+        rng = np.random.default_rng(0)
+        return model, rng.integers(0, 32000, args.eval_tokens).tolist(), rng.integers(0, 32000, 512).astype(np.int64)
+    raise SystemExit(f"unknown model {name!r}; known: bytes, smollm2, 125m")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="bytes,125m", help="comma-separated: bytes, 125m")
+    ap.add_argument("--models", default="bytes", help="comma-separated: bytes, smollm2, 125m")
+    ap.add_argument("--blocks", default="32,128", help="block sizes, comma-separated")
+    ap.add_argument(
+        "--only", default="", help="quantizers to run (comma-separated); default all: " + ",".join(QUANTIZERS)
+    )
+    ap.add_argument("--eval-tokens", type=int, default=1024, help="held-out tokens (positions + 1)")
+    ap.add_argument("--calibration-tokens", type=int, default=1024)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/onnxdeploy-quantize"))
-    ap.add_argument("--gptq", default="bytes",
-                    help="models also quantized with GPTQ + act-order (comma-separated; the 125M one takes minutes "
-                    "and, random-init with random calibration ids, says little)")  # fmt: skip
-    ap.add_argument("--bytes-model", type=Path, default=BYTES_MODEL,
-                    help="the trained model (its eval.txt beside it): default the fixture")  # fmt: skip
-    ap.add_argument("--export-cache", type=Path, default=Path("/tmp/onnxdeploy-decode"),
-                    help="where the 125M export is cached (shared with benchmarks/decode.py: same shape)")  # fmt: skip
-    ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/onnxdeploy-fixture-venvs"),
-                    help="the fixtures' venvs (fixtures/make_fixtures.py --venv-dir)")  # fmt: skip
+    ap.add_argument("--bytes-model", type=Path, default=BYTES_MODEL, help="the trained model (eval.txt beside it)")
+    ap.add_argument("--smollm2-model", type=Path, default=SMOLLM2_DIR / "optimum" / "model.onnx")
+    ap.add_argument("--export-cache", type=Path, default=Path("/tmp/onnxdeploy-decode"))
+    ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/onnxdeploy-fixture-venvs"))
     args = ap.parse_args()
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    only = [q for q in args.only.split(",") if q]
     results: dict[str, Any] = {}
     for name in args.models.split(","):
+        model, eval_tokens, calib_ids = _model_and_text(name, args, work)
         calib = work / f"{name}-calibration.npy"
-        if name == "bytes":
-            model = args.bytes_model.resolve()
-            eval_tokens = list((model.parent / "eval.txt").read_bytes()[:EVAL_TOKENS])
-            np.save(
-                calib,
-                np.frombuffer((stdlib / "difflib.py").read_bytes()[:CALIBRATION_TOKENS], np.uint8).astype(np.int64),
-            )
-        elif name == "125m":
-            cache = args.export_cache.resolve()
-            info, _ = scale.ensure_export(SIZE_125M, cache, args.venv_dir.resolve())
-            model = private_copy(cache / "models" / "125m", work / "src-125m") / "model.onnx"
-            print(f"[125m] {info['parameters'] / 1e6:.1f}M parameters", flush=True)
-            rng = np.random.default_rng(0)
-            eval_tokens = rng.integers(0, SIZE_125M.vocab or 32000, EVAL_TOKENS).tolist()
-            np.save(calib, rng.integers(0, SIZE_125M.vocab or 32000, CALIBRATION_TOKENS).astype(np.int64))
-        else:
-            raise SystemExit(f"unknown model {name!r}; known: bytes, 125m")
-        results[name] = bench_model(name, model, eval_tokens, calib, work, name in args.gptq.split(","))
+        np.save(calib, calib_ids)
+        blocks = [int(b) for b in args.blocks.split(",")]
+        results[name] = bench_model(name, model, eval_tokens, calib, work, blocks, only)
         print_result(name, results[name])
     (work / "quantize_results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nresults: {work / 'quantize_results.json'}")

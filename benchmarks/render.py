@@ -8,8 +8,8 @@ count grows), as a 3,000-step verification would give. Then, interleaved over ``
 * ``html``: :func:`onnxdeploy.html_report.render_html` (tables and one error and one latency plot per graph and mode);
 * ``md``: :func:`onnxdeploy.render.render_markdown`.
 
-Printed: the first HTML render alone (it imports matplotlib), then the median of each over the rounds (ms) and its
-ratio to the baseline. The issue "What a user sees" targets html <= 0.5 s for 3,000 steps.
+Printed: the first HTML render alone (it imports the plotting module), then the median of each over the rounds
+(ms) and its ratio to the baseline. The issue "What a user sees" targets html <= 0.5 s for 3,000 steps.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main() -> None:
             variants[name]()
             times[name].append((time.perf_counter() - start) * 1e3)
     modes = len(report.verify.modes)
-    print(f"report: {modes} mode(s) x {args.steps} positions; first html render (imports matplotlib): {first:.2f} s")
+    print(f"report: {modes} mode(s) x {args.steps} positions; first html render (with imports): {first:.2f} s")
     base = statistics.median(times["json"])
     print(f"{'variant':8s} {'median ms':>10s} {'/ json':>8s}")
     for name in names:

@@ -55,6 +55,7 @@ OD514    error          target_ops      A tensor rank above the target's limit f
 OD515    warning        target_ops      Accepted, but runs on the host CPU (no accelerator lowering).
 OD516    info           target_ops      Constraints the source states in words for an op, with its nodes.
 OD517    warning        target_ops      No kernel in a dtype the target emulates (ORT CPU: float16 cast to float32).
+OD518    error          target_ops      A shape rule of the op's entry broken (blocked DequantizeLinear, partial block).
 OD520    error          target_tensors  A graph input/output with a dynamic dim on a target that requires static shapes.
 OD521    error          target_tensors  A zero-size tensor (a dim of 0), on compiler targets.
 OD522    error          target_tensors  A tensor or dim above the target's size limit.

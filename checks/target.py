@@ -4,10 +4,10 @@ Three checks, each finding naming the node or tensor, the rule (the matrix fact)
 section, version, address, date read), and a hint naming the pass that fixes it where one does:
 
 - ``target_opset``: opset per domain and IR version within the target's ranges (``OD501``-``OD504``);
-- ``target_ops``: every node's op is supported at its schema version, with the entry's dtype, attribute and
-  rank constraints (``OD510``-``OD516``);
-- ``target_tensors``: dynamic dims where the target requires static shapes, zero-size tensors, size limits and
-  initializer dtypes the target does not take (``OD520``-``OD525``).
+- ``target_ops``: every node's op is supported at its schema version, with the entry's dtype, attribute,
+  rank and shape-rule constraints (``OD510``-``OD518``);
+- ``target_tensors`` (:mod:`onnxdeploy.checks.target_tensors`): dynamic dims where the target requires static
+  shapes, zero-size tensors, size limits and initializer dtypes the target does not take (``OD520``-``OD525``).
 
 :func:`predict_supported` answers "would the target take this model?" from the error findings of the three;
 the cross-check tests compare it with whether ONNX Runtime / OpenVINO really open the model.
@@ -15,22 +15,17 @@ the cross-check tests compare it with whether ONNX Runtime / OpenVINO really ope
 
 from __future__ import annotations
 
-import fnmatch
-import math
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import onnx
-import onnx_ir as ir
-from onnx import TensorProto
 
-from onnxdeploy.checks._graph import infer, iter_graphs, list_names, node_ref, value_type
+from onnxdeploy.checks._graph import iter_graphs, list_names, node_ref
 from onnxdeploy.checks.base import Check, CheckContext, register_check
+from onnxdeploy.checks.target_tensors import TargetTensorsCheck, Types, value_types
 from onnxdeploy.errors import ConfigError
-from onnxdeploy.graph import dtype_name, format_dims, opset_imports
+from onnxdeploy.graph import dtype_name, opset_imports
 from onnxdeploy.matrices import Matrix, OpEntry, get_target, schema_version_of
-from onnxdeploy.matrices.schema import Limit
 from onnxdeploy.report import Finding
 
 __all__ = ["TARGET_CHECKS", "TargetOpsCheck", "TargetOpsetCheck", "TargetTensorsCheck", "fix_hint", "predict_supported"]
@@ -77,12 +72,22 @@ def _matrix(context: CheckContext) -> Matrix | None:
     return get_target(context.target) if context.target else None
 
 
+def _used_domains(model: onnx.ModelProto) -> set[str]:
+    """The op domains (``ai.onnx`` for the default one) of every node of the graph, its subgraphs and functions."""
+    used = {_domain(n.domain) for graph, _ in iter_graphs(model.graph) for n in graph.node}
+    for function in model.functions:
+        used.add(_domain(function.domain))
+        used |= {_domain(n.domain) for n in function.node}
+    return used
+
+
 @register_check
 class TargetOpsetCheck(Check):
     """Compare every imported opset domain and the IR version with the target's matrix entry.
 
     - ``OD501`` error: a domain's opset is outside the target's ``opsets.<domain>`` range (hint: ``pin_opset``);
-    - ``OD502`` error: the model imports a domain the target does not list;
+    - ``OD502`` error: a node uses a domain the target does not list (a domain imported but used by no node,
+      in the graph, a subgraph or a local function, is not checked: the runtimes load such models);
     - ``OD503`` error: the IR version is above the target's ``ir_version.max``;
     - ``OD504`` info: no target given, nothing checked.
     """
@@ -103,7 +108,10 @@ class TargetOpsetCheck(Check):
             yield self.finding("OD504", "info", "no target given; opsets not checked against a matrix")
             return
         target = matrix.target
+        used = _used_domains(model)
         for domain, version in opset_imports(model).items():
+            if domain != "ai.onnx" and domain not in used:
+                continue  # imported, no node uses it: ORT and OpenVINO load such a model (issue 16, 11 node tests)
             rng = matrix.opsets.get(domain)
             if rng is None:
                 sources = sorted({r.source for r in matrix.opsets.values()})
@@ -142,57 +150,6 @@ class TargetOpsetCheck(Check):
             )
 
 
-@dataclass
-class _Types:
-    """Element types and shapes of every value of a graph and its subgraphs, after shape inference."""
-
-    elem: dict[str, int]
-    dims: dict[str, tuple[int | str | None, ...] | None]
-
-
-def _value_types(model: onnx.ModelProto) -> tuple[onnx.ModelProto, _Types]:
-    try:
-        inferred = infer(model)
-    except Exception:  # noqa: BLE001 - types then come from the declared values only
-        inferred = model
-    elem: dict[str, int] = {}
-    dims: dict[str, tuple[int | str | None, ...] | None] = {}
-    for graph, _ in iter_graphs(inferred.graph):
-        for value in (*graph.input, *graph.output, *graph.value_info):
-            vt = value_type(value.type)
-            if vt.elem_type:
-                elem[value.name] = vt.elem_type
-                dims[value.name] = vt.dims
-        for tensor in graph.initializer:
-            elem[tensor.name] = tensor.data_type
-            dims[tensor.name] = tuple(tensor.dims)
-        for node in graph.node:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                for attr in node.attribute:
-                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                        elem[node.output[0]] = attr.t.data_type
-                        dims[node.output[0]] = tuple(attr.t.dims)
-    return inferred, _Types(elem, dims)
-
-
-def _limit_scope(limit: Limit, model: onnx.ModelProto, types: _Types) -> list[str] | None:
-    """The tensors ``limit`` is checked on (its ``applies_to``), or None when it is scoped in words only.
-
-    No ``applies_to``: every tensor. ``ops``: the inputs and outputs of nodes of those op types (subgraphs
-    included); ``tensors``: names matching those fnmatch patterns; both: either.
-    """
-    if not limit.ops and not limit.tensors:
-        return None if limit.applies_to else list(types.dims)
-    names: set[str] = set()
-    if limit.ops:
-        for graph, _ in iter_graphs(model.graph):
-            for node in graph.node:
-                if node.op_type in limit.ops:
-                    names.update(n for n in (*node.input, *node.output) if n)
-    names.update(n for n in types.dims if any(fnmatch.fnmatchcase(n, p) for p in limit.tensors))
-    return [n for n in types.dims if n in names]
-
-
 def _formal_params(entry: OpEntry, node: onnx.NodeProto, opset: int) -> tuple[list[str], list[str]]:
     """The type parameter of each formal input/output: from the entry, else from the op's ONNX schema."""
     if entry.inputs is not None and entry.outputs is not None:
@@ -212,7 +169,7 @@ def _bind(formal: list[str], actual: list[str]) -> Iterator[tuple[str, str]]:
 
 
 def _violations(
-    entry: OpEntry, node: onnx.NodeProto, opset: int, types: _Types, read_as: dict[str, str] | None = None
+    entry: OpEntry, node: onnx.NodeProto, opset: int, types: Types, read_as: dict[str, str] | None = None
 ) -> list[tuple[str, str]]:
     """``(code, reason)`` for each constraint of ``entry`` the node breaks (empty: the entry takes the node).
 
@@ -239,14 +196,11 @@ def _violations(
             if tensor and tensor in types.elem and dtype_of(tensor) not in entry.dtypes:
                 problems.append(("OD512", f"'{tensor}' is {dtype_of(tensor)}; allowed: {', '.join(entry.dtypes)}"))
     if entry.attributes:
-        for attr in node.attribute:
-            allowed_values = entry.attributes.get(attr.name)
-            if allowed_values is None:
-                continue
-            value = onnx.helper.get_attribute_value(attr)
-            value = value.decode() if isinstance(value, bytes) else value
-            if value not in allowed_values:
-                problems.append(("OD513", f"attribute {attr.name}={value!r}; allowed: {allowed_values}"))
+        for name, value in _attribute_values(node, opset, entry.attributes).items():
+            if value not in entry.attributes[name]:
+                problems.append(("OD513", f"attribute {name}={value!r}; allowed: {entry.attributes[name]}"))
+    if "block_size_divides_axis" in entry.rules:
+        problems += _partial_block(node, types)
     if entry.max_rank is not None:
         for tensor in (*node.input, *node.output):
             shape = types.dims.get(tensor)
@@ -255,8 +209,50 @@ def _violations(
     return problems
 
 
+def _attribute_values(node: onnx.NodeProto, opset: int, names) -> dict[str, object]:
+    """The node's values of the attributes ``names``: set on the node, else the op schema's default (if any)."""
+    values: dict[str, object] = {}
+    for attr in node.attribute:
+        if attr.name in names:
+            value = onnx.helper.get_attribute_value(attr)
+            values[attr.name] = value.decode() if isinstance(value, bytes) else value
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+    except onnx.defs.SchemaError:
+        return values
+    for name in names:
+        default = schema.attributes.get(name)
+        if name not in values and default is not None and default.default_value.type != 0:
+            value = onnx.helper.get_attribute_value(default.default_value)
+            values[name] = value.decode() if isinstance(value, bytes) else value
+    return values
+
+
+def _partial_block(node: onnx.NodeProto, types: Types) -> list[tuple[str, str]]:
+    """``OD518`` when a blocked DequantizeLinear's input dim on ``axis`` is not a multiple of ``block_size``.
+
+    ONNX allows a partial last block (Operators.md, DequantizeLinear-21: the scale's dim on ``axis`` is
+    ``ceil(D / block_size)``); a target whose entry carries ``block_size_divides_axis`` refuses it.
+    """
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    block, axis = int(attrs.get("block_size", 0)), int(attrs.get("axis", 1))
+    dims = types.dims.get(node.input[0]) if node.input else None
+    if block <= 0 or not dims or not -len(dims) <= axis < len(dims):
+        return []
+    dim = dims[axis]
+    if not isinstance(dim, int) or dim % block == 0:
+        return []
+    return [
+        (
+            "OD518",
+            f"'{node.input[0]}' has {dim} on axis {axis}, not a multiple of block_size {block} (a partial last block "
+            f"of {dim % block})",
+        )
+    ]
+
+
 def _emulated_type(
-    matrix: Matrix, entries: list[OpEntry], node: onnx.NodeProto, opset: int, types: _Types
+    matrix: Matrix, entries: list[OpEntry], node: onnx.NodeProto, opset: int, types: Types
 ) -> str | None:
     """The emulated element type that lets an entry take the node, else None.
 
@@ -301,7 +297,9 @@ class TargetOpsCheck(Check):
     - ``OD516`` info: per op type, constraints stated in words by the source, with the nodes they concern;
     - ``OD517`` warning: per op type and element type, nodes no entry takes in that type but one takes once the
       type is read as the one the target computes in instead (``Matrix.emulated_types``: ORT's CPU EP casts a
-      float16 node without a float16 kernel to float32); other targets keep ``OD512``.
+      float16 node without a float16 kernel to float32); other targets keep ``OD512``;
+    - ``OD518`` error: a named rule of the entry broken (``block_size_divides_axis``: a blocked DequantizeLinear
+      whose weight dim on ``axis`` is not a multiple of ``block_size``, which OpenVINO's CPU plugin refuses).
     """
 
     name = "target_ops"
@@ -315,6 +313,7 @@ class TargetOpsCheck(Check):
         "OD515": "warning: the op runs on the host CPU (no accelerator lowering).",
         "OD516": "info: constraints stated in words for an op (not machine-checked).",
         "OD517": "warning: no kernel for the op in this dtype; the target converts it and computes in another.",
+        "OD518": "error: a shape rule of the target's entry broken (blocked DequantizeLinear with a partial block).",
     }
 
     def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
@@ -323,7 +322,7 @@ class TargetOpsCheck(Check):
         if matrix is None:
             return
         opsets = opset_imports(model)
-        _, types = _value_types(model)
+        _, types = value_types(model)
         worded: dict[tuple[str, str], list[str]] = defaultdict(list)
         worded_entry: dict[tuple[str, str], OpEntry] = {}
         emulated: dict[tuple[str, str], list[str]] = defaultdict(list)
@@ -367,7 +366,7 @@ class TargetOpsCheck(Check):
         node: onnx.NodeProto,
         ref: str,
         opsets: dict[str, int],
-        types: _Types,
+        types: Types,
         emulated: dict[tuple[str, str], list[str]],
     ) -> tuple[Finding | None, OpEntry | None]:
         """The node's finding (None when taken) and the entry that takes it.
@@ -443,12 +442,17 @@ class TargetOpsCheck(Check):
             "error",
             f"{where}: " + "; ".join(reason for _, reason in problems),
             nodes=[ref],
-            hint=fix_hint(node.op_type) or "Insert Casts to a supported dtype, or change the exporter's dtype.",
+            hint=(
+                "Choose a quantize_weights block_size that divides the weight's K, or pad K to a multiple of it."
+                if problems[0][0] == "OD518"
+                else fix_hint(node.op_type) or "Insert Casts to a supported dtype, or change the exporter's dtype."
+            ),
             rule=f"{node.op_type} (schema versions {span}) constraints: "
             + ", ".join(f"{p}: {'|'.join(v)}" for p, v in (entry.types or {}).items())
             + (f" dtypes {entry.dtypes}" if entry.dtypes else "")
             + (f" attributes {entry.attributes}" if entry.attributes else "")
-            + (f" max_rank {entry.max_rank}" if entry.max_rank is not None else ""),
+            + (f" max_rank {entry.max_rank}" if entry.max_rank is not None else "")
+            + (f" rules {entry.rules}" if entry.rules else ""),
             source=matrix.source_text(entry.source),
         )
 
@@ -487,198 +491,6 @@ class TargetOpsCheck(Check):
             rule=f"{node.op_type} not in the sourced (partial) list",
             source="; ".join(matrix.source_text(s) for s in sources),
         )
-
-
-_QUANT_DTYPES: dict[int, str] = {
-    TensorProto.INT4: "int4",
-    TensorProto.UINT4: "uint4",
-    TensorProto.INT8: "int8",
-    TensorProto.UINT8: "uint8",
-    TensorProto.FLOAT16: "fp16",
-    TensorProto.BFLOAT16: "bf16",
-}
-
-
-def _nbytes(elem_type: int, dims: tuple[int, ...]) -> int:
-    """A tensor's bytes, sub-byte types packed (onnx_ir's ``DataType.bitwidth``: int4 is 4 bits, float4 4)."""
-    try:
-        bits = ir.DataType(elem_type).bitwidth
-    except (ValueError, TypeError):  # no fixed width (STRING) or a type onnx_ir does not know: a byte each
-        bits = 8
-    return math.ceil(math.prod(dims) * bits / 8)
-
-
-@register_check
-class TargetTensorsCheck(Check):
-    """Tensors against the target's shape, size and dtype facts.
-
-    - ``OD520`` error (warning when the target only prefers static shapes): a graph input/output with a
-      dynamic dim where the target requires static shapes (one finding per tensor, naming each axis);
-    - ``OD521`` error: on a compiler target or one that requires static shapes, a zero-size tensor (a dim of
-      0) after shape inference or in an initializer; compilers reject them (phi-3's partial-rotary Slice leaves
-      such tensors in a static graph); runtimes such as ONNX Runtime run them;
-    - ``OD522`` error: a tensor above the target's ``max_tensor_bytes``/``max_operand_bytes`` or a dim above
-      ``max_dim``, among the tensors the limit applies to (every tensor, or the inputs/outputs of its ``ops``
-      and the names matching its ``tensors`` patterns);
-    - ``OD523`` error / warning: initializers in a dtype (int4, int8, fp16, bf16, …) the target does not
-      support / supports only partly;
-    - ``OD524`` warning: the target requires static shapes and intermediate tensors still have dynamic dims
-      (one summary finding);
-    - ``OD525`` info: a limit whose ``applies_to`` is words only (no ``ops``/``tensors`` to match): it is
-      named, not charged to every tensor.
-    """
-
-    name = "target_tensors"
-    description = "Dynamic dims, zero-size tensors, size limits and initializer dtypes against the target."
-    codes = {
-        "OD520": "error: a graph input/output has a dynamic dim; the target requires static shapes.",
-        "OD521": "error: a zero-size tensor (a dim of 0).",
-        "OD522": "error: a tensor or dim above the target's size limit.",
-        "OD523": "error/warning: initializers in a dtype the target does not (fully) support.",
-        "OD524": "warning: intermediate tensors with dynamic dims on a target that requires static shapes.",
-        "OD525": "info: a size limit scoped in words only (applies_to without ops or tensors): not checked.",
-    }
-
-    def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
-        """Yield ``OD520``-``OD524`` findings (see the class docstring); nothing without a target."""
-        matrix = _matrix(context)
-        if matrix is None:
-            return
-        inferred, types = _value_types(model)
-        yield from self._dynamic(matrix, inferred)
-        if matrix.kind == "compiler" or matrix.static_shapes == "required":
-            yield from self._zero_size(inferred, types)
-        yield from self._limits(matrix, inferred, types)
-        yield from self._dtypes(matrix, model)
-
-    def _dynamic(self, matrix: Matrix, model: onnx.ModelProto) -> Iterator[Finding]:
-        if matrix.static_shapes not in ("required", "preferred"):
-            return
-        level = "error" if matrix.static_shapes == "required" else "warning"
-        source = matrix.source_text(matrix.static_shapes_source or "")
-        io_names = set()
-        for kind, values in (("graph input", model.graph.input), ("graph output", model.graph.output)):
-            for value in values:
-                io_names.add(value.name)
-                vt = value_type(value.type)
-                if vt.kind != "tensor" or vt.is_static:
-                    continue
-                dynamic = (
-                    ["rank unknown"]
-                    if vt.dims is None
-                    else [
-                        f"axis {axis} is '{d}'" if isinstance(d, str) else f"axis {axis} is unknown"
-                        for axis, d in enumerate(vt.dims)
-                        if not isinstance(d, int) or d < 0
-                    ]
-                )
-                yield self.finding(
-                    "OD520",
-                    level,
-                    f"{kind} '{value.name}' has a dynamic shape {format_dims(vt.dims)}: {', '.join(dynamic)}",
-                    nodes=[value.name],
-                    hint="static_kv {batch, step_len, max_cache_len} fixes every decoder input/output dim.",
-                    rule=f"{matrix.target}: static shapes {matrix.static_shapes}",
-                    source=source,
-                )
-        inner = [
-            v.name
-            for graph, _ in iter_graphs(model.graph)
-            for v in graph.value_info
-            if v.name not in io_names and value_type(v.type).kind == "tensor" and not value_type(v.type).is_static
-        ]
-        if inner:
-            listed = list_names(inner)
-            yield self.finding(
-                "OD524",
-                "warning",
-                f"{len(inner)} intermediate tensor(s) have dynamic dims after shape inference ({listed})",
-                nodes=inner,
-                hint="static_kv fixes the inputs and folds the shape arithmetic (onnxsim), after which these resolve.",
-                rule=f"{matrix.target}: static shapes {matrix.static_shapes}",
-                source=source,
-            )
-
-    def _zero_size(self, model: onnx.ModelProto, types: _Types) -> Iterator[Finding]:
-        for name, dims in types.dims.items():
-            if dims and any(isinstance(d, int) and d == 0 for d in dims):
-                yield self.finding(
-                    "OD521",
-                    "error",
-                    f"tensor '{name}' has zero size {format_dims(dims)}",
-                    nodes=[name],
-                    hint="Remove the empty branch (e.g. a partial-rotary Slice of width 0 and its Concat) and refold; "
-                    "no onnxdeploy pass does this yet.",
-                    rule="no tensor has a dim of 0",
-                    source="onnxdeploy issue 8 (compilers reject zero-size tensors); no target document states it",
-                )
-
-    def _limits(self, matrix: Matrix, model: onnx.ModelProto, types: _Types) -> Iterator[Finding]:
-        for limit in matrix.limits:
-            checked = limit.name in ("max_tensor_bytes", "max_operand_bytes", "max_dim")
-            if not checked or (limit.name != "max_dim" and limit.unit != "bytes"):
-                continue
-            scope = _limit_scope(limit, model, types)
-            if scope is None:
-                yield self.finding(
-                    "OD525",
-                    "info",
-                    f"{matrix.target}'s {limit.name} {limit.value} {limit.unit} applies to {limit.applies_to}: "
-                    "stated in words only, so no tensor was checked against it",
-                    rule=f"{limit.name} <= {limit.value} {limit.unit} ({limit.applies_to})",
-                    source=matrix.source_text(limit.source),
-                )
-                continue
-            for name in scope:
-                dims = types.dims[name]
-                if limit.name == "max_dim":
-                    if dims and any(isinstance(d, int) and d > limit.value for d in dims):
-                        yield self._limit(matrix, limit, name, f"dims {format_dims(dims)}")
-                    continue
-                if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
-                    continue
-                size = _nbytes(types.elem.get(name, TensorProto.FLOAT), tuple(dims))  # type: ignore[arg-type]
-                if size > limit.value:
-                    yield self._limit(matrix, limit, name, f"{size} bytes")
-
-    def _limit(self, matrix: Matrix, limit, name: str, what: str) -> Finding:
-        return self.finding(
-            "OD522",
-            "error",
-            f"tensor '{name}' ({what}) is above {matrix.target}'s {limit.name} {limit.value} {limit.unit}"
-            + (f" ({limit.applies_to})" if limit.applies_to else ""),
-            nodes=[name],
-            hint="Lower max_cache_len / step_len in static_kv, or split the tensor."
-            + (f" {limit.note}" if limit.note else ""),
-            rule=f"{limit.name} <= {limit.value} {limit.unit}",
-            source=matrix.source_text(limit.source),
-        )
-
-    def _dtypes(self, matrix: Matrix, model: onnx.ModelProto) -> Iterator[Finding]:
-        found: dict[str, list[str]] = defaultdict(list)
-        for graph, _ in iter_graphs(model.graph):
-            for tensor in graph.initializer:
-                name = _QUANT_DTYPES.get(tensor.data_type)
-                if name is not None:
-                    found[name].append(tensor.name)
-        for dtype, names in found.items():
-            support = matrix.dtypes.get(dtype)  # type: ignore[call-overload]
-            if support is None or support.supported is True:
-                continue
-            listed = list_names(names, 5)
-            partial = support.supported == "partial"
-            yield self.finding(
-                "OD523",
-                "warning" if partial else "error",
-                f"{len(names)} {dtype} initializer(s) ({listed}); {matrix.target} supports {dtype} "
-                + ("only partly" if partial else "not at all")
-                + (f": {support.note}" if support.note else ""),
-                nodes=names,
-                hint="quantize_weights {bits, format} chooses the weight dtype and format; "
-                "pick one the target lists as supported.",
-                rule=f"{dtype}: supported={support.supported}",
-                source=matrix.source_text(support.source),
-            )
 
 
 def predict_supported(model: onnx.ModelProto, target: str) -> tuple[bool, list[Finding]]:

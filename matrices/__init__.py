@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Literal
 
-import onnx
 import yaml
 from pydantic import ValidationError
 
@@ -66,6 +65,8 @@ def schema_version_of(domain: str, op: str, opset: int) -> int | None:
         The schema version, or None when onnx has no schema for the op at that opset (a custom domain such
         as ``com.microsoft``, or an op newer than ``opset``).
     """
+    import onnx  # noqa: PLC0415  (only the op questions need onnx's schemas: `matrix list` and `show` start fast)
+
     try:
         return onnx.defs.get_schema(op, opset, "" if domain == "ai.onnx" else domain).since_version
     except onnx.defs.SchemaError:
@@ -148,6 +149,8 @@ def lookup(
 
 def _known_ops(domain: str) -> set[str]:
     """Op types of ``domain`` that ONNX defines (any opset) or any target's matrix lists."""
+    import onnx  # noqa: PLC0415  (see schema_version_of)
+
     onnx_domain = "" if domain == "ai.onnx" else domain
     known = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == onnx_domain}
     for name in list_targets():

@@ -11,9 +11,18 @@ reads, all from the installed wheel:
   float16 and a bfloat16 ``MatMul`` (no CPU kernel takes either) opened with graph optimizations off, so
   ``emulated_types`` lists the type ORT casts to float around such a node (``InsertCastTransformer``: float16).
 
-ONNX ops that have no CPU kernel but an ONNX function body (``onnx.defs`` ``has_function`` or
-``has_context_dependent_function``) are expanded by ORT at load; they are listed with ``via: function`` and the
-types of their schema (the body's own ops decide in the end).
+Each kernel is recorded with the schema versions ORT really matches it at. ORT's
+``KernelRegistry::VerifyKernelDef`` (onnxruntime/core/framework/kernel_registry.cc, main at 05f47fa0) takes a
+kernel registered for ``since..until`` when the node's schema ``since_version`` lies in that range, but a kernel
+registered open-ended (``since`` only, ``version_range`` end ``INT_MAX``) *only* when the node's schema version
+equals ``since`` ("we will temporary require kernel definition to have the same since version as schema
+definition"). So an open-ended ``DequantizeLinear`` kernel since 25 is written ``since: 25, until: 25``: at opset
+28 the node's schema version is 28 and ORT refuses it ("Could not find an implementation for
+DequantizeLinear(28)", probed on 1.32).
+
+ONNX ops with no kernel at a schema version but an ONNX function body there (``onnx.defs`` ``has_function`` or
+``has_context_dependent_function``) are inlined by ORT at load (``Node::CanBeInlined``; e.g. ``ReduceLogSum-28``);
+they are listed with ``via: function`` and the types of their schema (the body's own ops decide in the end).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import yaml
 from onnx import TensorProto, helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from onnxdeploy.matrices._probe_models import SequentialProber, probe_op
 from onnxdeploy.matrices.schema import Matrix
 
 __all__ = ["build_matrix", "main", "probe_max_ir_version", "probe_type_emulation"]
@@ -80,6 +90,18 @@ def _session_opens(opset: int, ir_version: int, *, constant: bool = False) -> bo
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = ir_version
     return _opens(model)
+
+
+def probe_min_opset() -> int:
+    """The lowest ``ai.onnx`` opset at which ORT opens a one-node Identity model.
+
+    Below its stated floor of 7 ORT warns "may run depending upon legacy support" and still loads the kernels
+    it has.
+    """
+    for opset in range(1, _OPSET_MIN + 1):
+        if _session_opens(opset, 8):
+            return opset
+    return _OPSET_MIN
 
 
 def probe_max_ir_version(opset: int = 18) -> int:
@@ -165,20 +187,23 @@ def _max_opsets() -> dict[str, int]:
 
 
 def _kernel_entries() -> list[dict]:
-    merged: dict[tuple[str, str, int, int], dict[str, set[str]]] = {}
+    merged: dict[tuple, dict[str, set[str]]] = {}
     for kernel in ort_state.get_all_opkernel_def():
         if kernel.provider != _PROVIDER:
             continue
         since, until = kernel.version_range
-        key = (_domain(kernel.domain), kernel.op_name, since, until)
+        key: tuple = (_domain(kernel.domain), kernel.op_name, since, until)
+        if len(kernel.type_constraints) > 1:
+            # several type parameters: each registration's combination stays its own entry (OneHot's
+            # (indices, depth, values) kernels take some combinations only), as ORT matches one registration
+            key += (tuple(sorted((p, tuple(sorted(a))) for p, a in kernel.type_constraints.items())),)
         types = merged.setdefault(key, {})
         for param, allowed in kernel.type_constraints.items():
             types.setdefault(param, set()).update(_tensor_type(t) for t in allowed)
     entries = []
-    for (domain, op, since, until), types in sorted(merged.items()):
-        entry: dict = {"op": op, "domain": domain, "since": since}
-        if until != _OPEN_ENDED:
-            entry["until"] = until
+    for (domain, op, since, until, *_), types in sorted(merged.items(), key=lambda kv: str(kv[0])):
+        # an open-ended kernel matches only a node whose schema version is exactly `since` (module docstring)
+        entry: dict = {"op": op, "domain": domain, "since": since, "until": since if until == _OPEN_ENDED else until}
         entry["via"] = "kernel"
         if types:
             entry["types"] = {p: sorted(v) for p, v in sorted(types.items())}
@@ -191,29 +216,41 @@ def _kernel_entries() -> list[dict]:
 
 
 def _function_entries(kernels: list[dict], max_opset: int) -> list[dict]:
-    """ai.onnx ops without a CPU kernel at some schema version whose ONNX schema has a function body."""
+    """ai.onnx ops without a CPU kernel at some schema version whose ONNX schema has a function body.
+
+    Only schema versions ORT's own registry holds (ORT inlines a node through the function of the schema it
+    resolves the node to), and only the element types a session opens: each candidate is probed with one-node
+    models (:func:`onnxdeploy.matrices._probe_models.probe_op`, one per element-type class), since a body can
+    need what ORT lacks (``SwiGLU``-28: "Could not find an implementation for Swish(24)"; ``CastLike`` to
+    float4e2m1: its ``Cast``), probed on 1.32.
+    """
     covered: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for e in kernels:
         if e["domain"] == "ai.onnx":
-            covered[e["op"]].append((e["since"], e.get("until", _OPEN_ENDED)))
+            covered[e["op"]].append((e["since"], e["until"]))
+    known = {(op, s.since_version) for (domain, op), ss in _schemas().items() if domain == "ai.onnx" for s in ss}
     entries = []
+    prober = SequentialProber(_opens)
     for schema in onnx.defs.get_all_schemas_with_history():
         if schema.domain != "" or schema.since_version > max_opset or schema.deprecated:
             continue
         if not (schema.has_function or schema.has_context_dependent_function):
             continue
         version = schema.since_version
+        if (schema.name, version) not in known:  # ORT inlines only functions of the schemas it has (not Swish-24)
+            continue
         if any(lo <= version <= hi for lo, hi in covered[schema.name]):
             continue
-        types = {
-            tc.type_param_str: sorted(_tensor_type(t) for t in tc.allowed_type_strs) for tc in schema.type_constraints
-        }
+        probed = probe_op(schema, prober)
+        if probed is None or not all(probed[0].values()):
+            continue
+        types = probed[0]
         entry = {"op": schema.name, "domain": "ai.onnx", "since": version, "until": version, "via": "function"}
         if types:
             entry["types"] = types
         entry["inputs"] = [i.type_str for i in schema.inputs]
         entry["outputs"] = [o.type_str for o in schema.outputs]
-        entry["source"] = "onnx-functions"
+        entry["source"] = "ort-function-probe"
         entries.append(entry)
     return entries
 
@@ -224,11 +261,9 @@ def _graph_entries(max_opset: int) -> list[dict]:
     One entry per Constant schema version within ORT's opset range that a session opens (probed).
     """
     entries = []
-    versions = sorted(
-        {onnx.defs.get_schema("Constant", opset).since_version for opset in range(_OPSET_MIN, max_opset + 1)}
-    )
+    versions = sorted({onnx.defs.get_schema("Constant", opset).since_version for opset in range(1, max_opset + 1)})
     for version in versions:
-        if _session_opens(max(version, _OPSET_MIN), 8, constant=True):
+        if _session_opens(version, 8, constant=True):
             entries.append(
                 {"op": "Constant", "domain": "ai.onnx", "since": version, "until": version, "via": "graph"}
                 | {"source": "ort-probe"}
@@ -255,6 +290,9 @@ def _sources(version: str, read: str) -> dict[str, dict]:
             "version": f"onnxruntime {version}",
             "address": f"{registry}.get_all_opkernel_def / get_all_operator_schema",
             "read": read,
+            "note": "A kernel registered open-ended is matched only at its since version "
+            "(onnxruntime/core/framework/kernel_registry.cc KernelRegistry::VerifyKernelDef, main at 05f47fa0): "
+            "recorded as since..since.",
         },
         "ort-probe": {
             "doc": "Session-creation probe of the installed wheel",
@@ -272,6 +310,14 @@ def _sources(version: str, read: str) -> dict[str, dict]:
             "TransformGraph after partitioning, at every optimization level",
             "version": f"onnxruntime main at 05f47fa0; probed on onnxruntime {version}",
             "address": f"{_INSERT_CAST}; onnxdeploy.matrices.generate_ort_cpu.probe_type_emulation",
+            "read": read,
+        },
+        "ort-function-probe": {
+            "doc": "Session-creation probe of the installed wheel on ops ORT inlines (ONNX function bodies)",
+            "section": "one one-node model per element-type class of each type parameter, at the op's schema "
+            "version, for schema versions with a function body and no CPU kernel",
+            "version": f"onnxruntime {version}; onnx {onnx.__version__}",
+            "address": "onnxdeploy.matrices.generate_ort_cpu._function_entries",
             "read": read,
         },
         "onnx-functions": {
@@ -308,7 +354,7 @@ def build_matrix(today: datetime.date | None = None) -> dict:
         "execution_provider": _PROVIDER,
         "ir_version": {"min": 3, "max": ir_max, "source": "ort-probe"},
         "opsets": {
-            d: {"min": _OPSET_MIN if d == "ai.onnx" else 1, "max": max_opsets[d], "source": "ort-registry"}
+            d: {"min": probe_min_opset() if d == "ai.onnx" else 1, "max": max_opsets[d], "source": "ort-registry"}
             for d in domains
             if d in max_opsets
         },
@@ -328,13 +374,14 @@ def build_matrix(today: datetime.date | None = None) -> dict:
             "versions": {"onnxruntime": version, "onnx": onnx.__version__},
         },
         "gaps": [
-            "Type constraints are merged per type parameter over ORT's per-type kernel registrations, so a "
-            "combination of types across parameters that no single kernel takes can still pass.",
+            "Type constraints of an op with one type parameter are merged over ORT's per-type kernel "
+            "registrations; an op with several keeps one entry per registration (its exact combinations).",
             "Graph optimizations may fuse ops into com.microsoft kernels; this lists what a session can place on "
             "CPU before optimization, not what runs after it.",
         ],
         "notes": [
-            f"ai.onnx opset {_OPSET_MIN} is ORT's stated floor; lower opsets may load through legacy kernels.",
+            f"ai.onnx opset {_OPSET_MIN} is ORT's stated floor; lower opsets load (with a warning) through the "
+            "kernels registered for them, so the range starts at the lowest opset a session opens (probed).",
         ],
     }
     Matrix.model_validate(data)

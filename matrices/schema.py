@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from onnxdeploy.contract import CacheWrite
+from onnxdeploy.contract_terms import CacheWrite
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -125,7 +125,8 @@ class OpEntry(_Strict):
     inputs and outputs are bound to type parameters through ``inputs``/``outputs``, or through the op's
     ONNX schema when those are absent), ``dtypes`` (allowed element types of every input and output, for
     documents that list dtypes per op without type parameters), ``max_rank``, ``attributes`` (allowed
-    values per attribute) and ``placement`` (``cpu_fallback``: accepted but not run on the accelerator).
+    values per attribute), ``rules`` (named shape rules, e.g. ``block_size_divides_axis``) and ``placement``
+    (``cpu_fallback``: accepted but not run on the accelerator).
     ``constraints`` holds the rules stated in words that are not checked.
     """
 
@@ -148,6 +149,12 @@ class OpEntry(_Strict):
     max_rank: int | None = Field(None, ge=0, description="Largest rank of any input/output.")
     attributes: dict[str, list[int | float | str]] | None = Field(
         None, description="Attribute name -> the only values accepted."
+    )
+    rules: list[Literal["block_size_divides_axis"]] = Field(
+        default_factory=list,
+        description="Machine-checked rules beyond types and attribute values. block_size_divides_axis: a blocked "
+        "DequantizeLinear (block_size > 0) is accepted only when its input's dim on `axis` is a multiple of "
+        "block_size (no partial last block; OpenVINO's CPU plugin refuses one, probed).",
     )
     placement: Literal["accelerator", "cpu_fallback"] = Field(
         "accelerator", description="cpu_fallback: accepted, but runs on the host CPU (no NPU lowering)."

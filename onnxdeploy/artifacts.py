@@ -4,10 +4,13 @@ These are the core's: the pipeline builds an :class:`ArtifactSet` from the loade
 set to the next (:mod:`onnxdeploy.passes`), the pass cache stores and serves them, and the writer stages them
 (:func:`onnxdeploy.model_io.stage_artifacts`). :class:`ScratchWriter` keeps the new weights a pass computes
 (quantized, fused) on disk instead of in memory; :func:`write_text_atomic` writes the reports.
+:class:`EarlierOutputs` reads what an earlier run wrote into the output folder (its ``report.json``), so a run
+removes the graphs and data files of that run its own output does not replace (an output folder never mixes runs).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -19,9 +22,9 @@ import onnx_ir as ir
 
 from onnxdeploy.contract import DecodeContract, read_contract
 from onnxdeploy.errors import OutputError, PreconditionError
-from onnxdeploy.model_io import WeightsPolicy, default_file_mode
+from onnxdeploy.model_io import WeightsPolicy, default_file_mode, sha256_file
 
-__all__ = ["Artifact", "ArtifactSet", "ScratchWriter", "graph_file_name", "write_text_atomic"]
+__all__ = ["Artifact", "ArtifactSet", "EarlierOutputs", "ScratchWriter", "graph_file_name", "write_text_atomic"]
 
 
 @dataclass
@@ -221,3 +224,85 @@ def write_text_atomic(path: Path, text: str) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+_HASHED_UP_TO = 64 << 20
+"""Recorded files up to this many bytes are compared by sha256, larger ones (weights) by size only."""
+
+
+@dataclass(frozen=True)
+class EarlierOutputs:
+    """The graphs and data files an earlier onnxdeploy run wrote into an output folder, from its ``report.json``.
+
+    Only files that run's ``report.json`` lists under ``files`` with ``role: output`` directly inside the folder
+    count (name -> recorded bytes and sha256); nothing else in the folder is ever removed.
+
+    Attributes:
+        report: the earlier run's ``report.json``.
+        files: output file name -> ``(bytes, sha256)`` as recorded.
+    """
+
+    report: Path
+    files: dict[str, tuple[int, str]]
+
+    @classmethod
+    def read(cls, out_dir: Path) -> EarlierOutputs | None:
+        """The record of the run that last wrote ``out_dir``; None when there is no ``report.json``.
+
+        Raises:
+            OutputError: ``report.json`` exists but is not an onnxdeploy run report (unreadable JSON, or no
+                ``files``/``onnxdeploy_version``): which files an earlier run left cannot be told, so the run
+                refuses rather than leave or remove them (the message says what to do).
+        """
+        path = out_dir / "report.json"
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            records = data["files"] if "onnxdeploy_version" in data else None
+            files = {
+                Path(r["path"]).name: (int(r["bytes"]), str(r["sha256"]))
+                for r in records
+                if r.get("role") == "output" and Path(r["path"]).parent.resolve() == out_dir.resolve()
+            }
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise OutputError(
+                f"{path} is not a readable onnxdeploy run report ({exc.__class__.__name__}), so which files an earlier "
+                "run left in the folder cannot be told; remove that report.json (and any stale graphs) or choose "
+                "another output_dir"
+            ) from None
+        return cls(path, files)
+
+    def changed(self, out_dir: Path) -> list[str]:
+        """Recorded files still in ``out_dir`` whose bytes differ from the record (size; sha256 up to 64 MiB)."""
+        changed = []
+        for name, (size, digest) in sorted(self.files.items()):
+            path = out_dir / name
+            if not path.is_file():
+                continue
+            actual = path.stat().st_size
+            if actual != size or (size <= _HASHED_UP_TO and sha256_file(path) != digest):
+                changed.append(name)
+        return changed
+
+    def stale(self, out_dir: Path, written: list[str]) -> list[str]:
+        """Recorded files still in ``out_dir`` that this run's output (``written``: file names) does not replace."""
+        return sorted(n for n in self.files if n not in written and (out_dir / n).is_file())
+
+    def refuse_changed(self, out_dir: Path, keep: set[str]) -> None:
+        """Refuse a folder whose earlier outputs were changed since that run wrote them (they may be a user's now).
+
+        Args:
+            out_dir: the output folder.
+            keep: names this run replaces whatever they hold (its primary graph and data file).
+
+        Raises:
+            OutputError: a recorded file other than ``keep`` changed (names it and the record).
+        """
+        changed = [n for n in self.changed(out_dir) if n not in keep]
+        if changed:
+            raise OutputError(
+                f"output_dir {out_dir}: {', '.join(changed)} changed since the onnxdeploy run recorded in "
+                f"{self.report} wrote them, so this run will not remove or replace them; move them away or choose "
+                "another output_dir"
+            )

@@ -165,14 +165,14 @@ def run(
     quiet: QuietOpt = False,
 ) -> None:
     """Run a pipeline: passes, checks, step-by-step verification; write the model, report.json|md|html."""
-    from onnxdeploy.pipeline import run_pipeline
-
     out, err = _consoles(as_json)
     if output_dir is not None and not str(output_dir).strip():
         raise _fail(err, ConfigError("--output-dir is empty"), as_json=as_json)
     _interrupt_on_termination()
     try:
         config = _run_config(pipeline, output_dir, cache_dir=cache_dir, no_cache=no_cache, bisect=bisect)
+        from onnxdeploy.pipeline import run_pipeline  # noqa: PLC0415  (onnx, ORT: only once the config is valid)
+
         with _progress(err, quiet=quiet) as bar:
             on_step = _progress_callback(bar)
             outcome = run_pipeline(
@@ -207,8 +207,8 @@ def _run_config(
     Raises:
         ConfigError: the pipeline is invalid, or ``--bisect`` without a verify section.
     """
+    from onnxdeploy.cache_config import CacheConfig
     from onnxdeploy.config import load_pipeline
-    from onnxdeploy.pass_cache import CacheConfig
 
     config = load_pipeline(pipeline, output_dir=output_dir)
     if bisect:
@@ -275,11 +275,12 @@ def inspect(
 @app.command("passes")
 def list_passes(*, as_json: JsonOpt = False) -> None:
     """List every pass with its config fields, types, defaults (YAML) and descriptions."""
-    from onnxdeploy.passes import PASSES
+    from onnxdeploy.passes import CATALOG, describe_config  # the catalogue: no pass module (onnx) is imported
     from onnxdeploy.render import yaml_inline
 
     rows = [
-        {"name": name, "summary": cls.summary, "config": cls.describe_config()} for name, cls in sorted(PASSES.items())
+        {"name": name, "summary": info.summary, "config": describe_config(info.config_model)}
+        for name, info in sorted(CATALOG.items())
     ]
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
@@ -296,6 +297,17 @@ def list_passes(*, as_json: JsonOpt = False) -> None:
     raise typer.Exit(EXIT_OK)
 
 
+PromptTextOpt = Annotated[
+    str | None, typer.Option("--prompt-text", help="The prompt as text, replacing --prompt (the text extra).")
+]
+TokenizerOpt = Annotated[
+    Path | None, typer.Option("--tokenizer", help="tokenizer.json or its folder (default: the original's folder).")
+]
+ChatTemplateOpt = Annotated[
+    bool, typer.Option("--chat-template", help="Render --prompt-text through the folder's chat template.")
+]
+
+
 @app.command("verify")
 def verify_cmd(
     original: Annotated[Path, typer.Argument(help="The original model (exporter convention).")],
@@ -303,6 +315,9 @@ def verify_cmd(
     *,
     steps: Annotated[int, typer.Option("--steps", "-n", min=0, help="Greedy steps after the prompt.")] = 32,
     prompt: Annotated[str, typer.Option("--prompt", help="Comma-separated prompt token ids.")] = "1,17,42,99,7,3",
+    prompt_text: PromptTextOpt = None,
+    tok: TokenizerOpt = None,
+    chat: ChatTemplateOpt = False,
     max_abs_logit_diff: Annotated[float, typer.Option(help="Tolerance on max abs logit diff.")] = 1e-4,
     min_top1_agreement: Annotated[float, typer.Option(help="Minimum top-1 agreement rate.")] = 1.0,
     providers: Annotated[
@@ -329,10 +344,11 @@ def verify_cmd(
     """
     from onnxdeploy.report import SCHEMA_VERSION, summarise_verify
     from onnxdeploy.runner import verify
+    from onnxdeploy.text import generations_with
 
     out, err = _consoles(as_json)
     try:
-        tokens, requested = _verify_args(prompt, providers, remainder, report)
+        tokens, requested, tok = _verify_args(prompt, providers, remainder, report, (original, prompt_text, tok, chat))
         with _progress(err, quiet=quiet) as bar:
             on_verify = _progress_callback(bar)
             result = verify(
@@ -351,6 +367,7 @@ def verify_cmd(
         raise _fail(err, exc, as_json=as_json) from None
     except KeyboardInterrupt:
         raise _interrupted(err, as_json=as_json) from None
+    result = generations_with(result, tok, prompt_text=prompt_text, chat=chat)
     result = summarise_verify(result, max_rows)
     status = "passed" if result.passed else "failed"
     payload = json.dumps(
@@ -374,8 +391,13 @@ def verify_cmd(
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAILED)
 
 
-def _verify_args(prompt: str, providers: str, remainder: str, report: Path | None) -> tuple[list[int], list[str]]:
+def _verify_args(
+    prompt: str, providers: str, remainder: str, report: Path | None, text: tuple[Path, str | None, Path | None, bool]
+) -> tuple[list[int], list[str], Path | None]:
     """``onnxdeploy verify``'s options checked before any model is read: the prompt ids and the providers.
+
+    ``text`` is ``(original, --prompt-text, --tokenizer, --chat-template)``: the prompt text replaces the ids
+    (``onnxdeploy.text.text_prompt``), and the tokenizer found is returned third (None without one).
 
     Raises:
         ConfigError: the prompt is empty or not comma-separated integers, no provider, an unknown remainder.
@@ -394,7 +416,11 @@ def _verify_args(prompt: str, providers: str, remainder: str, report: Path | Non
         raise ConfigError(f"--remainder must be 'padded' or 'buckets', got {remainder!r}")
     if report is not None and not report.parent.is_dir():
         raise OutputError(f"--report {report}: folder {report.parent} does not exist; create it or choose another")
-    return tokens, requested
+    from onnxdeploy.text import text_prompt  # noqa: PLC0415  (tokenizers only when asked for)
+
+    original, prompt_text, tokenizer, chat = text
+    tokens, found = text_prompt(original, tokens, prompt_text, tokenizer, chat=chat)
+    return tokens, requested, found
 
 
 def _write_verify_report(report: Path, payload: str, original: Path, candidate: Path) -> None:

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
+from onnxdeploy.cache_config import CacheConfig
 from onnxdeploy.errors import ConfigError
-from onnxdeploy.pass_cache import CacheConfig
-from onnxdeploy.passes import Pass, PipelineSettings, get_pass, pass_order_problem
-from onnxdeploy.settings import SettingsConflict
+from onnxdeploy.passes import get_pass, pass_config_model
+from onnxdeploy.settings import PipelineSettings, SettingsConflict
+
+if TYPE_CHECKING:  # the pass modules (onnx, onnx_ir) are imported once the file validated: refusals come fast
+    from onnxdeploy.passes import Pass
 
 __all__ = [
     "AccuracyConfig",
@@ -102,6 +105,23 @@ class VerifyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: list[int] = Field(default=[1, 17, 42, 99, 7, 3], min_length=1, description="Prompt token ids.")
+    prompt_text: str | None = Field(
+        None,
+        min_length=1,
+        description="The prompt as text instead of ids, encoded by the tokenizer (verify.tokenizer); needs the "
+        "text extra. Not together with prompt.",
+    )
+    chat_template: StrictBool = Field(
+        False,
+        description="Render prompt_text as one user message through the tokenizer folder's chat template (with the "
+        "assistant's turn opened) before encoding it; needs jinja2 (the text extra).",
+    )
+    tokenizer: Path | None = Field(
+        None,
+        strict=False,
+        description="A tokenizer.json, or the folder holding one (relative to the pipeline file); default: the "
+        "model's folder. Encodes prompt_text and accuracy.text_file and decodes the generations in the reports.",
+    )
     steps: int = Field(32, ge=0, description="Greedy tokens generated (and fed) after the prompt.")
     modes: list[Literal["teacher_forced", "free_running"]] = Field(
         default=["teacher_forced", "free_running"], min_length=1, description="Decode modes to compare."
@@ -225,13 +245,30 @@ class AccuracyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    token_ids_file: Path = Field(
-        strict=False, description="Held-out token ids (formats as calibration); relative to the pipeline."
+    token_ids_file: Path | None = Field(
+        None, strict=False, description="Held-out token ids (formats as calibration); relative to the pipeline."
+    )
+    text_file: Path | None = Field(
+        None,
+        strict=False,
+        description="Held-out UTF-8 text instead of ids, encoded by verify.tokenizer (the text extra); relative to "
+        "the pipeline. Exactly one of token_ids_file and text_file.",
     )
     max_tokens: int = Field(129, ge=2, description="Tokens fed at most (positions compared: one fewer).")
     max_mean_kl: float | None = Field(None, ge=0, description="Largest allowed mean KL(original || candidate), nats.")
     min_top1_agreement: float | None = Field(None, ge=0, le=1, description="Smallest allowed top-1 agreement.")
     max_ppl_ratio: float | None = Field(None, ge=1, description="Largest allowed perplexity candidate / original.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AccuracyConfig:
+        if (self.token_ids_file is None) == (self.text_file is None):
+            raise ValueError("give exactly one of token_ids_file (ids) and text_file (text)")
+        return self
+
+    @property
+    def source_key(self) -> str:
+        """``verify.accuracy.token_ids_file`` or ``verify.accuracy.text_file``: the key the tokens come from."""
+        return "verify.accuracy." + ("text_file" if self.text_file is not None else "token_ids_file")
 
 
 class SdkQuantization(BaseModel):
@@ -372,6 +409,7 @@ class PipelineConfig(BaseModel):
             calibration_tokens=self.calibration.max_tokens if self.calibration is not None else None,
             verify_runtimes=() if v is None else tuple(s.name for s in v.runtime_specs()),
             accuracy_tokens=accuracy_tokens,
+            prompt_key="verify.prompt_text" if v is not None and v.prompt_text is not None else "verify.prompt",
         )
 
     @model_validator(mode="after")
@@ -436,7 +474,7 @@ def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
         else:
             raise ConfigError(f"{where}: key 'passes[{i}]' must map one pass name to its config, got {entry!r}")
         try:
-            cls = get_pass(str(name))
+            config_model = pass_config_model(str(name))  # the catalogue's: no pass module imported yet
         except ConfigError as exc:
             raise ConfigError(f"{where}: key 'passes[{i}]': {exc}") from None
         if cfg is None:
@@ -444,7 +482,7 @@ def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
         if not isinstance(cfg, dict):
             raise ConfigError(f"{where}: key 'passes[{i}].{name}' must be a mapping of config keys")
         try:
-            config = cls.config_model.model_validate(cfg)
+            config = config_model.model_validate(cfg)
         except ValidationError as exc:
             raise ConfigError(f"{where}: {format_validation_error(exc, f'passes[{i}].{name}.')}") from None
         specs.append(PassSpec(name=str(name), config=config))
@@ -476,6 +514,8 @@ def _check_pass_settings(cfg: PipelineConfig, where: str) -> None:
     pipeline re-checks it with the input graph before the first pass), then each pass's ``check_settings``
     (:func:`check_pass_settings`).
     """
+    from onnxdeploy.passes import pass_order_problem  # noqa: PLC0415  (imports onnx_ir: the file validated)
+
     problem = pass_order_problem([spec.build() for spec in cfg.passes])
     if problem is not None:
         i, reason = problem
@@ -506,16 +546,65 @@ def _resolve_token_files(cfg: PipelineConfig, base: Path, where: Path) -> Pipeli
     for key, section in sections:
         if section is None:
             continue
-        file = section.token_ids_file if section.token_ids_file.is_absolute() else base / section.token_ids_file
+        field = "text_file" if getattr(section, "text_file", None) is not None else "token_ids_file"
+        given = getattr(section, field)
+        file = given if given.is_absolute() else base / given
         if not file.is_file():
-            raise ConfigError(f"{where}: key '{key}.token_ids_file': file not found: {file}")
-        resolved = section.model_copy(update={"token_ids_file": file.resolve()})
+            raise ConfigError(f"{where}: key '{key}.{field}': file not found: {file}")
+        resolved = section.model_copy(update={field: file.resolve()})
         if key == "calibration":
             update["calibration"] = resolved
         else:
             assert cfg.verify is not None
             update["verify"] = cfg.verify.model_copy(update={"accuracy": resolved})
     return cfg.model_copy(update=update) if update else cfg
+
+
+def _resolve_text(cfg: PipelineConfig, base: Path, model: Path, where: Path) -> PipelineConfig:
+    """Find the tokenizer (``verify.tokenizer``, else the model's folder) and encode ``verify.prompt_text``.
+
+    ``verify.tokenizer`` becomes the resolved ``tokenizer.json`` when one is found, and ``verify.prompt`` the text's
+    ids, so everything after (the passes' ``check_settings``, the prompt's vocabulary check) sees them.
+
+    Raises:
+        ConfigError: ``prompt`` and ``prompt_text`` both given; text (``prompt_text``, ``accuracy.text_file``)
+            but no tokenizer found, the tokenizers/jinja2 package missing, no chat template declared (each names
+            its key).
+    """
+    from onnxdeploy.text import find_tokenizer, load_codec  # noqa: PLC0415  (tokenizers only when text is given)
+
+    v = cfg.verify
+    if v is None:
+        return cfg
+    if v.prompt_text is not None and "prompt" in v.model_fields_set:
+        raise ConfigError(f"{where}: key 'verify.prompt_text': give verify.prompt (token ids) or prompt_text, not both")
+    needs = "verify.prompt_text" if v.prompt_text is not None else None
+    if needs is None and v.accuracy is not None and v.accuracy.text_file is not None:
+        needs = "verify.accuracy.text_file"
+    if v.tokenizer is not None:
+        given = v.tokenizer.expanduser()
+        tokenizer: Path | None = find_tokenizer(
+            given if given.is_absolute() else base / given, key=f"{where}: key 'verify.tokenizer'"
+        )
+    else:
+        try:
+            tokenizer = find_tokenizer(model.parent, key=f"{where}: key '{needs}'")
+        except ConfigError:
+            if needs is not None:
+                raise
+            tokenizer = None  # ids in, and no tokenizer beside the model: the reports show ids only
+    if v.tokenizer is not None:  # asked for by name: read it now, so a bad file exits 2 before any pass
+        load_codec(tokenizer, key=f"{where}: key 'verify.tokenizer'")
+    update: dict[str, Any] = {"tokenizer": tokenizer}
+    if v.prompt_text is not None:
+        assert tokenizer is not None
+        codec = load_codec(tokenizer, key=f"{where}: key 'verify.prompt_text'")
+        update["prompt"] = codec.prompt_ids(
+            v.prompt_text, chat=v.chat_template, key=f"{where}: key 'verify.prompt_text'"
+        )
+    elif v.chat_template:
+        raise ConfigError(f"{where}: key 'verify.chat_template': applies to verify.prompt_text, which is not given")
+    return cfg.model_copy(update={"verify": v.model_copy(update=update)})
 
 
 def _check_sdk(cfg: PipelineConfig, where: Path) -> None:
@@ -616,6 +705,7 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
             raise ConfigError(f"{p}: key 'verify.runtimes': {exc}") from None
     _check_sdk(cfg, p)
     cfg = _resolve_token_files(cfg, base, p)
+    cfg = _resolve_text(cfg, base, model, p)
     if cfg.cache is not None and cfg.cache.dir is not None and not cfg.cache.dir.is_absolute():
         cfg = cfg.model_copy(update={"cache": cfg.cache.model_copy(update={"dir": (base / cfg.cache.dir).resolve()})})
     cfg = cfg.model_copy(

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from onnxdeploy.text_report import generations_table
+
 if TYPE_CHECKING:
     from onnxdeploy.pipeline import RunOutcome
     from onnxdeploy.report import PassReport, VerifyReport
@@ -104,6 +106,8 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
         if report.runtimes:
             out.print(runtimes_table(report.runtimes))
         print_first_divergent(out, report.verify)
+        if report.verify.generations is not None:
+            out.print(generations_table(report.verify.generations))
     shown = 10
     for reason in report.failures[:shown]:
         out.print(f"[red]FAILED:[/] {escape(reason)}", soft_wrap=True)
@@ -146,6 +150,8 @@ def print_verify(out: Console, result: VerifyReport) -> None:
     """``onnxdeploy verify``'s summary: the modes' table, first divergent steps, failures, the verdict."""
     out.print(verify_table(result))
     print_first_divergent(out, result, with_failures=True)
+    if result.generations is not None:
+        out.print(generations_table(result.generations))
     for msg in result.failures:
         out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
     out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")

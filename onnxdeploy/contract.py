@@ -19,6 +19,7 @@ import onnx
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from onnxdeploy.contract_terms import CacheWrite
 from onnxdeploy.errors import ContractError
 from onnxdeploy.graph import FLOAT_ELEM_TYPES, dtype_name, format_dims, tensor_dims
 
@@ -49,11 +50,6 @@ Contracts that need a later version say so themselves (:data:`LAYOUT_VERSIONS`).
 LAYOUT_VERSIONS: dict[str, int] = {"BHSD": 1, "BSH2D": 1, "BHDS_K": 3}
 """The lowest ``contract_version`` that knows each ``kv_layout`` (3 added ``BHDS_K``): a contract with that layout
 carries at least that version, so a host that knows fewer layouts refuses it instead of guessing."""
-
-CacheWrite = Literal["scatter_elements", "scatter_nd", "where", "host"]
-"""How a static graph writes the call's K/V into its cache buffer at ``cache_position``: ScatterElements, ScatterND,
-a select (Equal on a slot-index range, then Where: ops NPU compilers lower where they lack a Scatter), or ``host``:
-the graph outputs only the call's K/V (``cache_update: new_token_only``) and the host writes them."""
 
 CACHE_WRITES: tuple[str, ...] = ("scatter_elements", "scatter_nd", "where", "host")
 

@@ -23,6 +23,7 @@ from onnxdeploy.report import (
     summarise_steps,
 )
 from onnxdeploy.resources import format_bytes
+from onnxdeploy.text_report import generations_html
 
 __all__ = ["render_html"]
 
@@ -125,6 +126,7 @@ def render_html(report: RunReport, *, max_rows: int = 200) -> str:
     parts += _html_findings(report)
     if report.verify is not None:
         parts += _html_verify(report.verify, max_rows)
+        parts += generations_html(report.verify.generations)
     else:
         parts += ["<h2>Verification</h2>", "<p><b>Skipped</b> (<code>verify: null</code>): not compared.</p>"]
     parts += _html_runtimes(report)
@@ -350,7 +352,7 @@ def _html_modes_table(v: VerifyReport) -> str:
 
 def _html_plots(v: VerifyReport, m: ModeResult, graph: str, steps: list[StepRecord], index: int) -> list[str]:
     """The error plot and the latency plot of one candidate graph in one mode, side by side."""
-    from onnxdeploy.plots import error_plot, latency_plot  # matplotlib is imported only when a report is drawn
+    from onnxdeploy.plots import error_plot, latency_plot
 
     calls = [c for c in (m.prefill.per_call if m.prefill else []) if c.graph == graph]
     caption = f"{graph} — {m.mode}: {len(steps)} positions ({steps[0].position}–{steps[-1].position})"

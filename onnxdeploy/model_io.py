@@ -1,7 +1,12 @@
-"""Model files: load, save, the protobuf limit and external data — the one module that owns them.
+"""Model files: load, the protobuf limit and external data — the one module callers import them from.
 
 Models of any size (docs/ARCHITECTURE.md, "Models of any size"): weights are never copied or serialised to move a
-model between stages.
+model between stages, whether the input keeps them in external data or inline in one ``.onnx``.
+
+The module is split by concern: this one reads (header checks, external data, loading, stand-in protos, input
+protection); :mod:`onnxdeploy.model_write` writes (staging, atomic commit, copies for ONNX Runtime) and
+:mod:`onnxdeploy.inline_weights` owns the protobuf wire format that lets both handle inline weights in place.
+Their public names are re-exported here, so callers keep importing from ``onnxdeploy.model_io``.
 
 * :func:`read_model_header` parses the ``.onnx`` file without tensor data and refuses what cannot be a
   usable model (missing, empty, not protobuf, incomplete: no ``graph`` or no ``opset_import``) and every
@@ -9,17 +14,16 @@ model between stages.
   absolute or contains ``..``; a folder component that is a symlink leaving the model's folder; a data file
   that is a symlink, except in a Hugging Face cache layout (below); a file that is missing, not a regular
   file (a FIFO is never opened) or shorter than ``offset + length``. Lengths come from the ``length``
-  field, or from the shape and dtype where an exporter omits it (torch writes none).
+  field, or from the shape and dtype where an exporter omits it (torch writes none). Large inline weights are
+  not read: they come back as external-data references to the ``.onnx`` itself.
 * :func:`load_model` turns the header into an ``onnx_ir.Model`` whose external tensors memory-map the
-  data files on first use (read-only; the input files are never written) and sorts an unsorted graph.
+  data files (or the ``.onnx``'s own byte ranges) on first use (read-only; the input files are never written)
+  and sorts an unsorted graph.
 * :func:`stand_in_proto` gives the ``ModelProto`` that onnx's checker, shape inference, onnxsim and the
   version converter need, with large initializers stripped to typed stand-ins, so their cost does not
   grow with weight bytes; :func:`proto_round_trip` brings such a proto back with the original weights.
-* :func:`stage_artifacts` writes one or more graphs that share **one** external weights file under a
-  temporary folder inside the output folder (locations are the final, relative names); ``commit`` renames
-  them into place, ``discard`` removes them (also on SIGINT).
-* :func:`write_for_ort` writes an in-memory model where ONNX Runtime can open it by path: its unchanged
-  weights are referenced through hard links to the input's data files, never copied.
+* :func:`stage_artifacts` and :func:`write_for_ort` (from :mod:`onnxdeploy.model_write`) write outputs and the
+  copies ONNX Runtime opens by path.
 
 Hugging Face cache layout, decided on purpose: ``models--org--name/snapshots/<rev>/model.onnx_data`` is a
 symlink into ``models--org--name/blobs/``. A data file that is a symlink is accepted only when it resolves
@@ -32,13 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -48,6 +49,8 @@ import onnx_ir.passes.common  # noqa: F401  (ir.passes does not import its submo
 from google.protobuf.message import DecodeError
 
 from onnxdeploy.errors import DuplicateTensorError, ModelLoadError, OutputError
+from onnxdeploy.inline_weights import PROTOBUF_LIMIT_BYTES, STAND_IN_THRESHOLD_BYTES, read_header_bytes, tensor_nbytes
+from onnxdeploy.model_write import StagedArtifacts, WeightsPolicy, default_file_mode, stage_artifacts, write_for_ort
 
 __all__ = [
     "PROTOBUF_LIMIT_BYTES",
@@ -60,6 +63,7 @@ __all__ = [
     "check_not_an_input",
     "default_file_mode",
     "external_location",
+    "in_place_tensors",
     "input_files",
     "load_model",
     "proto_round_trip",
@@ -72,12 +76,6 @@ __all__ = [
     "weight_bytes",
     "write_for_ort",
 ]
-
-PROTOBUF_LIMIT_BYTES = 2**31 - 1
-"""Largest serialized ModelProto protobuf accepts (2 GiB - 1 byte); larger models need external data."""
-
-STAND_IN_THRESHOLD_BYTES = 1024
-"""Initializers above this size are stripped from the protos handed to onnx's C++ tools (onnx_ir uses 1000)."""
 
 _R = TypeVar("_R")
 
@@ -107,28 +105,50 @@ class LoadedModel:
 
     Attributes:
         path: the ``.onnx`` file.
-        model: the in-memory model; external tensors map the input's data files read-only.
+        model: the in-memory model; external tensors map the input's data files read-only (and large inline
+            ones the ``.onnx`` itself).
         external_files: the data files it references (empty when every weight is inline).
         sorted_at_load: a human-readable note when the graph was out of topological order and was sorted.
+        inline_in_place: how many inline initializers map their bytes of the ``.onnx`` itself (not copied).
     """
 
     path: Path
     model: ir.Model
     external_files: list[ExternalFile]
     sorted_at_load: str | None = None
+    inline_in_place: int = 0
 
 
 # ---------------------------------------------------------------------------------------------- reading
 
 
+def _parse_header(path: Path) -> onnx.ModelProto:
+    """The file's ``ModelProto`` without its large weights' bytes (``inline_weights.read_header_bytes``).
+
+    Inline initializers above :data:`STAND_IN_THRESHOLD_BYTES` become external-data references to the file itself.
+    Bytes the wire-format walk cannot read are parsed by protobuf (format pinned: onnx would otherwise guess
+    JSON/text from a ``.json``/``.txt`` extension), which raises its own error.
+    """
+    read = read_header_bytes(path, STAND_IN_THRESHOLD_BYTES)
+    if read is not None:
+        return onnx.ModelProto.FromString(read[0])
+    return onnx.load(str(path), format="protobuf", load_external_data=False)
+
+
 def read_model_header(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """Parse an ``.onnx`` file without tensor data and check its external-data references.
+
+    Weights stored inline are not read either: each main-graph initializer whose ``raw_data`` has more than
+    :data:`STAND_IN_THRESHOLD_BYTES` bytes comes back as an external-data reference to the ``.onnx`` itself
+    (``location`` its own file name, ``offset`` where the bytes start in it), so a 1 GB single-file model costs
+    what its graph costs (:mod:`onnxdeploy.inline_weights`). Such references are checked like any other but are
+    not listed as data files (:func:`check_external_data`).
 
     Args:
         path: the ``.onnx`` file.
 
     Returns:
-        The ``ModelProto`` with external tensors left as references (no weight bytes read).
+        The ``ModelProto`` with external and large inline tensors as references (no weight bytes read).
 
     Raises:
         ModelLoadError: the file is missing, a folder, empty, not an ONNX protobuf, incomplete (no
@@ -146,8 +166,7 @@ def read_model_header(path: str | os.PathLike[str]) -> onnx.ModelProto:
     if p.stat().st_size == 0:
         raise ModelLoadError(f"model file is empty: {p}")
     try:
-        # format pinned: onnx would otherwise guess JSON/text from a .json/.txt extension
-        proto = onnx.load(str(p), format="protobuf", load_external_data=False)
+        proto = _parse_header(p)
     except DecodeError as exc:
         raise ModelLoadError(f"{p} is not an ONNX model (protobuf decode failed: {exc})") from exc
     except Exception as exc:  # onnx/protobuf raise several unrelated types
@@ -163,23 +182,6 @@ def read_model_header(path: str | os.PathLike[str]) -> onnx.ModelProto:
         )
     check_external_data(proto, p)
     return proto
-
-
-def tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
-    """Bytes a tensor's data occupies: ``prod(dims) * itemsize``, sub-byte types packed and rounded up.
-
-    Source: ONNX IR spec, "Tensor Element Types" (int4/uint4/float4e2m1 two per byte, int2/uint2 four).
-
-    Returns:
-        The size in bytes, or None for types without a fixed width (string, undefined).
-    """
-    try:
-        bits = ir.DataType(tensor.data_type).bitwidth
-    except (ValueError, TypeError):
-        return None
-    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED) or not bits:
-        return None
-    return (math.prod(tensor.dims) * bits + 7) // 8
 
 
 def external_location(tensor: onnx.TensorProto) -> str | None:
@@ -280,7 +282,8 @@ def check_external_data(proto: onnx.ModelProto, model_path: str | os.PathLike[st
         model_path: the ``.onnx`` file; locations are relative to its folder.
 
     Returns:
-        One entry per data file, in order of first reference.
+        One entry per data file, in order of first reference; the ``.onnx`` itself is not listed when inline
+        tensors reference it (:func:`read_model_header`).
 
     Raises:
         ModelLoadError: a location is empty, absolute, contains ``..``, passes through a symlinked folder
@@ -289,6 +292,25 @@ def check_external_data(proto: onnx.ModelProto, model_path: str | os.PathLike[st
             ``offset + length``; an ``offset``/``length`` is not a non-negative integer; a tensor's
             ``length`` disagrees with its shape and dtype. The message names the tensor and the file.
     """
+    own = Path(os.path.realpath(model_path))
+    return [f for f in _data_files(proto, model_path) if f.path != own]
+
+
+def in_place_tensors(proto: onnx.ModelProto, model_path: str | os.PathLike[str]) -> int:
+    """How many of ``proto``'s tensors reference bytes of the ``.onnx`` ``model_path`` itself (inline weights).
+
+    ``proto`` is a header from :func:`read_model_header`; ONNX Runtime, given the file by path, would parse and
+    copy those weights, so the runner opens such a model through :func:`write_for_ort` (hard links) instead.
+
+    Raises:
+        ModelLoadError: as :func:`check_external_data`.
+    """
+    own = Path(os.path.realpath(model_path))
+    return sum(f.tensors for f in _data_files(proto, model_path) if f.path == own)
+
+
+def _data_files(proto: onnx.ModelProto, model_path: str | os.PathLike[str]) -> list[ExternalFile]:
+    """:func:`check_external_data`'s checks; every file, the ``.onnx`` itself too when inline tensors reference it."""
     model = Path(model_path)
     folder = model.parent
     files: dict[str, dict] = {}
@@ -422,8 +444,11 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
 
     External tensors are re-pointed at the data files :func:`check_external_data` resolved (so onnx_ir's
     own containment and hard-link refusals, made for untrusted locations, do not apply twice: the
-    Hugging Face layout is accepted here on purpose). A graph out of topological order is sorted
-    (onnx_ir's ``TopologicalSortPass``) and ``sorted_at_load`` says which node was out of order.
+    Hugging Face layout is accepted here on purpose). Large inline initializers map their byte ranges of the
+    ``.onnx`` itself the same way (:func:`read_model_header`): nothing of a single-file model's weights is
+    copied, and every later stage handles them by reference as it does external data. A graph out of
+    topological order is sorted (onnx_ir's ``TopologicalSortPass``) and ``sorted_at_load`` says which node was
+    out of order.
 
     Args:
         path: the ``.onnx`` file (never written).
@@ -438,8 +463,10 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     """
     p = Path(path)
     proto = read_model_header(p)
-    files = check_external_data(proto, p)
-    resolved = {f.location: f.path for f in files}
+    every = _data_files(proto, p)
+    resolved = {f.location: f.path for f in every}
+    own = Path(os.path.realpath(p))
+    files = [f for f in every if f.path != own]
     _refuse_unknown_versions(proto, p)
     _refuse_duplicate_producers(proto.graph, p)
     _refuse_cycle(proto.graph, p)
@@ -459,6 +486,8 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
                     dtype=tensor.dtype,
                     shape=tensor.shape,
                     name=tensor.name,
+                    doc_string=tensor.doc_string,
+                    metadata_props=dict(tensor.metadata_props),
                     base_dir="",
                 )
     note = None
@@ -469,7 +498,8 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
             f"the graph was out of topological order (node '{late.name}' ({late.op_type}) read a later output); "
             "sorted at load"
         )
-    return LoadedModel(path=p, model=model, external_files=files, sorted_at_load=note)
+    in_place = sum(f.tensors for f in every if f.path == own)
+    return LoadedModel(path=p, model=model, external_files=files, sorted_at_load=note, inline_in_place=in_place)
 
 
 def weight_bytes(model: ir.Model) -> int:
@@ -609,291 +639,6 @@ def proto_round_trip(
     return out
 
 
-# ---------------------------------------------------------------------------------------------- writing
-
-
-def default_file_mode() -> int:
-    """The mode a plain ``open()`` would give a new file under the current umask (mkstemp gives 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-@dataclass(frozen=True)
-class WeightsPolicy:
-    """Where the writer puts initializers: inline in each ``.onnx`` or in one shared external data file.
-
-    Attributes:
-        mode: ``auto`` (external when the input kept weights externally or weights exceed
-            ``auto_external_above_bytes``), ``external`` or ``inline`` (set by the ``externalize`` and
-            ``embed_external_data`` passes). Above the 2 GiB protobuf limit weights are always external.
-        size_threshold_bytes: an initializer larger than this goes to the data file when external.
-        auto_external_above_bytes: ``auto`` goes external above this many weight bytes (1 GiB).
-    """
-
-    mode: str = "auto"
-    size_threshold_bytes: int = 1024
-    auto_external_above_bytes: int = 2**30
-
-    def external(self, total_weight_bytes: int, input_was_external: bool) -> bool:
-        """Whether weights go to an external data file for a set holding ``total_weight_bytes`` (bytes)."""
-        if total_weight_bytes > PROTOBUF_LIMIT_BYTES:
-            return True
-        if self.mode == "auto":
-            return input_was_external or total_weight_bytes > self.auto_external_above_bytes
-        return self.mode == "external"
-
-
-@dataclass
-class StagedArtifacts:
-    """Files written under a temporary folder inside the output folder, renamed into place by :meth:`commit`.
-
-    Attributes:
-        out_dir: the output folder.
-        staging: the temporary folder (``out_dir/.onnxdeploy-*``).
-        files: file names in ``staging``, in the order they will be renamed (data before graphs).
-        data_file: the shared external data file's name, or None when every weight is inline.
-    """
-
-    out_dir: Path
-    staging: Path
-    files: list[str] = field(default_factory=list)
-    data_file: str | None = None
-
-    def path(self, name: str) -> Path:
-        """The staged path of ``name`` (valid until :meth:`commit` or :meth:`discard`)."""
-        return self.staging / name
-
-    def add_text(self, name: str, text: str) -> Path:
-        """Stage a text file (UTF-8), e.g. a report; it is renamed with the rest."""
-        dest = self.staging / name
-        with open(dest, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(dest, default_file_mode())
-        self.files.append(name)
-        return dest
-
-    def commit(self) -> list[Path]:
-        """Rename every staged file into ``out_dir`` (data first, so a graph never points at a missing file).
-
-        Returns:
-            The final paths.
-
-        Raises:
-            OutputError: a rename failed. On that or any interruption (SIGINT) the files already moved are
-                removed with the staging folder, so no mix of new and old outputs is left.
-        """
-        final = []
-        try:
-            for name in self.files:
-                dest = self.out_dir / name
-                os.replace(self.staging / name, dest)
-                final.append(dest)
-        except BaseException as exc:
-            for dest in final:
-                dest.unlink(missing_ok=True)
-            self.discard()
-            if isinstance(exc, OSError):
-                raise OutputError(f"cannot move the outputs into {self.out_dir}: {exc.strerror or exc}") from exc
-            raise
-        self.discard()
-        return final
-
-    def discard(self) -> None:
-        """Remove the staging folder and whatever is still in it."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-
-
-def _serialize_with(model: ir.Model, swaps: dict[int, ir.TensorProtocol]) -> onnx.ModelProto:
-    """Serialize ``model`` with tensors replaced by ``swaps`` (id(tensor) -> replacement); model unchanged."""
-    changed: list[tuple[ir.Value, ir.TensorProtocol]] = []
-    try:
-        for graph in model.graphs():
-            for value in graph.initializers.values():
-                tensor = value.const_value
-                if tensor is not None and id(tensor) in swaps:
-                    changed.append((value, tensor))
-                    value.const_value = swaps[id(tensor)]
-        return ir.serde.serialize_model(model)
-    finally:
-        for value, tensor in changed:
-            value.const_value = tensor
-
-
-def _write_proto(proto: onnx.ModelProto, dest: Path) -> None:
-    size = proto.ByteSize()
-    if size > PROTOBUF_LIMIT_BYTES:
-        raise OutputError(
-            f"{dest.name} would be {size} bytes, over the 2 GiB protobuf limit; keep weights in external data "
-            "(the externalize pass)"
-        )
-    with open(dest, "wb") as fh:
-        fh.write(proto.SerializeToString())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(dest, default_file_mode())
-
-
-_INTEGER_DTYPES = frozenset(
-    {ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT16, ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.BOOL}
-)
-
-
-def _stays_inline(tensor: ir.TensorProtocol) -> bool:
-    """Small integer tensors (shapes, axes, indices: at most 1 KiB) stay inline whatever the threshold.
-
-    ONNX Runtime reads such operands while it builds the session (shape inference of Reshape, Unsqueeze, …)
-    and cannot take them from external data ("Cannot parse data from external tensors", ORT 1.32).
-    """
-    return tensor.dtype in _INTEGER_DTYPES and tensor.nbytes <= STAND_IN_THRESHOLD_BYTES
-
-
-def stage_artifacts(
-    graphs: Sequence[tuple[str, ir.Model]],
-    out_dir: Path,
-    *,
-    external: bool,
-    data_name: str,
-    size_threshold_bytes: int = 1024,
-) -> StagedArtifacts:
-    """Write graphs that may share weights into a staging folder inside ``out_dir``.
-
-    With ``external``, every initializer above ``size_threshold_bytes`` (but small integer ones, see
-    :func:`_stays_inline`) goes to **one** new data file
-    ``data_name`` (a tensor object shared by several graphs is written once; each graph references it by
-    the relative ``location`` ``data_name``, its final name). The data file is written fresh, never
-    appended to. Tensors are streamed one at a time (memory-mapped inputs are copied in chunks).
-
-    Args:
-        graphs: ``(file name, model)`` pairs, e.g. ``[("model.onnx", decode)]``.
-        out_dir: the existing output folder; the staging folder is made inside it (same filesystem, so the
-            final renames are atomic).
-        external: write large initializers to ``data_name``; else inline in each graph.
-        data_name: file name of the shared data file.
-        size_threshold_bytes: initializers above this go external.
-
-    Returns:
-        The staged set; call :meth:`StagedArtifacts.commit` or :meth:`StagedArtifacts.discard`.
-
-    Raises:
-        OutputError: a graph is over the protobuf limit inline, or the folder cannot be written.
-    """
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=".onnxdeploy-", dir=out_dir))
-    except OSError as exc:
-        raise OutputError(f"cannot write to output_dir {out_dir}: {exc.strerror or exc}") from exc
-    staged = StagedArtifacts(out_dir=out_dir, staging=staging)
-    try:
-        swaps: dict[int, ir.TensorProtocol] = {}
-        if external:
-            tensors: list[ir.TensorProtocol] = []
-            seen: set[int] = set()
-            for _, model in graphs:
-                for graph in model.graphs():
-                    for value in graph.initializers.values():
-                        t = value.const_value
-                        if (
-                            t is not None
-                            and t.nbytes > size_threshold_bytes
-                            and not _stays_inline(t)
-                            and id(t) not in seen
-                        ):
-                            seen.add(id(t))
-                            tensors.append(t)
-            if tensors:
-                written = ir.external_data.convert_tensors_to_external(tensors, str(staging), data_name)
-                swaps = {id(t): w for t, w in zip(tensors, written, strict=True)}
-                os.chmod(staging / data_name, default_file_mode())
-                staged.files.append(data_name)
-                staged.data_file = data_name
-        # Everything else goes inline, also tensors still mapping an input's data file: serialized as they are,
-        # they would stay references to the input (an absolute location outside the output folder).
-        for _, model in graphs:
-            for graph in model.graphs():
-                for value in graph.initializers.values():
-                    t = value.const_value
-                    if isinstance(t, ir.ExternalTensor) and id(t) not in swaps:
-                        swaps[id(t)] = ir.Tensor(t.numpy(), dtype=t.dtype, name=t.name)
-        for name, model in graphs:
-            proto = _serialize_with(model, swaps)
-            _write_proto(proto, staging / name)
-            staged.files.append(name)
-        # The written external tensors map the staged file: drop them before anything renames it.
-        for t in swaps.values():
-            if isinstance(t, ir.ExternalTensor):
-                t.release()
-    except BaseException as exc:
-        staged.discard()
-        if isinstance(exc, OSError):
-            raise OutputError(f"cannot write the outputs to {out_dir}: {exc.strerror or exc}") from exc
-        raise
-    return staged
-
-
-def _link_or_none(target: str, link: Path) -> str | None:
-    """Hard-link ``target`` as ``link`` and return the link's name; None when they are on different filesystems.
-
-    A hard link, not a symlink: ONNX Runtime (1.32) resolves symlinks and refuses data outside the model's folder.
-    """
-    try:
-        os.link(target, link)
-    except OSError:
-        return None
-    return link.name
-
-
-def write_for_ort(model: ir.Model, folder: str | os.PathLike[str], name: str = "model.onnx") -> Path:
-    """Write ``model`` into ``folder`` so ONNX Runtime can open it by path, without copying mapped weights.
-
-    ORT refuses absolute, ``..`` and symlinked locations leaving the model's folder, and copies initializers
-    handed to it from memory, so each input data file the model's external tensors map is hard-linked into
-    ``folder`` and referenced by a relative location; other initializers above 1 KiB (and mapped ones on
-    another filesystem) are streamed to a data file in ``folder``.
-
-    Args:
-        model: the in-memory model (unchanged).
-        folder: an existing scratch folder the caller removes later.
-        name: file name of the graph.
-
-    Returns:
-        The path of the written ``.onnx``.
-    """
-    out = Path(folder)
-    links: dict[str, str | None] = {}
-    swaps: dict[int, ir.TensorProtocol] = {}
-    in_memory: list[ir.TensorProtocol] = []
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            t = value.const_value
-            if isinstance(t, ir.ExternalTensor):
-                target = os.path.realpath(t.path)
-                if target not in links:
-                    links[target] = _link_or_none(target, out / f"weights-{len(links)}.bin")
-                if links[target] is None:
-                    in_memory.append(t)  # another filesystem: streamed into the scratch data file
-                    continue
-                swaps[id(t)] = ir.ExternalTensor(
-                    location=links[target],
-                    offset=t.offset,
-                    length=t.length,
-                    dtype=t.dtype,
-                    shape=t.shape,
-                    name=t.name,
-                    base_dir=str(out),
-                )
-            elif t is not None and t.nbytes > STAND_IN_THRESHOLD_BYTES:
-                in_memory.append(t)
-    if in_memory:
-        written = ir.external_data.convert_tensors_to_external(in_memory, str(out), f"{name}.data")
-        swaps.update({id(t): w for t, w in zip(in_memory, written, strict=True)})
-    dest = out / name
-    _write_proto(_serialize_with(model, swaps), dest)
-    for t in swaps.values():
-        if isinstance(t, ir.ExternalTensor):
-            t.release()
-    return dest
-
-
 # ----------------------------------------------------------------------------------- input protection
 
 
@@ -907,7 +652,7 @@ def input_files(path: str | os.PathLike[str]) -> set[Path]:
     folder = Path(path).absolute().parent  # locations are relative to the folder named, not to a link's target
     files = {p}
     try:
-        proto = onnx.load(str(p), format="protobuf", load_external_data=False)
+        proto = _parse_header(p)
     except Exception:  # the caller reports load errors; here only the file set matters
         return files
     for tensor in _iter_external(proto.graph):

@@ -59,9 +59,9 @@ import onnx
 import onnx_ir as ir
 import onnxruntime
 import onnxsim
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from onnxdeploy import __version__
+from onnxdeploy.cache_config import CacheConfig, default_cache_dir
 from onnxdeploy.cache_entries import (
     CHECKSUMS,
     ENTRY_JSON,
@@ -91,43 +91,6 @@ __all__ = ["CACHE_FORMAT", "CacheConfig", "CacheHit", "PassCache", "cache_versio
 
 CACHE_FORMAT = 2
 """Version of the entry layout; part of every key, so a new layout never reads an old entry (2: checksums)."""
-
-
-def default_cache_dir() -> Path:
-    """``$ONNXDEPLOY_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnxdeploy/passes``, else ``~/.cache/onnxdeploy/passes``."""
-    env = os.environ.get("ONNXDEPLOY_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "onnxdeploy" / "passes"
-
-
-class CacheConfig(BaseModel):
-    """The ``cache`` section of a pipeline (``cache: null`` or CLI ``--no-cache`` turns the cache off)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    dir: Path | None = Field(
-        None,
-        strict=False,
-        description="Cache folder (relative to the pipeline file); default $ONNXDEPLOY_CACHE_DIR, else "
-        "$XDG_CACHE_HOME/onnxdeploy/passes or ~/.cache/onnxdeploy/passes. CLI: --cache-dir.",
-    )
-    full_hash: StrictBool = Field(
-        False,
-        description="Key the input by the sha256 of every model and data file instead of their size and mtime "
-        "(plus the graph's hash either way); reads every weight byte once per run.",
-    )
-    max_bytes: int = Field(
-        8 * 2**30,
-        ge=0,
-        description="Bytes the cache folder holds at most; least recently used entries are removed after each "
-        "store, and an entry larger than this is not stored.",
-    )
-
-    def folder(self) -> Path:
-        """The cache folder: ``dir`` or :func:`default_cache_dir`."""
-        return self.dir if self.dir is not None else default_cache_dir()
 
 
 @functools.cache

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxdeploy.artifacts import EarlierOutputs
 from onnxdeploy.config import PipelineConfig, check_pass_settings
 from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, ContractError, OnnxDeployError, OutputError
 from onnxdeploy.model_io import StagedArtifacts, check_not_an_input, input_files
@@ -46,6 +47,7 @@ from onnxdeploy.run_stages import (
 )
 from onnxdeploy.runner.verify import logits_vocab
 from onnxdeploy.sdk_stage import sdk_stage
+from onnxdeploy.text import load_codec, text_token_ids
 from onnxdeploy.token_ids import load_token_ids
 
 __all__ = ["RunOutcome", "run_pipeline"]
@@ -152,7 +154,7 @@ def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _P
         run.staged = written.staged
         checks = check_input_stage(config, load.unloadable, told.say)
         report = report_stage(config, load, None, written, checks, None, clock=clock, start=start)
-        commit_stage(config, written.staged, wrote_model=False, say=told.say)
+        commit_stage(config, written, wrote_model=False, say=told.say)
         return report
     assert run.context is not None
     run.cache = open_pass_cache(config, load.loaded, inputs.calibration, run.context)
@@ -172,7 +174,7 @@ def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _P
     if config.verify is not None:
         clock.done("verify")
     report = report_stage(config, load, passes, written, checks, verified, clock=clock, start=start, sdk=built)
-    commit_stage(config, written.staged, wrote_model=True, say=told.say)
+    commit_stage(config, written, wrote_model=True, say=told.say)
     return report
 
 
@@ -280,7 +282,10 @@ def _lock_folder(folder: Path) -> int:
 
 
 def _check_output_location(config: PipelineConfig) -> None:
-    """Refuse outputs that would overwrite the input model or sit where a folder cannot be made."""
+    """Refuse outputs that would overwrite the input or sit where a folder cannot be made, and changed earlier ones.
+
+    An earlier run's outputs (its ``report.json``) changed since it wrote them: ``EarlierOutputs.refuse_changed``.
+    """
     out_dir = config.output_dir
     inputs = input_files(config.model)
     if config.source is not None:
@@ -292,6 +297,9 @@ def _check_output_location(config: PipelineConfig) -> None:
     )
     for name, what in outputs:
         check_not_an_input(out_dir / name, inputs, what)
+    earlier = EarlierOutputs.read(out_dir) if out_dir.is_dir() else None
+    if earlier is not None:  # before any pass: what an earlier run left must still be what it wrote
+        earlier.refuse_changed(out_dir, keep={config.output_name, f"{config.output_name}.data"})
     for parent in (out_dir, *out_dir.parents):
         if parent.exists():
             if not parent.is_dir():
@@ -330,6 +338,11 @@ def _token_ids(config: PipelineConfig, key: str, vocab: int | None) -> list[list
     section = config.calibration if key == "calibration" else config.verify and config.verify.accuracy
     if section is None:
         return []
+    if getattr(section, "text_file", None) is not None:  # verify.accuracy.text_file: text, encoded (text.py)
+        assert config.verify is not None and config.verify.tokenizer is not None  # the loader found one
+        where = f"{_source(config)}: key '{key}.text_file'"
+        codec = load_codec(config.verify.tokenizer, key=where)
+        return [text_token_ids(section.text_file, codec, section.max_tokens, key=where, vocab=vocab)]
     try:
         return load_token_ids(section.token_ids_file, section.max_tokens, vocab=vocab)
     except ConfigError as exc:

@@ -22,6 +22,7 @@ from onnxdeploy.report import (
     StepRecord,
     VerifyReport,
 )
+from onnxdeploy.text_report import generations_markdown
 
 __all__ = ["SET_NOTE", "block_text", "fmt_number", "render_markdown", "rows_with_blocks", "yaml_inline"]
 
@@ -89,6 +90,7 @@ def render_markdown(report: RunReport) -> str:
         ]
     else:
         lines += _markdown_verify(report.verify)
+        lines += generations_markdown(report.verify.generations)
     lines += _markdown_runtimes(report)
     lines += _markdown_accuracy(report)
     return "\n".join(lines) + "\n"
@@ -202,15 +204,25 @@ def _markdown_accuracy(report: RunReport) -> list[str]:
     lines = [
         "## Accuracy (teacher-forced, held-out tokens)",
         "",
-        "| session | positions | mean KL | max KL | top-1 | ppl original | ppl candidate | ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| session | accuracy_level | prepacking | positions | mean KL | max KL | top-1 | ppl original | "
+        "ppl candidate | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, fig in (("weight_only", a.weight_only), ("default_optimized", a.default_optimized)):
+        level = ("/".join(str(x) for x in fig.session.accuracy_level) or "-") if fig.session else "?"
+        packed = ("on" if fig.session.prepacking else "off") if fig.session else "?"
         lines.append(
-            f"| {name} | {fig.positions} | {fig.mean_kl:.4g} | {fig.max_kl:.4g} | {fig.top1_agreement:.3f} | "
-            f"{fig.ppl_original:.4g} | {fig.ppl_candidate:.4g} | {fig.ppl_ratio:.4f} |"
+            f"| {name} | {level} | {packed} | {fig.positions} | {fig.mean_kl:.4g} | {fig.max_kl:.4g} | "
+            f"{fig.top1_agreement:.3f} | {fig.ppl_original:.4g} | {fig.ppl_candidate:.4g} | {fig.ppl_ratio:.4f} |"
         )
-    return lines + [""] + [f"- **failed:** {line}" for line in a.failures] + [""]
+    same = ["", "- both rows are one measurement: the two settings open the same session"]
+    return (
+        lines
+        + (same if a.default_is_weight_only else [])
+        + [""]
+        + [f"- **failed:** {line}" for line in a.failures]
+        + [""]
+    )
 
 
 def _markdown_verify(v: VerifyReport) -> list[str]:
@@ -224,6 +236,11 @@ def _markdown_verify(v: VerifyReport) -> list[str]:
         "",
         *[f"- **provider fallback:** {line}" for line in v.provider_fallbacks],
         *([f"- {v.graphs_driven_text()}"] if v.graphs_driven_text() else []),
+        *[
+            f"- {who} session (its latencies): {settings.text()}"
+            for who, settings in (("original", v.original_session), ("candidate", v.candidate_session))
+            if settings is not None
+        ],
         "",
         "| mode | passed | positions | top-1 agreement | max abs logit diff | first divergent step | "
         "p50 ms (cand / orig) | p99 ms (cand / orig) |",

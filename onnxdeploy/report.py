@@ -20,12 +20,15 @@ __all__ = [
     "RuntimeComparison",
     "PassReport",
     "StepRecord",
+    "GenerationText",
+    "GenerationsReport",
     "LatencySummary",
     "CallTiming",
     "PrefillSummary",
     "GraphReport",
     "ModeResult",
     "NumericsReport",
+    "SessionSettings",
     "VerifyReport",
     "PassVerifyRecord",
     "NodeDivergence",
@@ -352,6 +355,63 @@ class NodeDivergence(BaseModel):
     )
 
 
+class SessionSettings(BaseModel):
+    """How the runner opened a model's ONNX Runtime session(s), decided from the graph (runner/session.py).
+
+    ``prepacking``: ORT's weight prepacking (``session.disable_prepacking`` "0"), on for graphs with quantized
+    weights (``MatMulNBits`` or integer weights behind a ``DequantizeLinear``: without it ORT dequantizes them on
+    every call), off for float weights (its packed copy would double their memory). ``accuracy_level``: the
+    ``MatMulNBits`` accuracy levels the session computes at (the nodes' attribute, or for ``DequantizeLinear`` +
+    ``MatMul`` that ORT fuses, ``session.qdq_matmulnbits_accuracy_level``, default 4); empty for float weights.
+    On fp32 activations ORT's CPU EP computes level 4 with int8 activations where MLAS has the kernel and every
+    other level in fp32 (onnxruntime 1.32, ``contrib_ops/cpu/quantization/matmul_nbits.cc``, GetComputeType).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: Literal["float", "quantized"] = Field(description="What the graph's MatMul weights are.")
+    prepacking: bool = Field(description="ORT weight prepacking on (session.disable_prepacking=0).")
+    accuracy_level: list[int] = Field(
+        default_factory=list, description="MatMulNBits accuracy_level(s) computed at (0/1 fp32 ... 4 int8); [] float."
+    )
+    reason: str = Field("", description="Why, in one line (which nodes decided, or an explicit config entry).")
+
+    def text(self) -> str:
+        """One line: ``quantized weights, prepacking on, accuracy_level 4``."""
+        levels = "/".join(str(level) for level in self.accuracy_level)
+        return f"{self.weights} weights, prepacking {'on' if self.prepacking else 'off'}" + (
+            f", accuracy_level {levels}" if levels else ""
+        )
+
+
+class GenerationText(BaseModel):
+    """One model's free-running generation after the prompt, decoded (``onnxdeploy/text.py``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[int] = Field(description="Generated token ids, up to and including the first stop token.")
+    text: str = Field(description="The tokens decoded, special tokens and the stop token left out.")
+    stopped: bool = Field(False, description="The generation ended at a stop token the tokenizer folder declares.")
+    mark_start: int | None = Field(None, description="Character offset in text of the first differing token.")
+    mark_end: int | None = Field(None, description="Character offset in text just after the first differing token.")
+
+
+class GenerationsReport(BaseModel):
+    """The original's and the candidate's free-running generations as text, with the first differing token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokenizer: str = Field(description="The tokenizer.json that decoded them.")
+    prompt_text: str = Field(description="The prompt as text (as given, or its ids decoded).")
+    chat_template: bool = Field(False, description="The prompt went through the folder's chat template.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Ids that end a generation (the folder's).")
+    original: GenerationText
+    candidate: GenerationText | None = Field(None, description="null without the free_running mode.")
+    first_differing_token: int | None = Field(
+        None, description="Index among the generated tokens of the first one that differs; null if none does."
+    )
+
+
 class VerifyReport(BaseModel):
     """Step-by-step verification of a candidate against the original on ONNX Runtime."""
 
@@ -387,6 +447,15 @@ class VerifyReport(BaseModel):
     modes: dict[str, ModeResult]
     numerics: NumericsReport | None = Field(
         None, description="Compute dtype of the candidate and whether the provider ran it natively or emulated."
+    )
+    original_session: SessionSettings | None = Field(
+        None, description="The original's session: prepacking and accuracy_level its latencies were measured at."
+    )
+    candidate_session: SessionSettings | None = Field(
+        None, description="The candidate's session (a set: its primary graph's; every graph has the same weights)."
+    )
+    generations: GenerationsReport | None = Field(
+        None, description="Both models' free-running generations as text, when a tokenizer is known (text.py)."
     )
 
     def graphs_driven_text(self) -> str | None:
@@ -459,13 +528,17 @@ class AccuracyFigures(BaseModel):
     ppl_candidate: float = Field(description="Perplexity of the text under the candidate.")
     ppl_ratio: float = Field(description="ppl_candidate / ppl_original.")
     kl_per_position: list[float] = Field(default_factory=list, description="KL at each position, nats.")
+    session: SessionSettings | None = Field(
+        None, description="The candidate's session these figures were taken in (prepacking, accuracy_level)."
+    )
 
 
 class AccuracyReport(BaseModel):
     """``verify.accuracy``: the candidate's teacher-forced accuracy on held-out tokens (runner/accuracy.py).
 
-    ``weight_only``: ORT's DQ+MatMul fusion in fp32 (``session.qdq_matmulnbits_accuracy_level=0``), the error
-    of the transformation itself; thresholds apply to it. ``default_optimized``: ORT's default session options.
+    ``weight_only``: every quantized MatMul at accuracy_level 0 (fp32: ``session.qdq_matmulnbits_accuracy_level=0``,
+    applied to MatMulNBits nodes too), the error of the transformation itself; thresholds apply to it.
+    ``default_optimized``: ORT's default accuracy levels. Each figure names its session (prepacking, level).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -476,6 +549,12 @@ class AccuracyReport(BaseModel):
     tokens: int
     weight_only: AccuracyFigures
     default_optimized: AccuracyFigures
+    original_session: SessionSettings | None = Field(None, description="The original's session (prepacking).")
+    default_is_weight_only: bool = Field(
+        False,
+        description="Both settings opened the same session (float weights, or MatMulNBits already at level 0): "
+        "the candidate ran once and both figures are that measurement.",
+    )
     max_mean_kl: float | None = None
     min_top1_agreement: float | None = None
     max_ppl_ratio: float | None = None
@@ -494,6 +573,11 @@ class RunReport(BaseModel):
     output_model: str | None
     output_files: list[str] = Field(
         default_factory=list, description="Every file the run wrote: external data, graphs, reports."
+    )
+    removed_files: list[str] = Field(
+        default_factory=list,
+        description="Graphs and data files an earlier run wrote into output_dir (listed in its report.json) that this "
+        "run's output does not replace: removed when this run's outputs were moved into place.",
     )
     files: list[FileRecord] = Field(
         default_factory=list,

@@ -71,6 +71,7 @@ def report_stage(
         "pipeline": str(config.source.resolve()) if config.source else None,
         "input_model": str(config.model),
         "output_files": [str(config.output_dir / n) for n in (*written.staged.files, *REPORT_FILES)],
+        "removed_files": [str(config.output_dir / n) for n in written.removes],
         "target": config.target,
         "checks_run": checks.names,
         "failures": failures,
@@ -181,6 +182,9 @@ def _file_records(
     extra = [config.source] + [
         s.token_ids_file for s in (config.calibration, config.verify and config.verify.accuracy) if s
     ]
+    if config.verify is not None:  # text inputs (text.py): the held-out text and the tokenizer that encoded it
+        acc = config.verify.accuracy
+        extra += [acc.text_file if acc else None, config.verify.tokenizer]
     inputs = [model, *sorted(p for p in input_files(model) if p != model.resolve()), *(Path(p) for p in extra if p)]
     records = []
     for path in dict.fromkeys(inputs):  # the model, then the rest, each once

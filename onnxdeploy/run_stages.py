@@ -15,10 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import onnx
 import onnx_ir
 
-from onnxdeploy.artifacts import Artifact, ArtifactSet
+from onnxdeploy.artifacts import Artifact, ArtifactSet, EarlierOutputs
 from onnxdeploy.checks import CheckContext, get_check
 from onnxdeploy.checks.target import TARGET_CHECKS
 from onnxdeploy.config import PipelineConfig, default_checks
@@ -51,6 +50,7 @@ from onnxdeploy.runner import check_header, verify
 from onnxdeploy.runner.accuracy import evaluate_accuracy
 from onnxdeploy.runner.thresholds import LogitThresholds
 from onnxdeploy.sdk_stage import other_runtimes
+from onnxdeploy.text import generations_with
 
 __all__ = [
     "Checked",
@@ -118,9 +118,14 @@ class Passed(StageResult):
 
 @dataclass(kw_only=True)
 class Written(StageResult):
-    """The outputs staged in a temporary folder inside the output folder (renamed into place by the commit)."""
+    """The outputs staged in a temporary folder inside the output folder (renamed into place by the commit).
+
+    ``removes``: file names in the output folder an earlier run wrote that this run's output does not replace
+    (:func:`stale_outputs`); the commit removes them, the report lists them.
+    """
 
     staged: StagedArtifacts
+    removes: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -336,14 +341,30 @@ def write_stage(config: PipelineConfig, artifacts: ArtifactSet, say: Say) -> Wri
     )
     for model in artifacts.models():
         release_weights(model)  # the input's pages leave memory before ONNX Runtime maps the outputs
-    return Written(staged=staged)
+    return Written(staged=staged, removes=stale_outputs(config, staged))
 
 
 def write_nothing(config: PipelineConfig) -> Written:
     """An empty staging folder, for a run that writes its reports only (an input that cannot be loaded)."""
-    return Written(
-        staged=stage_artifacts([], config.output_dir, external=False, data_name=f"{config.output_name}.data")
-    )
+    staged = stage_artifacts([], config.output_dir, external=False, data_name=f"{config.output_name}.data")
+    return Written(staged=staged, removes=stale_outputs(config, staged))
+
+
+def stale_outputs(config: PipelineConfig, staged: StagedArtifacts) -> list[str]:
+    """What of an earlier run's output in ``output_dir`` this run leaves behind, to be removed at its commit.
+
+    The graphs and data files the earlier run's ``report.json`` lists (:class:`~onnxdeploy.artifacts.EarlierOutputs`)
+    that this run does not write (a graph-set run's ``model.s1.c16.onnx`` after a single-graph run, a data file
+    after a self-contained one), and the old ``<output_name>.data`` when this run's graphs are self-contained
+    (they never read it). A user's other files are never listed.
+    """
+    out_dir = config.output_dir
+    earlier = EarlierOutputs.read(out_dir)
+    removes = earlier.stale(out_dir, staged.files) if earlier else []
+    data = f"{config.output_name}.data"
+    if staged.files and staged.data_file is None and data not in removes and (out_dir / data).is_file():
+        removes.append(data)
+    return removes
 
 
 # ---------------------------------------------------------------------------------------------------- checks
@@ -363,7 +384,7 @@ def checks_stage(
     step("checks", 0, total)
     for i, artifact in enumerate(artifacts.artifacts):
         path = staged.path(artifact.name)
-        header = onnx.load(str(path), format="protobuf", load_external_data=False)
+        header = read_model_header(path)  # inline weights as references to the file: not read, not copied
         ctx = CheckContext(model_path=path, target=config.target)
         say(f"checks {', '.join(checks)}" + (f" on {artifact.name}" if several else ""))
         for name in checks:
@@ -457,6 +478,7 @@ def verify_stage(
     )
     fallbacks = [line.replace(str(candidate), str(final)) for line in report.provider_fallbacks]
     report = report.model_copy(update={"candidate": str(final), "provider_fallbacks": fallbacks})
+    report = generations_with(report, v.tokenizer, prompt_text=v.prompt_text, chat=v.chat_template)
     runtimes = other_runtimes(config, candidate, held_out, calibration or [], say)
     accuracy = _accuracy(config, held_out, candidate, final, say)
     failures = [*(accuracy.failures if accuracy is not None else []), *_verify_failures(report)]
@@ -520,19 +542,22 @@ def signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def commit_stage(config: PipelineConfig, staged: StagedArtifacts, wrote_model: bool, say: Say) -> None:
-    """Rename every staged file into the output folder, with signals held (only renames remain by now).
+def commit_stage(config: PipelineConfig, written: Written, wrote_model: bool, say: Say) -> None:
+    """Rename every staged file into the output folder, then remove an earlier run's files it does not replace.
 
-    An earlier run's external data file is removed when the new graphs are self-contained (they never read it).
+    Both with signals held (only renames and unlinks remain by now). ``written.removes``
+    (:func:`stale_outputs`) are removed and named on the console, as the report lists them.
 
     Raises:
         OutputError: a rename failed (the files already moved are removed again).
     """
+    staged = written.staged
+    out_dir = config.output_dir
     with signals_held():
         staged.commit()
-    out_dir = config.output_dir
-    stale = out_dir / f"{config.output_name}.data"
-    if wrote_model and staged.data_file is None and stale.is_file():
-        stale.unlink()
+        for name in written.removes:
+            (out_dir / name).unlink(missing_ok=True)
+    if written.removes:
+        say(f"removed {', '.join(written.removes)}: an earlier run's output in {out_dir} this run does not replace")
     if wrote_model:
         say(f"wrote {', '.join(str(out_dir / n) for n in staged.files)}")

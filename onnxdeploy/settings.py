@@ -22,6 +22,8 @@ class PipelineSettings:
             empty without verification.
         accuracy_tokens: held-out tokens ``verify.accuracy`` decodes as one teacher-forced sequence through the
             candidate (known once its file is read; None before, or without the section).
+        prompt_key: the key the prompt's ids come from: ``verify.prompt``, or ``verify.prompt_text`` (encoded by
+            the tokenizer), for messages that ask to shorten it.
     """
 
     verify_positions: int | None = None
@@ -30,6 +32,7 @@ class PipelineSettings:
     calibration_tokens: int | None = None
     verify_runtimes: tuple[str, ...] = ()
     accuracy_tokens: int | None = None
+    prompt_key: str = "verify.prompt"
 
 
 class SettingsConflict(ConfigError):

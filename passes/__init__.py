@@ -1,25 +1,31 @@
 """Passes: graph rewrites over a run's artifact set, each returning a ``PassResult``.
 
-Every pass module registers its class with :func:`~onnxdeploy.passes._pass_infra.register_pass`; the
-registry maps the name used in ``pipeline.yaml`` to the class, and ``onnxdeploy passes`` lists them with
-their config fields. Pass modules are imported when first needed (some pull in heavy tools, e.g. onnxsim):
-:func:`get_pass` imports the module named like the pass (else every module), and reading :data:`PASSES` /
-``PASS_REGISTRY`` imports every pass module of this package, so the registry read that way is complete.
+Every pass of this package has an entry in :data:`~onnxdeploy.passes._catalog.CATALOG` (name, module, summary,
+config model; pydantic only), and its module registers the class against it with
+:func:`~onnxdeploy.passes._pass_infra.register_pass`; the registry maps the name used in ``pipeline.yaml`` to the
+class. Importing this package imports neither the pass modules nor onnx: ``onnxdeploy passes`` and the pipeline's
+config validation read the catalogue (:func:`pass_config_model`), and the names re-exported from the modules that
+need onnx_ir (``Pass``, ``ArtifactSet``, ``PassContext``, ``pass_order_problem`` …) are imported on first access.
+:func:`get_pass` imports the one module that implements a pass; reading :data:`PASSES` / ``PASS_REGISTRY``
+imports every pass module of this package, so the registry read that way is complete.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
+from typing import TYPE_CHECKING
 
-from onnxdeploy.artifacts import Artifact, ArtifactSet
-from onnxdeploy.passes import _pass_infra
-from onnxdeploy.passes._context import PassContext, TargetDefaults
-from onnxdeploy.passes._order import ORDER_FACTS, OrderFact, pass_order_problem
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, PassResult, register_pass
+from onnxdeploy.errors import ConfigError
+from onnxdeploy.passes._catalog import CATALOG, PassConfig, PassInfo, describe_config
 from onnxdeploy.settings import PipelineSettings
 
+if TYPE_CHECKING:
+    from onnxdeploy.passes._pass_infra import Pass
+
 __all__ = [
+    "CATALOG",
     "ORDER_FACTS",
     "PASSES",
     "PASS_REGISTRY",
@@ -29,15 +35,32 @@ __all__ = [
     "Pass",
     "PassConfig",
     "PassContext",
+    "PassInfo",
     "PassResult",
     "PipelineSettings",
     "TargetDefaults",
+    "describe_config",
     "get_pass",
     "load_passes",
+    "pass_config_model",
     "pass_modules",
     "pass_order_problem",
     "register_pass",
 ]
+
+_LAZY = {
+    "Artifact": "onnxdeploy.artifacts",
+    "ArtifactSet": "onnxdeploy.artifacts",
+    "PassContext": "onnxdeploy.passes._context",
+    "TargetDefaults": "onnxdeploy.passes._context",
+    "ORDER_FACTS": "onnxdeploy.passes._order",
+    "OrderFact": "onnxdeploy.passes._order",
+    "pass_order_problem": "onnxdeploy.passes._order",
+    "Pass": "onnxdeploy.passes._pass_infra",
+    "PassResult": "onnxdeploy.passes._pass_infra",
+    "register_pass": "onnxdeploy.passes._pass_infra",
+}
+"""Names re-exported from modules that import onnx_ir: imported on first access (see the module docstring)."""
 
 
 def pass_modules() -> list[str]:
@@ -45,29 +68,57 @@ def pass_modules() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
+def _registry() -> dict[str, type[Pass]]:
+    """The classes registered so far (empty while no module that registers passes was imported)."""
+    infra = sys.modules.get(f"{__name__}._pass_infra")
+    return infra.PASS_REGISTRY if infra is not None else {}
+
+
 def load_passes() -> dict[str, type[Pass]]:
     """Import every pass module (each registers its passes) and return the complete registry (name -> class)."""
     for module in pass_modules():
         importlib.import_module(f"{__name__}.{module}")
-    return _pass_infra.PASS_REGISTRY
+    return _registry()
+
+
+def _unknown(name: str) -> ConfigError:
+    known = sorted(set(CATALOG) | set(_registry()))
+    return ConfigError(f"unknown pass '{name}'; known passes: {', '.join(known)}")
 
 
 def get_pass(name: str) -> type[Pass]:
-    """Return the pass class registered as ``name``, importing only its module when it is named like the pass.
+    """Return the pass class registered as ``name``, importing only the module its catalogue entry names.
 
     Raises:
         ConfigError: no pass has that name (the message lists the known ones).
     """
-    if name not in _pass_infra.PASS_REGISTRY:
-        if name in pass_modules():
-            importlib.import_module(f"{__name__}.{name}")
-        if name not in _pass_infra.PASS_REGISTRY:
-            load_passes()
-    return _pass_infra.get_pass(name)
+    if name not in _registry() and name in CATALOG:
+        importlib.import_module(f"{__name__}.{CATALOG[name].module}")
+    if name not in _registry():
+        raise _unknown(name)
+    return _registry()[name]
+
+
+def pass_config_model(name: str) -> type[PassConfig]:
+    """The config model of the pass ``name`` without importing its module (a registered class's, else the catalogue's).
+
+    Raises:
+        ConfigError: no pass has that name (the message lists the known ones).
+    """
+    registered = _registry().get(name)
+    if registered is not None:
+        return registered.config_model
+    if name in CATALOG:
+        return CATALOG[name].config_model
+    raise _unknown(name)
 
 
 def __getattr__(attr: str) -> object:
-    """``PASSES`` and ``PASS_REGISTRY``: the complete registry (every pass module imported on first access)."""
+    """``PASSES`` / ``PASS_REGISTRY`` (the complete registry) and the names of :data:`_LAZY`, on first access."""
     if attr in ("PASSES", "PASS_REGISTRY"):
         return load_passes()
+    if attr in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[attr]), attr)
+        globals()[attr] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

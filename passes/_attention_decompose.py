@@ -17,12 +17,50 @@ from onnxdeploy.errors import PreconditionError
 from onnxdeploy.passes._edit import add_initializer, make_node
 from onnxdeploy.passes._position_mask import lowest_finite
 
-__all__ = ["attention_nodes", "decompose_attention", "decompose_refusal"]
+__all__ = ["attention_nodes", "causal_refusal", "decompose_attention", "decompose_refusal"]
 
 
 def attention_nodes(graph: ir.Graph) -> list[ir.Node]:
     """The ONNX ``Attention`` (opset 23+) nodes of ``graph``, in graph order."""
     return [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]
+
+
+def _seq_dim(value: ir.Value | None) -> int | str | None:
+    """The sequence dim of an Attention input: axis 2 of ``(B, H, S, D)``, axis 1 of ``(B, S, H·D)``."""
+    if value is None or value.shape is None or len(value.shape) not in (3, 4):
+        return None
+    dim = value.shape[len(value.shape) - 2]
+    return dim if isinstance(dim, int) else (dim.value if isinstance(dim, ir.SymbolicDim) else None)
+
+
+def causal_refusal(graph: ir.Graph) -> str | None:
+    """Why a graph's ``is_causal`` Attention cannot be made static exactly (None when it has none such).
+
+    ONNX ``Attention``-23 with ``is_causal=1`` masks with the *upper-left* aligned lower triangle (query ``i``
+    sees keys ``0..i``; ONNX Operators.md, Attention-23, attribute ``is_causal``: "the attention masking has the
+    form of the upper left causal bias due to the alignment"). That is the decoder's causal mask only when the
+    query and key lengths are equal; after a cache (``kv_len = past + q_len``) and in a static graph
+    (``q_len = step_len``, ``kv_len = max_cache_len``) it hides every cached position, so an ``is_causal`` node
+    whose Q and K sequence dims are not the same (an equal int or the same symbol) is refused.
+
+    Returns:
+        A sentence naming the first such node, its dims and what to do; None when every node is exact.
+    """
+    for node in attention_nodes(graph):
+        if not node.attributes.get_int("is_causal", 0):
+            continue
+        q_len, kv_len = _seq_dim(node.inputs[0]), _seq_dim(node.inputs[1] if len(node.inputs) > 1 else None)
+        past = len(node.inputs) > 4 and node.inputs[4] is not None
+        if q_len is not None and q_len == kv_len and not past:
+            continue
+        return (
+            f"ai.onnx::Attention node '{node.name}' has is_causal=1 with q_len {q_len or 'unknown'} and kv_len "
+            f"{'past + ' if past else ''}{kv_len or 'unknown'}: Attention-23 aligns its causal mask to the upper "
+            "left (query i sees keys 0..i), which hides the cache whenever q_len != kv_len, so the static graph "
+            "(q_len = step_len, kv_len = max_cache_len) cannot be kept exact; re-export with an explicit attn_mask "
+            "(is_causal=0, as torch.onnx's dynamo exporter writes for a cache)"
+        )
+    return None
 
 
 def decompose_refusal(node: ir.Node) -> str | None:

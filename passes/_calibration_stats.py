@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+from threadpoolctl import threadpool_limits
 
 from onnxdeploy.contract import read_contract
 from onnxdeploy.model_io import release_weights, stand_in_proto
@@ -23,7 +24,15 @@ CALIBRATION_CHUNK = 256
 
 
 def _accumulate(stats: dict[str, np.ndarray], results: dict, names: list[str], full: bool) -> None:
-    """Add one decode call's activations to ``stats``: ``x^T x`` (``full``) or ``sum(x * x)`` per channel."""
+    """Add one decode call's activations to ``stats``: ``x^T x`` (``full``) or ``sum(x * x)`` per channel.
+
+    One BLAS thread (``threadpoolctl``), as in :mod:`._quant_tensors`: these ``(T, K)`` products are small.
+    """
+    with threadpool_limits(limits=1, user_api="blas"):
+        _accumulate_all(stats, results, names, full)
+
+
+def _accumulate_all(stats: dict[str, np.ndarray], results: dict, names: list[str], full: bool) -> None:
     for name in names:
         x = np.asarray(results[name], dtype=np.float64)
         # (B, S, K): batch row 0 (rows are fed the same tokens); (B·S, K) as a Gemm reads it: all.

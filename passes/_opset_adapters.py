@@ -29,6 +29,7 @@ from onnxdeploy.passes._opset_lowerings import (
     lower_cast,
     lower_constant,
     lower_dequantize_linear,
+    lower_mod,
     lower_pad,
     lower_reduce,
     lower_reshape,
@@ -75,6 +76,7 @@ LOWERINGS: dict[str, Lowering] = {
     "Split": lower_split,
     "Pad": lower_pad,
     "DequantizeLinear": lower_dequantize_linear,
+    "Mod": lower_mod,
     **dict.fromkeys(_REDUCE_OPS, lower_reduce),
     **dict.fromkeys(["Softmax", "LogSoftmax", "Hardmax"], lower_softmax),
 }
@@ -88,7 +90,7 @@ def hold_nodes(model: ir.Model, current: int, target: int) -> dict[str, int]:
     op changes between ``target`` and ``current`` and has an entry in :data:`LOWERINGS`.
     """
     held: dict[str, int] = {}
-    for node in model.graph:
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):  # subgraphs too: onnx's converter skips them
         if node.domain not in DEFAULT_DOMAINS:
             continue
         since = since_version(node.op_type, current)
@@ -112,11 +114,12 @@ def restore_held(model: ir.Model, current: int, target: int) -> list[str]:
     Raises:
         PassError: a node has no exact form at ``target`` (names op, node and the lowest reachable opset).
     """
-    graph = model.graph
     changes: list[str] = []
-    for node in list(graph):
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
         if node.domain != HELD_DOMAIN:
             continue
+        graph = node.graph
+        assert graph is not None
         node.domain = ""
         if since_version(node.op_type, current) is None:
             continue

@@ -21,7 +21,6 @@ from onnxdeploy.errors import PassError
 from onnxdeploy.passes._edit import constant_node
 from onnxdeploy.passes._opset_schemas import (
     DEFAULT_DOMAINS,
-    copy_type,
     hand_over,
     node_since,
     refuse,
@@ -35,11 +34,15 @@ Folder = Callable[[onnx.ModelProto], onnx.ModelProto]
 """A weightless constant folder (onnxsim) for a body's shape arithmetic."""
 
 
+LOWERED_INSTEAD = frozenset({"CastLike"})
+"""Function ops the adapters lower directly instead (``CastLike`` → ``Cast``: its body builder needs input shapes)."""
+
+
 def function_ops_to_expand(model: ir.Model, current: int, target: int) -> list[ir.Node]:
     """Default-domain nodes whose op does not exist at ``target`` but has an ONNX function definition."""
     found = []
     for node in model.graph:
-        if node.domain not in DEFAULT_DOMAINS:
+        if node.domain not in DEFAULT_DOMAINS or node.op_type in LOWERED_INSTEAD:
             continue
         schema = schema_at(node.op_type, current)
         if schema is None or schema.since_version <= target:
@@ -54,6 +57,10 @@ def function_ops_to_expand(model: ir.Model, current: int, target: int) -> list[i
 def _type_proto(value: ir.Value | None) -> onnx.TypeProto:
     if value is None:
         return onnx.TypeProto()
+    if value.type is not None and not isinstance(value.type, ir.TensorType):  # sequence, optional: as typed
+        proto = onnx.TypeProto()
+        proto.CopyFrom(ir.serde.serialize_value(value).type)
+        return proto
     dims = None if value.shape is None else [d if isinstance(d, int) else None for d in value.shape]
     return onnx.helper.make_tensor_type_proto(value.dtype.value if value.dtype else 0, dims)
 
@@ -125,43 +132,39 @@ def _body_model(node: ir.Node, current: int, fold: Folder) -> ir.Model:
 
 
 def _splice(graph: ir.Graph, node: ir.Node, body: ir.Model, prefix: str) -> int:
-    """Insert ``body``'s nodes before ``node``, reading the node's inputs, and hand its outputs over; return count.
+    """Move ``body``'s nodes in before ``node``, reading the node's inputs, and hand its outputs over; return count.
 
-    Body initializers become ``Constant`` nodes; every inserted node and value is named ``<prefix>/<body name>``.
+    The body's nodes are moved, not copied, so subgraphs (``If``/``Loop`` branches of a body) keep reading the
+    outer values they capture. Body initializers become ``Constant`` nodes; every moved node and value is named
+    ``<prefix>/<body name>``.
     """
     actuals = [v for v in node.inputs if v is not None]
-    mapping: dict[ir.Value, ir.Value] = dict(zip(list(body.graph.inputs)[: len(actuals)], actuals, strict=True))
-    for init in body.graph.initializers.values():
+    formals = list(body.graph.inputs)[: len(actuals)]
+    inner_nodes = list(body.graph)
+    for inner in inner_nodes:
+        body.graph.remove(inner)
+    for init in list(body.graph.initializers.values()):
         constant = constant_node(f"{prefix}/{init.name}", init.const_value.numpy())
-        mapping[init] = constant.outputs[0]
         graph.insert_before(node, constant)
-    added = []
-    for inner in body.graph:
-        copy = ir.Node(
-            inner.domain,
-            inner.op_type,
-            [mapping.get(v, v) if v is not None else None for v in inner.inputs],
-            attributes=list(inner.attributes.values()),
-            num_outputs=len(inner.outputs),
-            name=f"{prefix}/{inner.name or inner.op_type}",
-            version=inner.version,
-        )
-        for old, new in zip(inner.outputs, copy.outputs, strict=True):
-            new.name = f"{prefix}/{old.name}"
-            copy_type(old, new)
-            mapping[old] = new
-        added.append(copy)
-    graph.insert_before(node, added)
+        ir.convenience.replace_all_uses_with(init, constant.outputs[0], replace_graph_outputs=True)
+    for formal, actual in zip(formals, actuals, strict=True):
+        ir.convenience.replace_all_uses_with(formal, actual, replace_graph_outputs=True)
+    for inner in inner_nodes:
+        inner.name = f"{prefix}/{inner.name or inner.op_type}"
+        for out in inner.outputs:
+            out.name = f"{prefix}/{out.name}"
+    graph.insert_before(node, inner_nodes)
     outs = [v for v in node.outputs if v is not None and v.name]
-    for old, formal in zip(outs, body.graph.outputs, strict=True):
-        new = mapping[formal]
+    results = list(body.graph.outputs)
+    body.graph.outputs.clear()
+    for old, new in zip(outs, results, strict=True):
         if new.producer() is None or new in actuals:  # an output that is an input: it needs a node of its own
             ident = ir.node("Identity", [new], name=f"{prefix}/out")
             graph.insert_before(node, ident)
             new = ident.outputs[0]
         hand_over(old, new, "__expanded")
     graph.remove(node, safe=True)
-    return len(added)
+    return len(inner_nodes)
 
 
 def expand_function_ops(model: ir.Model, nodes: list[ir.Node], current: int, fold: Folder) -> list[str]:
@@ -186,7 +189,13 @@ def expand_function_ops(model: ir.Model, nodes: list[ir.Node], current: int, fol
         except PassError:
             raise
         except Exception as exc:  # onnx's function builder, converter or onnxsim: name the node
-            raise refuse(node, f"its function body could not be built: {exc}", node_since(node, current)) from exc
+            why = " ".join(str(exc).split())[:200]
+            raise refuse(
+                node,
+                f"{node.op_type} does not exist at the target and ONNX's function definition of it cannot be "
+                f"instantiated for this node ({why})",
+                node_since(node, current),
+            ) from exc
         count = _splice(model.graph, node, body, f"{node.name or node.op_type}#{i}")
         changes.append(f"{node.op_type} '{node.name}' expanded to {count} nodes (ONNX function body)")
     return changes

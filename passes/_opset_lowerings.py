@@ -14,14 +14,15 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxdeploy.graph import const_ints, dtype_name
-from onnxdeploy.passes._edit import constant_node
+from onnxdeploy.graph import const_ints, dtype_name, numpy_dtype_of
+from onnxdeploy.passes._edit import constant_node, make_node
 from onnxdeploy.passes._opset_schemas import check_types, refuse, schema_at, stems
 
 __all__ = [
     "lower_cast",
     "lower_constant",
     "lower_dequantize_linear",
+    "lower_mod",
     "lower_pad",
     "lower_reduce",
     "lower_reshape",
@@ -98,7 +99,14 @@ def lower_constant(node: ir.Node, current: int, target: int) -> list[ir.Node]:
 
 
 def lower_reshape(node: ir.Node, current: int, target: int) -> list[ir.Node]:
-    """Reshape-14 ``allowzero``: dropped when 0, or when the shape is a constant without zeros."""
+    """Reshape-14 ``allowzero``: kept where the target has it (14 and up), else dropped when that is exact.
+
+    Below 14 it is dropped when 0, or when the shape is a constant without zeros (then allowzero changes
+    nothing). Source: ONNX Operators.md, Reshape-14.
+    """
+    if "allowzero" in _target_schema(node, target).attributes:
+        check_types(node, target)
+        return [node]
     flag = node.attributes.pop("allowzero", None)
     if flag is not None and flag.as_int() == 1:
         dims = const_ints(node.inputs[1])
@@ -111,19 +119,92 @@ def lower_reshape(node: ir.Node, current: int, target: int) -> list[ir.Node]:
 def lower_pad(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     """Pad-18 added the optional ``axes`` input and Pad-19 the ``wrap`` mode; without them Pad-13/11 mean the same.
 
-    Source: ONNX Operators.md, Pad-11/13/18/19.
+    ``axes`` is kept for targets 18 and up; below 18 a constant ``axes`` on an input of known rank becomes full
+    ``pads`` (a Gather of ``[pads..., 0]``: pad 0 on every axis not listed). Source: ONNX Operators.md,
+    Pad-11/13/18/19.
     """
     mode = node.attributes.get("mode")
     if mode is not None and mode.as_string() == "wrap" and target < 19:
         raise refuse(node, "mode='wrap' first exists at opset 19", 19)
-    if len(node.inputs) > 3 and node.inputs[3] is not None and target < 18:
-        raise refuse(node, "the axes input first exists at opset 18", 18)
-    if target < 11:
-        raise refuse(node, "pads became an input at opset 11", 11)
-    if len(node.inputs) > 3:
-        node.resize_inputs(3)
+    axes = node.inputs[3] if len(node.inputs) > 3 else None
+    if target >= 18 or axes is None:
+        if len(node.inputs) > 3 and axes is None:
+            node.resize_inputs(3)
+        check_types(node, target)
+        return [node]
+    extra = _full_pads(node, axes)
+    node.resize_inputs(3)
     check_types(node, target)
-    return [node]
+    return [*extra, node]
+
+
+def _full_pads(node: ir.Node, axes_value: ir.Value) -> list[ir.Node]:
+    """Rewire Pad-18's ``pads`` (for ``axes``) to full-rank pads below 18; return the nodes that compute them.
+
+    Raises:
+        PassError: ``axes`` is not constant or the input's rank is unknown (no exact form below 18).
+    """
+    axes = const_ints(axes_value)
+    shape = node.inputs[0].shape
+    if axes is None or shape is None:
+        what = f"its axes '{axes_value.name}' are not constant" if axes is None else "its input's rank is unknown"
+        raise refuse(node, f"the axes input first exists at opset 18 and {what}", 18)
+    rank, n = len(shape), len(axes)
+    where = {a % rank: i for i, a in enumerate(axes)}
+    zero_slot = 2 * n  # the 0 appended after the given pads
+    index = [where[d] if d in where else zero_slot for d in range(rank)]
+    index += [where[d] + n if d in where else zero_slot for d in range(rank)]
+    _, stem = stems(node)
+    pads = node.inputs[1]
+    zero = constant_node(f"{stem}__pad_zero", np.zeros(1, np.int64))
+    joined = make_node("Concat", [pads, zero.outputs[0]], name=f"{stem}__pads_ext", output=f"{stem}__pads_ext", axis=0)
+    idx = constant_node(f"{stem}__pads_index", np.array(index, np.int64))
+    full = make_node(
+        "Gather", [joined.outputs[0], idx.outputs[0]], name=f"{stem}__pads_full", output=f"{stem}__pads_full", axis=0
+    )
+    full.outputs[0].dtype = ir.DataType.INT64
+    full.outputs[0].shape = ir.Shape([2 * rank])
+    node.replace_input_with(1, full.outputs[0])
+    return [zero, joined, idx, full]
+
+
+def lower_mod(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Mod-28 ``fmod=0`` on floats (``A - floor(A/B)*B``, the sign of ``B``) → Mod ``fmod=1`` and a correction.
+
+    Below 28 a float Mod must have ``fmod=1`` (C ``fmod``, the sign of ``A``); the floor form is
+    ``r = fmod(A, B); Where(r != 0 and (r < 0) != (B < 0), r + B, r)``, which also gives the special cases
+    Mod-28 lists (``±inf`` divisor: ``B`` where signs differ). Zeros keep ``fmod``'s sign (a signed-zero
+    difference only). Source: ONNX Operators.md, Mod-13 and Mod-28.
+    """
+    flag = node.attributes.get("fmod")
+    x = node.inputs[0]
+    floats = x.dtype is not None and x.dtype.is_floating_point()
+    if not floats or (flag is not None and flag.as_int() == 1):
+        check_types(node, target)
+        return [node]
+    if x.dtype is None:
+        raise refuse(node, f"fmod=0 and the dtype of '{x.name}' is unknown", 28)
+    name, stem = stems(node)
+    b = node.inputs[1]
+    mod = make_node("Mod", [x, b], name=f"{name}__fmod", output=f"{stem}__fmod", dtype=x.dtype, fmod=1)
+    check_types(mod, target)
+    zero = constant_node(f"{stem}__zero", np.zeros((), dtype=numpy_dtype_of(x.dtype)))
+    steps: list[ir.Node] = [mod, zero]
+
+    def add(op: str, inputs: list[ir.Value], dtype: ir.DataType) -> ir.Value:
+        at = len(steps)
+        step = make_node(op, inputs, name=f"{name}__{op}_{at}", output=f"{stem}__{op}_{at}", dtype=dtype)
+        steps.append(step)
+        return step.outputs[0]
+
+    r = mod.outputs[0]
+    bool_ = ir.DataType.BOOL
+    nonzero = add("Not", [add("Equal", [r, zero.outputs[0]], bool_)], bool_)
+    differ = add("Xor", [add("Less", [r, zero.outputs[0]], bool_), add("Less", [b, zero.outputs[0]], bool_)], bool_)
+    fix = add("And", [nonzero, differ], bool_)
+    shifted = add("Add", [r, b], x.dtype)
+    result = ir.Node("", "Where", [fix, shifted, r], num_outputs=1, name=f"{name}__floor")
+    return [*steps, result]
 
 
 def lower_dequantize_linear(node: ir.Node, current: int, target: int) -> list[ir.Node]:
@@ -205,7 +286,8 @@ def lower_reduce(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     axes_attr = node.attributes.get("axes")
     axes = const_ints(axes_value) if axes_value is not None else (list(axes_attr.as_ints()) if axes_attr else None)
     if axes_value is not None and axes is None and "axes" in schema.attributes:
-        raise refuse(node, f"its axes '{axes_value.name}' are not constant", current)
+        lowest = 13 if node.op_type == "ReduceSum" else 18  # where axes became an input
+        raise refuse(node, f"its axes '{axes_value.name}' are not constant", lowest)
     noop = node.attributes.get("noop_with_empty_axes")
     if noop is not None and noop.as_int() == 1 and not axes:
         return [ir.Node("", "Identity", [node.inputs[0]], num_outputs=1, name=node.name)]

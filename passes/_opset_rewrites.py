@@ -13,7 +13,7 @@ import onnx_ir as ir
 
 from onnxdeploy.graph import numpy_dtype_of
 from onnxdeploy.passes._edit import constant_node, make_node
-from onnxdeploy.passes._opset_schemas import check_types, refuse, stems
+from onnxdeploy.passes._opset_schemas import check_types, copy_type, refuse, schema_at, stems
 
 __all__ = ["lower_cast_like", "lower_shape", "lower_softmax", "lower_trilu"]
 
@@ -40,12 +40,28 @@ def lower_shape(node: ir.Node, current: int, target: int) -> list[ir.Node]:
 
 
 def lower_cast_like(node: ir.Node, current: int, target: int) -> list[ir.Node]:
-    """CastLike(x, like) → Cast(x, to=dtype(like)) (CastLike first exists at opset 15)."""
-    dtype = node.inputs[1].dtype if node.inputs[1] is not None else None
+    """CastLike-19/21/24/25 → CastLike-15 (15 and up) or Cast(x, to=dtype(like)) below 15 (CastLike-15 is the first).
+
+    ``saturate`` (CastLike/Cast-19: float8 outputs only) is kept where the target's schema has it, else dropped
+    (the type check then refuses a float8 output, the only type it affects). Every node written is type-checked
+    against the target's schema (float8 below 19, 4-bit below 21, 2-bit below 25 are refused).
+    Source: ONNX Operators.md, CastLike-15/19/21/24/25 and Cast-13/19/21/24/25.
+    """
+    saturate = node.attributes.get("saturate")
+    if target >= 15:
+        schema = schema_at("CastLike", target)
+        if saturate is not None and schema is not None and "saturate" not in schema.attributes:
+            node.attributes.pop("saturate")
+        check_types(node, target)
+        return [node]
+    like = node.inputs[1]
+    dtype = like.dtype if like is not None else None
     if dtype is None:
-        raise refuse(node, f"the dtype of '{node.inputs[1].name}' is unknown", 15)
-    cast = ir.Node("", "Cast", [node.inputs[0]], attributes=[ir.AttrInt64("to", dtype.value)], num_outputs=1)
-    cast.name = node.name
+        raise refuse(node, f"the dtype of '{like.name if like else 'target_type'}' is unknown", 15)
+    attributes = [ir.AttrInt64("to", dtype.value)]
+    cast = ir.Node("", "Cast", [node.inputs[0]], attributes=attributes, num_outputs=1, name=node.name)
+    copy_type(node.outputs[0], cast.outputs[0])
+    check_types(cast, target)
     return [cast]
 
 

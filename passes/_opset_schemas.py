@@ -22,11 +22,13 @@ __all__ = [
     "check_types",
     "copy_type",
     "hand_over",
+    "node_label",
     "node_since",
     "refuse",
     "schema_at",
     "since_version",
     "stems",
+    "type_string",
     "types_only_change",
 ]
 
@@ -36,10 +38,21 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 _PASS = "pin_opset"
 
 
+def node_label(node: ir.Node) -> str:
+    """How a refusal names a node: ``node 'name'``, or ``node producing 'output'`` when it has no name."""
+    if node.name:
+        return f"node '{node.name}'"
+    out = next((v.name for v in node.outputs if v is not None and v.name), None)
+    return f"node producing '{out}'" if out else "node (unnamed)"
+
+
 def refuse(node: ir.Node, why: str, lowest: int) -> PassError:
-    """The error for a node with no exact form at the target: names op, node, why and the lowest opset reachable."""
+    """The error for a node with no exact form at the target: names op, node, why and the lowest opset reachable.
+
+    ``pin_opset`` prefixes the opset pair (``converting ai.onnx opset 21 to 17: ...``).
+    """
     return PassError(
-        _PASS, f"{node.op_type} node '{node.name}' cannot be lowered exactly: {why}; lowest reachable opset: {lowest}"
+        _PASS, f"{node.op_type} {node_label(node)} cannot be converted exactly: {why}; lowest reachable opset: {lowest}"
     )
 
 
@@ -92,6 +105,28 @@ def hand_over(old: ir.Value, new: ir.Value, suffix: str) -> None:
 # ------------------------------------------------------------------------------------------ types
 
 
+def type_string(value: ir.Value) -> str | None:
+    """The value's type as ONNX schemas spell it: ``tensor(float)``, ``seq(tensor(int64))``, ``optional(...)``.
+
+    None when the type (or its element type) is unknown. Source: onnx ``docs/IR.md``, "Type system"; the
+    spelling is that of ``OpSchema.TypeConstraintParam.allowed_type_strs``.
+    """
+    return _spell(value.type) if value.type is not None else None
+
+
+def _spell(t: ir.TypeProtocol) -> str | None:
+    if isinstance(t, ir.SequenceType):
+        inner = _spell(t.elem_type)
+        return f"seq({inner})" if inner else None
+    if isinstance(t, ir.OptionalType):
+        inner = _spell(t.elem_type)
+        return f"optional({inner})" if inner else None
+    if t.dtype is None or t.dtype == ir.DataType.UNDEFINED:
+        return None
+    kind = "sparse_tensor" if isinstance(t, ir.SparseTensorType) else "tensor"
+    return f"{kind}({dtype_name(t.dtype.value)})"
+
+
 def _formal_types(schema: onnx.defs.OpSchema) -> list[tuple[str, bool, set[str]]]:
     """Per formal input, then output: ``(name, is_output, allowed types)``.
 
@@ -121,9 +156,9 @@ def check_types(node: ir.Node, target: int) -> None:
     if ins and schema.inputs[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
         params += [(ins[-1], v) for v in node.inputs[len(ins) :]]
     for (formal, is_output, allowed), value in params:
-        if value is None or value.dtype is None:
+        name = type_string(value) if value is not None else None
+        if name is None:
             continue
-        name = f"tensor({dtype_name(value.dtype.value)})"
         if name not in allowed:
             lowest = _lowest_with_type(node.op_type, formal, is_output, name, target)
             raise refuse(

@@ -15,17 +15,15 @@ the node objects of the input graphs are unchanged after it ran.
 from __future__ import annotations
 
 import time
-import types
-import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import onnx_ir as ir
-from pydantic import BaseModel, ConfigDict
 
 from onnxdeploy.artifacts import Artifact, ArtifactSet
 from onnxdeploy.errors import ConfigError, OnnxDeployError, PassError, PostconditionError, PreconditionError
 from onnxdeploy.graph import op_histogram
+from onnxdeploy.passes._catalog import CATALOG, PassConfig, describe_config
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._order import ORDER_FACTS, OrderFact
 from onnxdeploy.report import PassReport
@@ -39,12 +37,6 @@ __all__ = [
     "get_pass",
     "register_pass",
 ]
-
-
-class PassConfig(BaseModel):
-    """Base of every pass config: typed, described fields; unknown keys and coerced types are errors."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 @dataclass
@@ -65,7 +57,7 @@ class Pass:
 
     Class attributes:
         name: the registry key used in ``pipeline.yaml``.
-        summary: one line for ``onnxdeploy passes``.
+        summary: one line for ``onnxdeploy passes`` (a pass of this package: filled in from its catalogue entry).
         config_model: the pydantic config class (unknown keys are errors).
         in_place: True when the pass edits the graphs it is given; False when it returns new ones.
         needs: facts of :data:`ORDER_FACTS` the pass's input must have (``requires`` checks them on the graph).
@@ -211,29 +203,8 @@ class Pass:
 
     @classmethod
     def describe_config(cls) -> list[dict[str, Any]]:
-        """List the config fields: name, type, default and description (for ``onnxdeploy passes``)."""
-        rows = []
-        for fname, fld in cls.config_model.model_fields.items():
-            ann = fld.annotation
-            members = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
-            if any(typing.get_origin(m) is typing.Literal for m in members):  # Literal[...] or Literal[...] | None
-                type_name = " | ".join(
-                    str(a) if typing.get_origin(m) is typing.Literal else "None" if a is type(None) else a.__name__
-                    for m in members
-                    for a in (typing.get_args(m) if typing.get_origin(m) is typing.Literal else (m,))
-                )
-            else:
-                type_name = getattr(ann, "__name__", str(ann)).replace("typing.", "")
-            rows.append(
-                {
-                    "name": fname,
-                    "type": type_name,
-                    "default": None if fld.is_required() else fld.get_default(call_default_factory=True),
-                    "required": fld.is_required(),
-                    "description": fld.description or "",
-                }
-            )
-        return rows
+        """List the config fields: name, type, default, description (``passes._catalog.describe_config``)."""
+        return describe_config(cls.config_model)
 
 
 PASS_REGISTRY: dict[str, type[Pass]] = {}
@@ -243,13 +214,30 @@ PASS_REGISTRY: dict[str, type[Pass]] = {}
 def register_pass(cls: type[Pass]) -> type[Pass]:
     """Class decorator adding a :class:`Pass` subclass to :data:`PASS_REGISTRY` under ``cls.name``.
 
+    A pass of this package registers against its :data:`~onnxdeploy.passes._catalog.CATALOG` entry: the entry's
+    module and config model, and its summary (filled into ``cls.summary``). A pass defined elsewhere (a test's)
+    registers with its own ``summary`` and ``config_model``.
+
     Raises:
-        ValueError: the name is empty or already registered by another class.
+        ValueError: the name is empty or already registered by another class; a pass module of this package
+            whose pass has no catalogue entry, or differs from it (module, config model, a summary of its own).
     """
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
     if PASS_REGISTRY.get(cls.name, cls) is not cls:
         raise ValueError(f"pass name '{cls.name}' is registered twice")
+    info = CATALOG.get(cls.name)
+    if info is None and cls.__module__.startswith(f"{__package__}."):
+        raise ValueError(f"pass '{cls.name}' ({cls.__module__}) has no entry in passes/_catalog.py (CATALOG)")
+    if info is not None:
+        if cls.__module__ != f"{__package__}.{info.module}" or cls.config_model is not info.config_model:
+            raise ValueError(
+                f"pass '{cls.name}' ({cls.__module__}, {cls.config_model.__name__}) differs from its catalogue "
+                f"entry ({__package__}.{info.module}, {info.config_model.__name__})"
+            )
+        if cls.__dict__.get("summary", info.summary) != info.summary:
+            raise ValueError(f"pass '{cls.name}': its summary lives in passes/_catalog.py, not on the class")
+        cls.summary = info.summary
     PASS_REGISTRY[cls.name] = cls
     return cls
 

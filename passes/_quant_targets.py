@@ -3,12 +3,14 @@
 A weight is an initializer (or ``Constant``) reached through a chain of ``Cast``/``Transpose``/``Identity``
 nodes (:func:`resolve_weight`): what the consumer reads is the root's values in the chain's last dtype,
 transposed when the chain transposes. The LM head is the MatMul/Gemm feeding the logits output (through
-reshapes, casts and a softcap); ``exclude`` drops nodes by name (shell patterns).
+reshapes, casts and a softcap). Each target's bit width and block size come from the config's rules
+(:mod:`._quant_rules`: ``rules``, and ``lm_head``/``embedding``/``exclude`` which they generalise); every node
+with a constant weight left in float is listed with the reason (the config, or a weight that cannot be
+quantized: rank ≠ 2, not floating point, a Gemm with ``transA``/``alpha``/``beta``).
 """
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +19,7 @@ import onnx_ir as ir
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.graph import const_tensor
+from onnxdeploy.passes._quant_rules import QuantRule, legacy_rules, resolve
 
 __all__ = ["Target", "Weight", "find_targets", "resolve_weight"]
 
@@ -115,6 +118,8 @@ class Target:
         input_index: the node input the weight arrives at (1, or 0 for Gather).
         nk: the consumer reads the weight as ``(N, K)`` (Gemm ``transB=1``, Gather) rather than ``(K, N)``.
         lm_head: the node produces the logits.
+        bits: the bit width the rules give it (4 or 8; None: the pass config's).
+        block_size: its INT4 block size (input channels per group; None: the pass config's).
     """
 
     node: ir.Node
@@ -123,6 +128,8 @@ class Target:
     input_index: int
     nk: bool
     lm_head: bool = False
+    bits: int | None = None
+    block_size: int | None = None
 
     @property
     def activation(self) -> ir.Value | None:
@@ -186,35 +193,59 @@ def _target_of(node: ir.Node, lm_head: ir.Node | None) -> Target | str | None:
     return Target(node, "gemm", weight, 1, nk=bool(attrs.get_int("transB", 0)), lm_head=node is lm_head)
 
 
-def _left_in_float(target: Target, exclude: list[str], lm_head: bool, embedding: bool) -> tuple[str, list[str]]:
-    """Why the config leaves ``target`` in float ("" when it does not), and the exclude patterns that matched."""
-    name = target.node.name
-    hit = [p for p in exclude if name and fnmatch.fnmatchcase(name, p)]
-    if hit:
-        return f"excluded by {hit}", hit
-    if target.lm_head and not lm_head:
-        return "LM head (lm_head: false)", hit
-    if target.kind == "gather" and not embedding:
-        return "embedding Gather (embedding: false)", hit
-    return "", hit
+def _not_a_weight(value: ir.Value | None) -> str | None:
+    """Why a constant a MatMul/Gemm/Gather reads is not quantized (rank, dtype), or None when it is no constant."""
+    cur = value
+    while cur is not None and const_tensor(cur) is None:
+        node = cur.producer()
+        if node is None or node.op_type not in CHAIN_OPS or len(node.inputs) != 1:
+            return None
+        cur = node.inputs[0]
+    tensor = const_tensor(cur) if cur is not None else None
+    if tensor is None:
+        return None
+    shape = [int(d) for d in tensor.shape]
+    if len(shape) != 2:
+        return f"constant weight {cur.name!r} of rank {len(shape)} {shape}: only 2-D weights are quantized"
+    if not tensor.dtype.is_floating_point():
+        return f"constant weight {cur.name!r} is {tensor.dtype.name}, not floating point"
+    return f"constant weight {cur.name!r} reaches the node through ops other than Cast/Transpose(perm [1, 0])/Identity"
+
+
+def _kinds(target: Target) -> set[str]:
+    kind = "embedding" if target.kind == "gather" else target.kind
+    return {kind, "lm_head"} if target.lm_head else {kind}
 
 
 def find_targets(
-    model: ir.Model, *, exclude: list[str], lm_head: bool, embedding: bool
+    model: ir.Model,
+    *,
+    exclude: list[str],
+    lm_head: bool,
+    embedding: bool,
+    bits: int | None = None,
+    block_size: int | None = None,
+    rules: list[QuantRule] | None = None,
 ) -> tuple[list[Target], list[str]]:
-    """The nodes whose weights the config quantizes, and notes on the nodes skipped (why).
+    """The nodes whose weights the config quantizes (each with its bits and block size), and notes on the rest.
 
     Args:
         model: the model (its top-level graph is searched, in graph order).
         exclude: node names (shell patterns) left in float.
         lm_head: quantize the LM head.
         embedding: quantize embedding Gather tables.
+        bits: the pass's bit width (4 or 8) before the rules (None: left to the quantizer's config).
+        block_size: the pass's INT4 block size before the rules (None: as ``bits``).
+        rules: ``quantize_weights.rules`` (:mod:`._quant_rules`), applied after the keys above.
 
     Returns:
-        ``(targets, skipped)``: the targets in graph order; one note per node left in float and per exclude
-        pattern that matched no quantizable node.
+        ``(targets, skipped)``: the targets in graph order; one note ``"<node>: <why>"`` per MatMul/Gemm/Gather
+        with a constant weight that is left in float (by the config, or because it cannot be quantized: a rank-3
+        weight, a Gemm with ``transA``…) and per ``nodes`` pattern that matched no quantizable node.
     """
     head = _lm_head_node(model)
+    legacy = legacy_rules(lm_head=lm_head, embedding=embedding, exclude=exclude)
+    rules = list(rules or [])
     targets: list[Target] = []
     skipped: list[str] = []
     matched: set[str] = set()
@@ -223,15 +254,26 @@ def find_targets(
             continue
         label = node.name or f"<{node.op_type} -> {node.outputs[0].name}>"
         found = _target_of(node, head)
+        if found is None:
+            why = _not_a_weight(node.inputs[0 if node.op_type == "Gather" else 1] if len(node.inputs) > 1 else None)
+            found = why if why and (node.op_type != "Gather" or node.attributes.get_int("axis", 0) == 0) else None
         if isinstance(found, str):
             skipped.append(f"{label}: {found}")
         if not isinstance(found, Target):
             continue
-        why, hit = _left_in_float(found, exclude, lm_head, embedding)
-        matched.update(hit)
-        if why:
-            skipped.append(f"{label}: {why}")
-        else:
-            targets.append(found)
-    skipped += [f"exclude pattern {p!r} matched no quantizable node" for p in exclude if p not in matched]
+        decided = resolve(
+            str(node.name or ""), _kinds(found), bits=bits or 0, block_size=block_size or 0, legacy=legacy, rules=rules
+        )
+        matched.update(decided.matched)
+        if decided.bits is None:
+            skipped.append(f"{label}: {decided.reason}")
+            continue
+        found.bits, found.block_size = decided.bits or None, decided.block_size or None  # 0: the config's
+        targets.append(found)
+    patterns = [r.nodes for r in [*legacy, *rules] if r.nodes is not None]
+    skipped += [
+        (f"exclude pattern {p!r}" if p in exclude else f"rule pattern {p!r}") + " matched no quantizable node"
+        for p in dict.fromkeys(patterns)
+        if p not in matched
+    ]
     return targets, skipped

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import onnx_ir as ir
+from threadpoolctl import threadpool_limits
 
 from onnxdeploy.artifacts import ScratchWriter
 from onnxdeploy.graph import numpy_dtype_of
+from onnxdeploy.passes._quant_gptq import gptq, inverse_hessian_factor
 from onnxdeploy.passes._quant_targets import Target
 from onnxdeploy.passes._weight_quant import (
     QuantizedWeight,
-    gptq,
-    inverse_hessian_factor,
     output_error,
     pack_matmulnbits,
     quantize_rtn,
@@ -84,13 +84,16 @@ class WeightQuantizer:
     """Quantizes target weights one at a time into written tensors, keeping each one's error row.
 
     Args:
-        config: the pass config (bits, block size, symmetry, method, GPTQ dampening).
+        config: the pass config (symmetry, method, scale search, GPTQ dampening); bits and block size are each
+            target's (:attr:`Target.bits`, :attr:`Target.block_size`, from the rules).
         writer: the scratch data file the quantized tensors go to.
 
     Attributes:
         layers: one row per weight quantized, for ``details.layers``: ``weight``, ``node``, ``n``, ``k``,
             ``error_rtn_natural`` (round-to-nearest in natural order), ``error`` (what was emitted), ``method``,
-            ``removed`` (the fraction of the former the latter removed).
+            ``removed`` (the fraction of the former the latter removed), ``bits``, ``block_size`` (INT4),
+            ``bytes`` (packed values + scales + zero points written), ``bits_per_weight`` (``8 · bytes / (N·K)``)
+            and ``scale_dtype``.
     """
 
     def __init__(self, config: QuantizeWeightsConfig, writer: ScratchWriter):
@@ -98,14 +101,15 @@ class WeightQuantizer:
         self.writer = writer
         self.layers: list[dict] = []
         self._factor: tuple[tuple, tuple[np.ndarray, np.ndarray]] | None = None  # the last GPTQ factor, by key
+        self._bits, self._block_size = 4, 32  # the weight being quantized's (its target's, from the rules)
 
     def _block(self, k: int, nbits: bool) -> int:
         """Input channels per block: ``block_size`` for INT4; one block spanning ``K`` for INT8.
 
         INT8 MatMulNBits takes the next power of two >= ``K`` (at least 16), which ORT runs exactly.
         """
-        if self.config.bits == 4:
-            return self.config.block_size
+        if self._bits == 4:
+            return self._block_size
         return max(16, 1 << (k - 1).bit_length()) if nbits else k
 
     def quantize(
@@ -119,6 +123,11 @@ class WeightQuantizer:
     ) -> Quantized:
         """Read ``t``'s weight, quantize it (RTN or GPTQ, permuted as asked), write its tensors, record its error.
 
+        BLAS and LAPACK run on one thread here (``threadpoolctl``): the factors and updates are small
+        (``K`` ≤ a few thousand), and OpenBLAS's threads on a busy machine cost more than they save (a 384²
+        Cholesky took 0.2 s with two threads on the project's loaded 2-core machine, 0.013 s with one); the
+        round-to-nearest chunks run on every core through :mod:`._weight_quant`'s own pool.
+
         Args:
             t: the target.
             pin: int64 ``(K,)`` act-order permutation of its input channels, or None.
@@ -129,6 +138,26 @@ class WeightQuantizer:
         Returns:
             The written tensors.
         """
+        self._bits, self._block_size = t.bits or self.config.bits, t.block_size or self.config.block_size
+        with threadpool_limits(limits=1, user_api="blas"):
+            q = self._quantize(t, pin, pout, hessian, nbits=nbits)
+        row = self.layers[-1]
+        row["bits"], row["block_size"] = q.bits, q.block_size if q.bits == 4 else None
+        row["bytes"] = sum(int(x.nbytes) for x in q.tensors)
+        row["bits_per_weight"] = 8 * row["bytes"] / (q.n * q.k)
+        row["scale_dtype"] = q.tensors[1].dtype.name
+        return q
+
+    def _quantize(
+        self,
+        t: Target,
+        pin: np.ndarray | None,
+        pout: np.ndarray | None,
+        hessian: np.ndarray | None,
+        *,
+        nbits: bool,
+    ) -> Quantized:
+        """:meth:`quantize`'s work."""
         # What the consumer reads: an fp16 weight cast to float32 keeps its fp16 values; the reverse rounds.
         read = t.weight.tensor.numpy().astype(numpy_dtype_of(t.weight.dtype), copy=False)
         n, k = read.shape if t.root_nk else read.shape[::-1]
@@ -145,17 +174,25 @@ class WeightQuantizer:
         natural = self._natural(wt, block, hessian, kn=not t.root_nk and pout is None and diagonal)
         qw = self._emitted(wt, natural, block, hessian, pin)
         assert natural.error is not None and qw.error is not None
-        self._record(t, n, k, natural.error, qw.error, self.config.method + (" act-order" if pin is not None else ""))
+        self._record(t, n, k, natural.error, qw.error, self._method(pin is not None))
         if nbits:
             packed, scales, zp = pack_matmulnbits(qw)
             return self._write_nbits(t, packed, scales, zp, block, n, k)
-        per_channel = self.config.bits == 8
+        per_channel = self._bits == 8
         q, scale, zp = qw.q, qw.scale, qw.zero_point
         if per_channel:
             scale, zp = scale[:, 0], None if zp is None else zp[:, 0]
         if not t.nk:  # laid out as the first consumer reads it: (K, N) for MatMul, (N, K) for Gemm transB=1/Gather
             q, scale, zp = q.T, scale if per_channel else scale.T, zp if per_channel or zp is None else zp.T
         return self._write_dq(t, q, scale, zp, t.nk, block, n, k)
+
+    @property
+    def _search(self) -> bool:
+        return self.config.scale_search != "none"
+
+    def _method(self, act_order: bool) -> str:
+        """The method's name for ``details.layers``: ``rtn``/``gptq``, ``act-order``, ``mse search``."""
+        return self.config.method + (" act-order" if act_order else "") + (" mse-search" if self._search else "")
 
     def _natural(self, wt: np.ndarray, block: int, h: np.ndarray | None, *, kn: bool) -> QuantizedWeight:
         """RTN of ``wt`` ``(N, K)`` in natural input order, with its error.
@@ -167,7 +204,7 @@ class WeightQuantizer:
         rtn = quantize_rtn_kn if kn else quantize_rtn
         natural = rtn(
             wt.T if kn else wt,
-            bits=cfg.bits,
+            bits=self._bits,
             block_size=block,
             symmetric=cfg.symmetric,
             error_weights=_error_weights(h),
@@ -189,10 +226,24 @@ class WeightQuantizer:
             key = (id(hessian), None if pin is None else pin.tobytes())
             if self._factor is None or self._factor[0] != key:
                 self._factor = key, inverse_hessian_factor(h, cfg.gptq_damp)
-            qw = gptq(wt, None, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, factor=self._factor[1])
-        elif pin is not None:
+            qw = gptq(
+                wt,
+                None,
+                bits=self._bits,
+                block_size=block,
+                symmetric=cfg.symmetric,
+                factor=self._factor[1],
+                search=self._search,
+                search_weights=np.diag(h),
+            )
+        elif pin is not None or self._search:
             qw = quantize_rtn(
-                wt, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, error_weights=_error_weights(h)
+                wt,
+                bits=self._bits,
+                block_size=block,
+                symmetric=cfg.symmetric,
+                error_weights=_error_weights(h),
+                search=self._search,
             )
         if qw.error is None:
             qw.error = output_error(wt, qw.dequantize(), _error_weights(h))
@@ -204,13 +255,24 @@ class WeightQuantizer:
         k, n = w_kn.shape
         form: Literal["nbits", "kn"] = "nbits" if nbits else "kn"
         st = quantize_rtn_stored(
-            w_kn, bits=cfg.bits, block_size=block, symmetric=cfg.symmetric, form=form, error_weights=_error_weights(h)
+            w_kn,
+            bits=self._bits,
+            block_size=block,
+            symmetric=cfg.symmetric,
+            form=form,
+            error_weights=_error_weights(h),
+            search=self._search,
         )
-        assert st.error is not None
-        self._record(t, n, k, st.error, st.error, cfg.method)
+        natural = st.error
+        if self._search:  # the reference row: plain RTN's error on the same weights
+            natural = quantize_rtn_kn(
+                w_kn, bits=self._bits, block_size=block, symmetric=cfg.symmetric, error_weights=_error_weights(h)
+            ).error
+        assert st.error is not None and natural is not None
+        self._record(t, n, k, natural, st.error, self._method(False))
         if nbits:
             return self._write_nbits(t, st.values, st.scale, st.zero_point, block, n, k)
-        per_channel = cfg.bits == 8  # one block spanning K: per-axis scales (N,)
+        per_channel = self._bits == 8  # one block spanning K: per-axis scales (N,)
         scale = st.scale[0] if per_channel else st.scale
         zp = None if st.zero_point is None else (st.zero_point[0] if per_channel else st.zero_point)
         return self._write_dq(t, st.values, scale, zp, False, block, n, k)
@@ -225,7 +287,7 @@ class WeightQuantizer:
         self, t: Target, packed: np.ndarray, scales: np.ndarray, zp: np.ndarray | None, block: int, n: int, k: int
     ) -> Quantized:
         """Write MatMulNBits' ``B`` uint8, ``scales`` (the weight's dtype) and ``zero_points`` uint8 (asymmetric)."""
-        base, bits, dtype = _base_name(t), self.config.bits, t.weight.dtype
+        base, bits, dtype = _base_name(t), self._bits, t.weight.dtype
         tensors = [
             self.writer.tensor(packed, ir.DataType.UINT8, f"{base}_Q{bits}"),
             self.writer.tensor(scales.astype(numpy_dtype_of(dtype)), dtype, f"{base}_scales"),
@@ -250,7 +312,7 @@ class WeightQuantizer:
         The arrays arrive in the emitted layout (``(N, K)`` when ``nk``, else ``(K, N)``; scales ``(N,)``
         per channel or blocked along K); they are cast to the quantized and the weight's types here.
         """
-        base, bits, dtype = _base_name(t), self.config.bits, t.weight.dtype
+        base, bits, dtype = _base_name(t), self._bits, t.weight.dtype
         signed = zp is None
         qtype, ztype = QTYPES[(bits, signed)], QTYPES[(bits, False)]
         tensors = [

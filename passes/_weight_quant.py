@@ -16,12 +16,7 @@ Scales follow ONNX Runtime's MLAS block quantizer (``MlasQuantizeBlockwise``, us
   (the full signed range is used, one more level than ``max|w| / (2^(b-1) - 1)``);
 * asymmetric: ``[min(w, 0), max(w, 0)]`` maps to ``[0, 2^b - 1]``; ``zero_point = round(-min / scale)``.
 
-GPTQ (Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained Transformers",
-2023, Algorithm 1 with lazy batch updates) quantizes columns in order and spreads each column's error over
-the columns not yet quantized, weighted by the inverse Hessian ``H = X^T X`` of the calibration activations
-``X`` ``(T, K)``; group scales are taken when a group's first column is reached (static groups in the order
-processed). With act-order the columns are processed by decreasing ``diag(H)``, and the caller physically
-permutes ``K`` in the graph, so the groups are contiguous in the stored weight and no ``g_idx`` is needed.
+GPTQ, on the same representation, is :mod:`._quant_gptq`'s.
 """
 
 from __future__ import annotations
@@ -34,17 +29,19 @@ from typing import Any, Literal
 
 import numpy as np
 
+from onnxdeploy.passes._quant_search import searched_params
+
 __all__ = [
     "QuantizedWeight",
     "StoredWeight",
     "act_order_permutation",
-    "gptq",
-    "inverse_hessian_factor",
+    "block_scales",
     "output_error",
     "pack_matmulnbits",
     "quantize_rtn",
     "quantize_rtn_kn",
     "quantize_rtn_stored",
+    "round_to_grid",
 ]
 
 
@@ -108,7 +105,27 @@ def _block_params(block: np.ndarray, bits: int, symmetric: bool) -> tuple[np.nda
     return scale, zero
 
 
-def _round(w: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int, symmetric: bool) -> np.ndarray:
+def block_scales(
+    block: np.ndarray, bits: int, symmetric: bool, search: bool, weights: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Block scale and zero point (blocks along axis 1): the MLAS rule, or the clipping search.
+
+    The search is :func:`~onnxdeploy.passes._quant_search.searched_params`; ``weights`` are its per-element
+    error weights (None: plain squared error).
+    """
+    if search:
+        return searched_params(block, bits, symmetric, weights)
+    return _block_params(block, bits, symmetric)
+
+
+def _diagonal(error_weights: np.ndarray | None) -> np.ndarray | None:
+    """The per-input-channel weights ``(K,)`` of error weights (a full ``H``'s diagonal), None for plain MSE."""
+    if error_weights is None or error_weights.size == 0:
+        return None
+    return np.diag(error_weights) if error_weights.ndim == 2 else error_weights
+
+
+def round_to_grid(w: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int, symmetric: bool) -> np.ndarray:
     """Quantize ``w`` ``(N, ...)`` with per-row ``scale``/``zero`` ``(N,)``; returns float values on the grid."""
     qmin, qmax = _levels(bits, symmetric)
     shape = (-1,) + (1,) * (w.ndim - 1)
@@ -140,7 +157,13 @@ def _sum_over_chunks(chunk: Callable[[Any], Any], starts: Sequence[Any]) -> Any:
 
 
 def quantize_rtn(
-    wt: np.ndarray, *, bits: int, block_size: int, symmetric: bool, error_weights: np.ndarray | None = None
+    wt: np.ndarray,
+    *,
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    error_weights: np.ndarray | None = None,
+    search: bool = False,
 ) -> QuantizedWeight:
     """Round-to-nearest block quantization of ``wt`` float ``(N, K)``, in row chunks.
 
@@ -154,6 +177,8 @@ def quantize_rtn(
         symmetric: signed values without zero point, else unsigned with one.
         error_weights: when given, :func:`output_error`'s weights (empty: plain MSE); the error is then
             computed chunk by chunk and stored in :attr:`QuantizedWeight.error`.
+        search: choose each block's scale by the clipping search (:mod:`._quant_search`), its error weighted
+            by the diagonal of ``error_weights`` when they have one.
 
     Returns:
         The quantized weight (``q`` int8 when symmetric, uint8 when not).
@@ -161,6 +186,12 @@ def quantize_rtn(
     wt = np.asarray(wt, dtype=np.float32)
     n, k = wt.shape
     n_blocks = -(-k // block_size)
+    diag = _diagonal(error_weights) if search else None
+    block_weights = None
+    if diag is not None:
+        block_weights = np.zeros(n_blocks * block_size, dtype=np.float32)
+        block_weights[:k] = diag
+        block_weights = block_weights.reshape(n_blocks, block_size)
     q = np.empty((n, k), dtype=np.int8 if symmetric else np.uint8)
     scales = np.empty((n, n_blocks), dtype=np.float32)
     zeros = None if symmetric else np.empty((n, n_blocks), dtype=np.uint8)
@@ -175,8 +206,9 @@ def quantize_rtn(
         else:
             padded = w
         blocks = padded.reshape(m * n_blocks, block_size)
-        scale, zero = _block_params(blocks, bits, symmetric)
-        grid = _round(blocks, scale, zero, bits, symmetric).reshape(m, n_blocks * block_size)
+        bw = None if block_weights is None else np.tile(block_weights, (m, 1))
+        scale, zero = block_scales(blocks, bits, symmetric, search, bw)
+        grid = round_to_grid(blocks, scale, zero, bits, symmetric).reshape(m, n_blocks * block_size)
         q[r0 : r0 + m] = grid[:, :k]
         scales[r0 : r0 + m] = scale.reshape(m, n_blocks)
         if zeros is not None:
@@ -220,6 +252,7 @@ def _rtn_kn(
     symmetric: bool,
     error_weights: np.ndarray | None,
     store: Callable[[np.ndarray, np.ndarray, np.ndarray | None, tuple[int, int, int, int], int], None],
+    search: bool = False,
 ) -> float:
     """Round-to-nearest of a ``(K, N)`` weight in its stored layout, chunk by chunk on every core.
 
@@ -235,6 +268,7 @@ def _rtn_kn(
     """
     k, _ = w_kn.shape
     qmin, qmax = _levels(bits, symmetric)
+    diag = _diagonal(error_weights) if search else None
 
     def chunk(c: tuple[int, int, int, int]) -> float:
         b0, b1, n0, n1 = c
@@ -247,7 +281,12 @@ def _rtn_kn(
             w = np.zeros((cb * block_size, nc), dtype=np.float32)
             w[:kc] = src
             w = w.reshape(cb, block_size, nc)
-        scale, zero = _block_params(w, bits, symmetric)  # reduces axis 1: (cb, nc)
+        bw = None
+        if diag is not None:
+            bw = np.zeros(cb * block_size, dtype=np.float32)
+            bw[:kc] = diag[k0:k1]
+            bw = bw.reshape(cb, block_size, 1)
+        scale, zero = block_scales(w, bits, symmetric, search, bw)  # reduces axis 1: (cb, nc)
         grid = w / scale[:, None, :]
         np.rint(grid, out=grid)
         if zero is not None:
@@ -270,7 +309,13 @@ def _rtn_kn(
 
 
 def quantize_rtn_kn(
-    w_kn: np.ndarray, *, bits: int, block_size: int, symmetric: bool, error_weights: np.ndarray | None = None
+    w_kn: np.ndarray,
+    *,
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    error_weights: np.ndarray | None = None,
+    search: bool = False,
 ) -> QuantizedWeight:
     """:func:`quantize_rtn` of ``w_kn.T`` for a weight stored ``(K, N)`` (a MatMul's), read in its stored layout.
 
@@ -284,6 +329,7 @@ def quantize_rtn_kn(
         symmetric: signed values without zero point, else unsigned with one.
         error_weights: as for :func:`quantize_rtn`, but only an empty array (plain MSE) or a diagonal ``(K,)``
             (a full ``H`` couples the chunks: the caller computes that error from :meth:`dequantize`).
+        search: as for :func:`quantize_rtn`.
 
     Returns:
         The quantized weight in output-channel-major layout, as :func:`quantize_rtn` returns it.
@@ -302,7 +348,15 @@ def quantize_rtn_kn(
         if zeros is not None:
             zeros[n0:n1, b0:b1] = zero.T  # type: ignore[union-attr]
 
-    sq = _rtn_kn(w_kn, bits=bits, block_size=block_size, symmetric=symmetric, error_weights=error_weights, store=store)
+    sq = _rtn_kn(
+        w_kn,
+        bits=bits,
+        block_size=block_size,
+        symmetric=symmetric,
+        error_weights=error_weights,
+        store=store,
+        search=search,
+    )
     qw = QuantizedWeight(q, scales, zeros, bits, block_size)
     if error_weights is not None:
         qw.error = _normalise_error(sq, n, k, error_weights)
@@ -336,6 +390,7 @@ def quantize_rtn_stored(
     symmetric: bool,
     form: Literal["nbits", "kn"],
     error_weights: np.ndarray | None = None,
+    search: bool = False,
 ) -> StoredWeight:
     """Round-to-nearest of a ``(K, N)`` weight straight into the tensors a consumer stores, without a ``(N, K)`` copy.
 
@@ -351,6 +406,7 @@ def quantize_rtn_stored(
         symmetric: signed values without zero point, else unsigned with one.
         form: ``nbits`` (MatMulNBits initializers) or ``kn`` (DequantizeLinear initializers for a MatMul).
         error_weights: as for :func:`quantize_rtn_kn`.
+        search: as for :func:`quantize_rtn`.
 
     Returns:
         The stored tensors and, with ``error_weights``, the error.
@@ -387,7 +443,15 @@ def quantize_rtn_stored(
         if zeros is not None:
             zeros[n0:n1, b0:b1] = zero.T  # type: ignore[union-attr]
 
-    sq = _rtn_kn(w_kn, bits=bits, block_size=block_size, symmetric=symmetric, error_weights=error_weights, store=store)
+    sq = _rtn_kn(
+        w_kn,
+        bits=bits,
+        block_size=block_size,
+        symmetric=symmetric,
+        error_weights=error_weights,
+        store=store,
+        search=search,
+    )
     error = None if error_weights is None else _normalise_error(sq, n, k, error_weights)
     if form == "kn":
         return StoredWeight(values, scales, zeros, error)
@@ -406,96 +470,20 @@ def act_order_permutation(importance: np.ndarray) -> np.ndarray:
     return np.argsort(-np.asarray(importance, dtype=np.float64), kind="stable").astype(np.int64)
 
 
-def inverse_hessian_factor(hessian: np.ndarray, damp: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
-    """The upper Cholesky factor of ``(H + damp·mean(diag H)·I)^-1`` GPTQ works with, and the dead channels.
-
-    Args:
-        hessian: ``X^T X`` float ``(K, K)``.
-        damp: dampening, a fraction of ``mean(diag(H))`` added to the diagonal (the paper's 1%).
-
-    Returns:
-        ``(U, dead)``: U float64 ``(K, K)`` upper triangular; dead bool ``(K,)``, channels never active (their
-        diagonal is set to 1 before inverting; their weights are zeroed).
-    """
-    h = np.array(hessian, dtype=np.float64)
-    k = h.shape[0]
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
-    h[np.diag_indices(k)] += damp * float(np.mean(np.diag(h)))
-    return np.linalg.cholesky(np.linalg.inv(h)).T, dead
-
-
-def gptq(
-    wt: np.ndarray,
-    hessian: np.ndarray | None,
-    *,
-    bits: int,
-    block_size: int,
-    symmetric: bool,
-    damp: float = 0.01,
-    lazy_block: int = 128,
-    factor: tuple[np.ndarray, np.ndarray] | None = None,
-) -> QuantizedWeight:
-    """GPTQ quantization of ``wt`` ``(N, K)`` in its column order, given ``hessian`` ``(K, K)`` in that order.
-
-    Args:
-        wt: the weight, output-channel-major, columns already in processing order.
-        hessian: ``X^T X`` float64 ``(K, K)`` of the calibration activations, same column order.
-        bits: 4 or 8.
-        block_size: input channels per group (groups are contiguous in this column order).
-        symmetric: signed values without zero point, else unsigned with one.
-        damp: ``damp * mean(diag(H))`` is added to the diagonal before inverting (the paper's 1%).
-        lazy_block: columns per lazy batch update.
-        factor: :func:`inverse_hessian_factor` of ``hessian`` if already computed (weights reading one
-            activation share it); ``hessian`` may then be None.
-
-    Returns:
-        The quantized weight (same layout and group scheme as :func:`quantize_rtn`).
-    """
-    w = np.array(wt, dtype=np.float64)
-    n, k = w.shape
-    # Upper Cholesky factor of H^-1: row i holds the update weights for the columns after i.
-    hinv, dead = factor if factor is not None else inverse_hessian_factor(hessian, damp)
-    w[:, dead] = 0.0
-    n_blocks = -(-k // block_size)
-    scales = np.empty((n, n_blocks), dtype=np.float32)
-    zeros = None if symmetric else np.empty((n, n_blocks), dtype=np.int16)
-    q = np.empty((n, k), dtype=np.int16)
-    scale = zero = None
-    for i1 in range(0, k, lazy_block):
-        i2 = min(i1 + lazy_block, k)
-        w1 = w[:, i1:i2].copy()
-        err1 = np.zeros_like(w1)
-        hinv1 = hinv[i1:i2, i1:i2]
-        for j in range(i2 - i1):
-            col = i1 + j
-            if col % block_size == 0:
-                g = col // block_size
-                end = min(col + block_size, k)
-                group = np.concatenate([w1[:, j:], w[:, i2:end]], axis=1)[:, : end - col]
-                scale, zero = _block_params(group.astype(np.float32), bits, symmetric)
-                scales[:, g] = scale
-                if zeros is not None:
-                    zeros[:, g] = zero
-            qcol = _round(w1[:, j], scale, zero, bits, symmetric)
-            q[:, col] = qcol
-            deq = (qcol - (zero if zero is not None else 0)) * scale
-            err = (w1[:, j] - deq) / hinv1[j, j]
-            w1[:, j:] -= np.outer(err, hinv1[j, j:])
-            err1[:, j] = err
-        w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
-    return QuantizedWeight(q, scales, zeros, bits, block_size)
-
-
 def _squared_error(wt: np.ndarray, deq: np.ndarray, h: np.ndarray) -> float:
     """``sum((W - Q) H (W - Q)^T)`` over rows (``H`` full or diagonal), or ``sum((W - Q)^2)`` for an empty ``H``."""
     d = np.asarray(wt, dtype=np.float32) - np.asarray(deq, dtype=np.float32)
     if h.size == 0:
         return float(np.einsum("nk,nk->", d, d, dtype=np.float64))
-    d = d.astype(np.float64)
     if h.ndim == 1:
-        return float(np.einsum("nk,k,nk->", d, h, d))
-    return float(np.einsum("nk,kl,nl->", d, h, d))
+        return float(np.einsum("nk,k,nk->", d.astype(np.float64), h, d.astype(np.float64)))
+    # tr(D H D^T) by BLAS row chunks (a three-operand einsum loops in C without BLAS: minutes on an LM head).
+    total = 0.0
+    rows = max(1, CHUNK_ELEMENTS // max(h.shape[0], 1))
+    for r0 in range(0, d.shape[0], rows):
+        part = d[r0 : r0 + rows].astype(np.float64)
+        total += float(np.einsum("nk,nk->", part @ h, part))
+    return total
 
 
 def _normalise_error(total: float, n: int, k: int, h: np.ndarray) -> float:

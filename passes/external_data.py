@@ -12,28 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from pydantic import Field
-
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.errors import PreconditionError
 from onnxdeploy.model_io import PROTOBUF_LIMIT_BYTES
+from onnxdeploy.passes._catalog import EmbedExternalDataConfig, ExternalizeConfig
 from onnxdeploy.passes._context import PassContext
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["EmbedExternalDataConfig", "EmbedExternalDataPass", "ExternalizeConfig", "ExternalizePass"]
-
-
-class ExternalizeConfig(PassConfig):
-    """Config of ``externalize``."""
-
-    size_threshold: int = Field(
-        1024, ge=0, description="Initializers larger than this many bytes go to the shared external data file."
-    )
-
-
-class EmbedExternalDataConfig(PassConfig):
-    """Config of ``embed_external_data`` (no fields)."""
 
 
 @register_pass
@@ -44,7 +31,6 @@ class ExternalizePass(Pass):
     """
 
     name = "externalize"
-    summary = "Write weights above size_threshold bytes to one external data file shared by all graphs."
     config_model = ExternalizeConfig
     config: ExternalizeConfig
     keeps_opset = True
@@ -66,7 +52,6 @@ class EmbedExternalDataPass(Pass):
     """
 
     name = "embed_external_data"
-    summary = "Write every weight inline in the .onnx file (refused above the 2 GiB protobuf limit)."
     config_model = EmbedExternalDataConfig
     config: EmbedExternalDataConfig
     keeps_opset = True

@@ -27,26 +27,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
-from pydantic import Field
 
 from onnxdeploy.artifacts import ArtifactSet, ScratchWriter
 from onnxdeploy.errors import PostconditionError
 from onnxdeploy.graph import FLOAT_TYPES, default_opset
+from onnxdeploy.passes._catalog import FuseMatMulsConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, make_node
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["FuseMatMulsConfig", "FuseMatMulsPass"]
-
-
-class FuseMatMulsConfig(PassConfig):
-    """Config of ``fuse_matmuls``."""
-
-    exclude: list[str] = Field(
-        default_factory=list,
-        description="fnmatch patterns of MatMul node names to leave apart (e.g. '*/mlp/*' keeps gate/up unfused)",
-    )
 
 
 @dataclass
@@ -221,7 +212,6 @@ class FuseMatMulsPass(Pass):
     """
 
     name = "fuse_matmuls"
-    summary = "MatMuls reading one activation with their own constant weights (q/k/v, gate/up) -> one MatMul + Split."
     config_model = FuseMatMulsConfig
     in_place = False
     keeps_opset = True  # Split takes its sizes as an input from 13, as an attribute before: the graph's own opset

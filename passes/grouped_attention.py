@@ -12,35 +12,21 @@ alone is two copies of ``3 × max_cache_len × 64`` floats per head group and la
 
 from __future__ import annotations
 
-from typing import Literal
-
 import onnx_ir as ir
-from pydantic import Field
 
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.graph import node_label
 from onnxdeploy.passes._attention_decompose import decompose_attention, decompose_refusal
 from onnxdeploy.passes._attention_edits import group_query_heads
 from onnxdeploy.passes._cache_reads import head_repeats, repeating_attention_nodes
+from onnxdeploy.passes._catalog import GroupedAttentionConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import clone, infer_shapes
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["GroupedAttentionConfig", "GroupedAttentionPass"]
-
-
-class GroupedAttentionConfig(PassConfig):
-    """Config of ``grouped_attention`` (the rewrite is exact; only the rank of the grouped products is chosen)."""
-
-    max_rank: Literal[4, 5] = Field(
-        4,
-        description="4: fold the query group into the rows ((B, H_kv, G*S, D)), one product per KV head; 5: a "
-        "one-token graph multiplies each query head by the buffer broadcast over the group ((G, B, H_kv, 1, D) "
-        "@ (B, H_kv, D, L); ORT CPU's matrix-vector path, no packing of the cache; the same decode step time on "
-        "benchmarks/decode.py)",
-    )
 
 
 @register_pass
@@ -66,10 +52,6 @@ class GroupedAttentionPass(Pass):
     """
 
     name = "grouped_attention"
-    summary = (
-        "GQA head repeat (Expand/Tile of the cache) and K scale Mul -> grouped attention over the buffer: "
-        "(B, H_kv, G*S, D), or (G, B, H_kv, 1, D) for one token with max_rank 5."
-    )
     config_model = GroupedAttentionConfig
     in_place = False
     needs = frozenset({CONTRACT, BHSD_CACHE})  # Pass.requires checks both on every graph

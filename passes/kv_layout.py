@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import onnx_ir as ir
-from pydantic import Field
 
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.contract import (
@@ -47,10 +45,11 @@ from onnxdeploy.errors import ConfigError, OnnxDeployError, PostconditionError, 
 from onnxdeploy.graph import node_label
 from onnxdeploy.kv_cache import find_kv_cache
 from onnxdeploy.passes._cache_write import build_cache_write
+from onnxdeploy.passes._catalog import KVLayoutConfig, Layout
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node, remove_dead_nodes
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, OrderFact
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 from onnxdeploy.settings import PipelineSettings
 
@@ -61,28 +60,6 @@ _CACHE_IN_OP = frozenset({"GroupQueryAttention", "Attention", "MultiHeadAttentio
 _WRITE_METHODS = {"ScatterElements": "scatter_elements", "ScatterND": "scatter_nd", "Where": "where"}
 _SWAP_LAST = (0, 1, 3, 2)
 _BSH = (0, 2, 1, 3)  # (B, H, S, D) <-> (B, S, H, D)
-
-Layout = Literal["BHSD", "BSH2D", "BHDS_K"]
-
-
-class KVLayoutConfig(PassConfig):
-    """Config of ``kv_layout``."""
-
-    layout: Layout = Field(
-        description="Cache layout: BHSD (B, H_kv, L, D); BSH2D (B, L, H_kv, 2·D), K and V packed on the last axis "
-        "(one input and one output per layer); BHDS_K: K transposed (B, H_kv, D, L), V as BHSD."
-    )
-    pad_head_dim_to: int | None = Field(
-        None,
-        ge=1,
-        description="Pad the cache head dim with zeros up to a multiple of this (e.g. 32 or 64, the NPU's SIMD "
-        "width); exact. None: no padding.",
-    )
-    cache_write: CacheWrite | None = Field(
-        None,
-        description="How the graph writes the call's K/V in the new layout: scatter_elements, scatter_nd, where "
-        "(Equal + Where) or host (cache_update new_token_only); default: the method the graph already uses.",
-    )
 
 
 def padded_head_dim(head_dim: int, pad_to: int | None) -> int:
@@ -476,7 +453,6 @@ class KVLayoutPass(Pass):
     """
 
     name = "kv_layout"
-    summary = "Cache layout BHSD | BSH2D (K/V packed) | BHDS_K (K transposed), head dim padded; written in that layout."
     config_model = KVLayoutConfig
     config: KVLayoutConfig
     in_place = False

@@ -40,7 +40,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
-from pydantic import Field
 
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.contract import DecodeContract, read_contract, write_contract
@@ -54,11 +53,12 @@ from onnxdeploy.passes._attention_sites import (
     key_cache_inputs,
     masking_attention_op,
 )
+from onnxdeploy.passes._catalog import MaskRewriteConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, fold_and_infer, infer_shapes, make_node, remove_dead_nodes
 from onnxdeploy.passes._mask_windows import choose_windows
 from onnxdeploy.passes._order import CONTRACT
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._position_mask import PositionMaskBuilder, lowest_finite
 from onnxdeploy.report import PassReport
 
@@ -72,16 +72,6 @@ __all__ = [
 ]
 
 _PREFIX = "onnxdeploy/mask_rewrite"
-
-
-class MaskRewriteConfig(PassConfig):
-    """Config of ``mask_rewrite``."""
-
-    padding: bool = Field(
-        False,
-        description="Keep the attention_mask input (int64 (B, max_cache_len), 1 = the slot may be attended) and "
-        "AND it with the causal/window mask, for padded batches; false removes the input.",
-    )
 
 
 @dataclass
@@ -174,9 +164,6 @@ class MaskRewritePass(Pass):
     """
 
     name = "mask_rewrite"
-    summary = (
-        "Exporter mask -> Where(mask from cache_position, scores, lowest) before each Softmax; drops attention_mask."
-    )
     config_model = MaskRewriteConfig
     config: MaskRewriteConfig
     in_place = False

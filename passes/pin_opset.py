@@ -24,46 +24,22 @@ import re
 import onnx
 import onnx_ir as ir
 from onnx import version_converter
-from pydantic import Field, field_validator
 
 from onnxdeploy.artifacts import ArtifactSet
 from onnxdeploy.errors import PassError
 from onnxdeploy.graph import default_opset
 from onnxdeploy.model_io import proto_round_trip, stand_in_proto
+from onnxdeploy.passes._catalog import PinOpsetConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import clone, fold_constants, infer_shapes
 from onnxdeploy.passes._opset_adapters import hold_nodes, name_created_nodes, restore_held
 from onnxdeploy.passes._opset_functions import expand_function_ops, fold_empty_tensors, function_ops_to_expand
-from onnxdeploy.passes._opset_schemas import DEFAULT_DOMAINS, schema_at, since_version
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._opset_proof import prove_conversion, why_not_proven
+from onnxdeploy.passes._opset_schemas import DEFAULT_DOMAINS, node_label, schema_at, since_version
+from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 
 __all__ = ["PinOpsetConfig", "PinOpsetPass"]
-
-
-LOWEST_OPSET = 11
-"""The lowest target the pass is tested to reach (the LLaMA exports lower to 11, IR 7)."""
-
-
-class PinOpsetConfig(PassConfig):
-    """Config of ``pin_opset``."""
-
-    opset: int = Field(
-        ...,
-        description=f"Target ai.onnx opset, {LOWEST_OPSET} up to the newest the installed onnx knows "
-        f"({onnx.defs.onnx_opset_version()} with onnx {onnx.__version__}); raised or lowered.",
-    )
-
-    @field_validator("opset")
-    @classmethod
-    def _in_range(cls, opset: int) -> int:
-        newest = onnx.defs.onnx_opset_version()
-        if not LOWEST_OPSET <= opset <= newest:
-            raise ValueError(
-                f"opset {opset} is outside the supported range {LOWEST_OPSET}..{newest} ({newest}: the newest "
-                f"opset onnx {onnx.__version__} knows)"
-            )
-        return opset
 
 
 def _ops_needing_adapter(model: ir.Model, current: int, target: int) -> list[tuple[str, int]]:
@@ -99,7 +75,6 @@ class PinOpsetPass(Pass):
     """
 
     name = "pin_opset"
-    summary = "Convert ai.onnx to a target opset (onnx version_converter); names any op it cannot convert."
     config_model = PinOpsetConfig
     config: PinOpsetConfig
     in_place = False
@@ -109,15 +84,46 @@ class PinOpsetPass(Pass):
         return self.config.opset
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
-        """Convert every graph of the set; see the class docstring."""
+        """Convert every graph of the set, then prove each conversion (``prove``); see the class docstring."""
         converted = [self._convert(model, report) for model in artifacts.models()]
         if not any(changed for _, changed in converted):
             return artifacts, False
+        if self.config.prove:
+            for before, (after, changed) in zip(artifacts.models(), converted, strict=True):
+                if changed:
+                    self._prove(before, after, context, report)
         return artifacts.with_models([model for model, _ in converted]), True
 
+    def _prove(self, before: ir.Model, after: ir.Model, context: PassContext, report: PassReport) -> None:
+        """Run :func:`~onnxdeploy.passes._opset_proof.prove_conversion` unless the graph is exempt; report it."""
+        skip = why_not_proven(before)
+        pair = f"ai.onnx opset {default_opset(before)} to {self.config.opset}"
+        if skip is not None:
+            report.changes.append(f"conversion not proven on ORT: {skip}")
+            return
+        proof = prove_conversion(before, after, context, pair)
+        (report.changes if proof.proven else report.warnings).append(proof.line)
+
     def _convert(self, model: ir.Model, report: PassReport) -> tuple[ir.Model, bool]:
-        target = self.config.opset
+        """Convert one graph; a refusal from any step is prefixed with the opset pair.
+
+        Raises:
+            PassError: a node has no exact form at the target or onnx's converter cannot convert it.
+        """
         current = default_opset(model)
+        try:
+            converted, changed = self._convert_one(model, current, report)
+            if changed:
+                check_schemas(converted, f"ai.onnx opset {current} to {self.config.opset}")
+            return converted, changed
+        except PassError as exc:
+            if exc.detail.startswith("converting "):
+                raise
+            pair = f"ai.onnx opset {current} to {self.config.opset}"
+            raise PassError(self.name, f"converting {pair}: {exc.detail}") from exc
+
+    def _convert_one(self, model: ir.Model, current: int, report: PassReport) -> tuple[ir.Model, bool]:
+        target = self.config.opset
         others = {d: v for d, v in model.opset_imports.items() if d not in DEFAULT_DOMAINS}
         if others:
             report.warnings.append(f"domains kept unconverted: {others}")
@@ -159,34 +165,57 @@ class PinOpsetPass(Pass):
             text = str(exc)
             op = _op_from_message(text, [p[0] for p in pending])
             since = dict(pending).get(op) if op else None
-            where = f"{op} (opset {since})" if op else "an op"
-            nodes = [n.name or f"#{i}" for i, n in enumerate(model.graph) if op and n.op_type == op]
+            nodes = [node_label(n) for n in model.graph if op and n.op_type == op]
+            where = f"{op}-{since} {nodes[0]}" if op and nodes else (f"{op}-{since}" if op else "a node")
+            more = f" (and {len(nodes) - 1} more {op} node(s))" if len(nodes) > 1 else ""
             raise PassError(
                 self.name,
-                f"cannot convert {where} from opset {current} to {target}: onnx version_converter says: "
-                f"{text.strip().splitlines()[-1] if text.strip() else type(exc).__name__}"
-                + (f"; nodes: {nodes[:5]}" if nodes else "")
-                + (f". Ops whose schema differs between the two opsets: {pending}" if pending else ""),
+                f"converting ai.onnx opset {current} to {target}: {where}{more} has no exact form at opset {target}: "
+                f"onnx {onnx.__version__}'s version converter cannot convert it ({_converter_reason(text, exc)})",
             ) from exc
 
     def ensures(self, artifacts: ArtifactSet, context: PassContext) -> None:
-        """The default domain is at the target opset and every node matches its schema there."""
+        """The default domain is at the target opset (the schemas were checked as each graph was converted)."""
         for model in artifacts.models():
             if default_opset(model) != self.config.opset:
                 raise PassError(self.name, f"ai.onnx opset is {default_opset(model)}, expected {self.config.opset}")
-            proto = stand_in_proto(model, as_inputs=True)
-            foreign = {n.op_type for n in proto.graph.node if n.domain in DEFAULT_DOMAINS and _no_schema(n.op_type)}
-            for node in proto.graph.node:  # ORT's default-domain contrib ops: the checker does not know them
-                if node.op_type in foreign and node.domain in DEFAULT_DOMAINS:
-                    node.domain = "onnxdeploy.foreign"
-            if foreign:
-                proto.opset_import.append(onnx.helper.make_opsetid("onnxdeploy.foreign", 1))
-            try:
-                onnx.checker.check_model(proto)
-            except onnx.checker.ValidationError as exc:
-                raise PassError(
-                    self.name, f"the converted model breaks the opset {self.config.opset} schemas: {exc}"
-                ) from exc
+
+
+def check_schemas(model: ir.Model, pair: str) -> None:
+    """Onnx's checker with full shape inference (``check_model(full_check=True)``) on a weightless copy.
+
+    Default-domain ops onnx has no schema for (ORT's ``SimplifiedLayerNormalization``) are moved to a private
+    domain first: the checker does not know them.
+
+    Raises:
+        PassError: the converted graph fails the checker (names the pair and the checker's first lines).
+    """
+    proto = stand_in_proto(model, as_inputs=True)
+    foreign = {n.op_type for n in proto.graph.node if n.domain in DEFAULT_DOMAINS and _no_schema(n.op_type)}
+    for node in proto.graph.node:
+        if node.op_type in foreign and node.domain in DEFAULT_DOMAINS:
+            node.domain = "onnxdeploy.foreign"
+    if foreign:
+        proto.opset_import.append(onnx.helper.make_opsetid("onnxdeploy.foreign", 1))
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:  # ValidationError, InferenceError (full shape inference)
+        raise PassError(
+            "pin_opset",
+            f"converting {pair}: a node of the converted graph has no valid form at the target (onnx's checker "
+            f"with full shape inference: {_first_line(exc)}); nothing written",
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return " ".join(text.splitlines()[:2])[:400] if text else type(exc).__name__
+
+
+def _converter_reason(text: str, exc: BaseException) -> str:
+    """The reason of a version-converter error without its C++ file, line and assertion text."""
+    last = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
+    return re.sub(r"^.*?(Assertion `.*?` failed: |\.h:\d+: \w+: )", "", last).strip()[:300]
 
 
 def _no_schema(op: str) -> bool:

@@ -29,10 +29,9 @@ head runs once per call. Every contract lists the set (``graph_set``).
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Literal
 
 import onnx_ir as ir
-from pydantic import Field, model_validator
 
 from onnxdeploy.artifacts import Artifact, ArtifactSet, graph_file_name
 from onnxdeploy.contract import CONTRACT_KEY, CacheWrite, DecodeContract, GraphSetEntry, write_contract
@@ -40,6 +39,7 @@ from onnxdeploy.errors import ConfigError, PostconditionError, PreconditionError
 from onnxdeploy.graph import default_opset
 from onnxdeploy.kv_cache import KVCache, find_kv_cache, find_logits_output, genai_head_size
 from onnxdeploy.passes._attention_cache import rewrite_gqa_cache
+from onnxdeploy.passes._attention_decompose import causal_refusal
 from onnxdeploy.passes._cache_edits import (
     CACHE_POSITION,
     KNOWN_INPUTS,
@@ -57,11 +57,12 @@ from onnxdeploy.passes._cache_memory import (
     MemoryEstimate,
     estimate_memory,
 )
+from onnxdeploy.passes._catalog import StaticKVConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import clone, fold_and_infer
 from onnxdeploy.passes._last_position import LAST_TOKEN_INDEX, gather_last_position
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
-from onnxdeploy.passes._pass_infra import Pass, PassConfig, register_pass
+from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._query_positions import export_batch, feed_query_positions, find_query_positions
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes
@@ -81,93 +82,6 @@ __all__ = [
 ]
 
 _FOLDED_AWAY = ("Shape", "Range", "Trilu")
-
-
-class StaticKVConfig(PassConfig):
-    """Config of ``static_kv``."""
-
-    batch: int = Field(1, ge=1, description="Fixed batch size B of every input.")
-    step_len: int | None = Field(
-        None, ge=1, description="Tokens per call S of the one graph (1, the default: the decode graph); or step_lens."
-    )
-    step_lens: list[int] | None = Field(
-        None,
-        min_length=1,
-        description="Several step lengths (1 = decode graph, larger = prefill buckets): one graph per (step "
-        "length, cache length), all sharing one weights file.",
-    )
-    max_cache_len: int | None = Field(
-        None, ge=1, description="Slots of the fixed cache buffer (B, H_kv, max_cache_len, D); bounds the context."
-    )
-    max_cache_lens: list[int] | None = Field(
-        None,
-        min_length=1,
-        description="Several cache lengths: one graph per (step length, cache length); the host runs the smallest "
-        "that fits the context and moves the buffers into the next one when it outgrows it.",
-    )
-    prefill_logits: Literal["last", "all"] = Field(
-        "last",
-        description="Graphs with step_len > 1: last = logits (B, 1, V) of the position at the last_token_index "
-        "input only (the LM head skips the others); all = logits (B, step_len, V).",
-    )
-    cache_update: Literal["full_buffer", "new_token_only"] = Field(
-        "full_buffer",
-        description="full_buffer: present.* outputs are the updated buffers (B, H_kv, max_cache_len, D); "
-        "new_token_only: present.* are the step's K/V (B, H_kv, step_len, D) for the host to write at "
-        "cache_position.",
-    )
-    kv_dtype: Literal["float32", "float16"] | None = Field(
-        None,
-        description="Cache element type apart from the compute dtype (e.g. float16 on an fp32 model): cache I/O in "
-        "this dtype, cast at the cache boundary; default: the model's.",
-    )
-    cache_write: CacheWrite | None = Field(
-        None,
-        description="How the graph writes the call's K/V at cache_position: scatter_elements, scatter_nd, where "
-        "(Equal on a slot-index range + Where, for NPUs without a Scatter lowering) or host (cache_update "
-        "new_token_only: the host writes; attention reads a where-written buffer); default: the target's "
-        "matrix defaults.cache_write, else scatter_elements.",
-    )
-
-    @model_validator(mode="after")
-    def _one_form_each(self) -> Self:
-        if (self.max_cache_len is None) == (self.max_cache_lens is None):
-            raise ValueError("give exactly one of max_cache_len and max_cache_lens")
-        if self.step_len is not None and self.step_lens is not None:
-            raise ValueError("give step_len or step_lens, not both")
-        for key in ("step_lens", "max_cache_lens"):
-            values = getattr(self, key)
-            if values is not None and (min(values) < 1 or len(set(values)) != len(values)):
-                raise ValueError(f"{key} must hold distinct integers >= 1, got {values}")
-        if self.cache_write == "host":
-            if "cache_update" in self.model_fields_set and self.cache_update != "new_token_only":
-                raise ValueError("cache_write host means cache_update new_token_only (the host writes the cache)")
-            self.cache_update = "new_token_only"
-        if max(self.steps()) > min(self.caches()):
-            raise ValueError(
-                f"step length {max(self.steps())} does not fit cache length {min(self.caches())}: every step length "
-                "must be <= every cache length"
-            )
-        return self
-
-    def steps(self) -> list[int]:
-        """The step lengths, ascending (``[1]`` when neither key is given)."""
-        return sorted(self.step_lens) if self.step_lens is not None else [self.step_len or 1]
-
-    def caches(self) -> list[int]:
-        """The cache lengths, ascending."""
-        return sorted(self.max_cache_lens) if self.max_cache_lens is not None else [self.max_cache_len or 0]
-
-    def graphs(self) -> list[tuple[int, int]]:
-        """Every ``(step_len, max_cache_len)`` pair, the primary graph (smallest S, largest L) first.
-
-        Then the other decode-length graphs by cache length, then the prefill buckets by step length and
-        cache length.
-        """
-        steps, caches = self.steps(), self.caches()
-        primary = (steps[0], caches[-1])
-        rest = sorted(((s, c) for s in steps for c in caches if (s, c) != primary), key=lambda sc: (sc[0], sc[1]))
-        return [primary, *rest]
 
 
 @register_pass
@@ -195,7 +109,6 @@ class StaticKVCachePass(Pass):
     """
 
     name = "static_kv"
-    summary = "Fix batch/step_len/max_cache_len (or a graph set); Concat-appended cache -> ScatterElements."
     config_model = StaticKVConfig
     config: StaticKVConfig
     in_place = False
@@ -225,9 +138,10 @@ class StaticKVCachePass(Pass):
         if positions is not None and positions > largest:
             prompt = settings.verify_prompt_len or 0
             key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
+            text = f", or shorten {settings.prompt_key}" if settings.prompt_key != "verify.prompt" else ""
             raise ConfigError(
                 f"{key} is smaller than the {prompt} prompt tokens + {positions - prompt} steps = {positions} "
-                "positions verification decodes; lower verify.steps or raise the largest cache length"
+                f"positions verification decodes; lower verify.steps or raise the largest cache length{text}"
             )
         held_out = settings.accuracy_tokens
         if held_out is not None and held_out > largest:
@@ -246,12 +160,15 @@ class StaticKVCachePass(Pass):
             settings: the pipeline's non-pass sections.
 
         Raises:
-            PreconditionError: no KV cache, no single logits output, or a batch other than the export's.
+            PreconditionError: no KV cache, no single logits output, a batch other than the export's, or an
+                ``is_causal`` Attention with q_len != kv_len (``causal_refusal``, naming the node).
             ConfigError: ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × 3 copies`` plus the
                 folded constants, or the peak of folding, exceed
                 :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
         self._refuse_contract(model)
+        if (why := causal_refusal(model.graph)) is not None:
+            raise PreconditionError(self.name, why)
         kv = self._find(model)
         available = available_memory_bytes()
         if available is None:

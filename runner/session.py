@@ -2,11 +2,27 @@
 
 Models of any size (docs/ARCHITECTURE.md, "Models of any size"): a session is opened **by path** after
 :func:`onnxdeploy.model_io.read_model_header` has checked the file and every external-data reference,
-with prepacking off so ORT memory-maps external weights instead of copying them (56 MB instead of
-2.15 GB after load for a 1 GiB weight). A model whose data file resolves somewhere other than
+with weights memory-mapped (56 MB instead of 2.15 GB after load for a 1 GiB float weight). A model whose data
+file resolves somewhere other than
 ``folder/location`` (a Hugging Face cache: ``snapshots/<rev>/model.onnx_data`` symlinked into ``blobs/``,
 which ORT 1.32 refuses) is opened through a scratch copy written by
-:func:`onnxdeploy.model_io.write_for_ort` (hard links where possible), removed when the session closes.
+:func:`onnxdeploy.model_io.write_for_ort` (hard links where possible), removed when the session closes. So is
+a model with its weights inline (one ``.onnx``, as optimum writes every model under 2 GB): by path ORT would parse
+the file and copy every weight (3.3x a 1 GB model's bytes); the scratch copy's header references the weights'
+byte ranges in a hard link of the ``.onnx`` itself, which ORT maps (ORT 1.32 maps unaligned offsets).
+
+**Session options follow the graph** (:func:`graph_weights`, :func:`session_settings`; README, "Sessions"): ORT's
+weight prepacking (``session.disable_prepacking``) is **off for float weights**, whose packed copy would be a
+second float copy of every MatMul weight beside the mapped file, and **on for quantized ones**
+(``com.microsoft::MatMulNBits``, or an integer weight behind a ``DequantizeLinear`` feeding a MatMul/Gemm, which
+ORT fuses into ``MatMulNBits``): without prepacking ``MatMulNBits`` dequantizes its whole weight to fp32 on
+every call (ORT 1.32 ``matmul_nbits.cc``: no packed B, so ``ComputeBUnpacked``), measured at 10x the float
+step on a 125M decoder, while the packed copy of 4-bit weights is about an eighth of the float bytes. The
+``accuracy_level`` the session computes at is reported with it (:class:`onnxdeploy.report.SessionSettings`);
+``session.qdq_matmulnbits_accuracy_level`` in ``config_entries`` sets it for the ``MatMulNBits`` ORT fuses
+from ``DequantizeLinear`` + ``MatMul`` (ORT's own meaning of the key) **and** for the graph's own
+``MatMulNBits`` nodes (the runner opens a scratch copy with their ``accuracy_level`` attribute set, weights
+hard-linked), so one key decides the compute of every quantized MatMul.
 
 ORT silently falls back to ``CPUExecutionProvider`` when a requested execution provider (EP) is not
 available; :func:`open_session` compares what was asked with ``session.get_providers()`` and
@@ -26,15 +42,155 @@ from types import TracebackType
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 
 from onnxdeploy import model_io
 from onnxdeploy.errors import ConfigError, ContractError, ModelLoadError
 from onnxdeploy.graph import ort_numpy_dtype
+from onnxdeploy.report import SessionSettings
 
-__all__ = ["DEFAULT_PROVIDERS", "ModelSession", "numpy_dtype", "open_session", "read_header", "session_options"]
+__all__ = [
+    "ACCURACY_LEVEL_KEY",
+    "DEFAULT_PROVIDERS",
+    "ORT_FUSED_ACCURACY_LEVEL",
+    "PREPACKING_KEY",
+    "GraphWeights",
+    "ModelSession",
+    "graph_weights",
+    "numpy_dtype",
+    "open_session",
+    "read_header",
+    "session_options",
+    "session_settings",
+]
 
 DEFAULT_PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)
+
+PREPACKING_KEY = "session.disable_prepacking"
+"""ORT session config key: "1" turns weight prepacking off, "0" on (onnxruntime_session_options_config_keys.h)."""
+ACCURACY_LEVEL_KEY = "session.qdq_matmulnbits_accuracy_level"
+"""ORT session config key: accuracy_level of the MatMulNBits ORT fuses from DequantizeLinear + MatMul; the runner
+applies it to the graph's own MatMulNBits nodes too (module docstring)."""
+ORT_FUSED_ACCURACY_LEVEL = 4
+"""ORT's accuracy_level for a fused DequantizeLinear + MatMul when :data:`ACCURACY_LEVEL_KEY` is not set
+(onnxruntime_session_options_config_keys.h, 1.32: "If not provided, default is 4")."""
+
+_INTEGER_WEIGHTS = frozenset(
+    int(getattr(onnx.TensorProto, name))
+    for name in ("INT2", "UINT2", "INT4", "UINT4", "INT8", "UINT8")
+    if hasattr(onnx.TensorProto, name)
+)
+_MATMULS = ("MatMul", "Gemm")
+
+
+@dataclass(frozen=True)
+class GraphWeights:
+    """A graph's MatMul weights as ORT's CPU EP runs them, read off its header (no weight bytes read).
+
+    Attributes:
+        matmulnbits: the ``accuracy_level`` attribute of every ``com.microsoft::MatMulNBits`` node (0 when
+            absent: unset), in graph order.
+        dequantized: ``DequantizeLinear`` nodes whose input is an integer initializer (int2/int4/int8, signed or
+            not) and whose output a ``MatMul``/``Gemm`` reads: ORT fuses them into ``MatMulNBits`` (a
+            ``DequantizeLinear`` read only by an embedding ``Gather`` does not count).
+        float_matmul_bytes: bytes of float initializers a ``MatMul``/``Gemm`` reads directly (what prepacking
+            would copy).
+    """
+
+    matmulnbits: tuple[int, ...] = ()
+    dequantized: int = 0
+    float_matmul_bytes: int = 0
+
+    @property
+    def quantized(self) -> bool:
+        """Whether some MatMul weight is quantized (MatMulNBits, or fused by ORT from a DequantizeLinear)."""
+        return bool(self.matmulnbits or self.dequantized)
+
+
+def graph_weights(header: onnx.ModelProto) -> GraphWeights:
+    """Read which MatMul weights of a model are quantized (see :class:`GraphWeights`); main graph only.
+
+    Args:
+        header: the model (weights not needed: dtypes and dims are read).
+
+    Returns:
+        The counts.
+    """
+    graph = header.graph
+    initializers = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.op_type)
+    levels, dequantized, float_bytes = [], 0, 0
+    for node in graph.node:
+        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+            level = next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+            levels.append(int(level))
+        elif node.op_type == "DequantizeLinear" and node.input:
+            weight = initializers.get(node.input[0])
+            read_by = {op for out in node.output for op in readers.get(out, [])}
+            if weight is not None and weight.data_type in _INTEGER_WEIGHTS and read_by & set(_MATMULS):
+                dequantized += 1
+        elif node.op_type in _MATMULS:
+            for name in node.input[1:2]:
+                weight = initializers.get(name)
+                if weight is not None and weight.data_type not in _INTEGER_WEIGHTS:
+                    float_bytes += model_io.tensor_nbytes(weight)
+    return GraphWeights(tuple(levels), dequantized, float_bytes)
+
+
+def session_settings(weights: GraphWeights, config_entries: Mapping[str, str] | None = None) -> SessionSettings:
+    """Decide prepacking and the accuracy level a graph's session computes at (module docstring).
+
+    Args:
+        weights: the graph's weights (:func:`graph_weights`).
+        config_entries: entries asked for on top: an explicit :data:`PREPACKING_KEY` wins over the rule;
+            :data:`ACCURACY_LEVEL_KEY` sets every quantized MatMul's level.
+
+    Returns:
+        The settings; ``accuracy_level`` lists the distinct levels (empty for float weights).
+
+    Raises:
+        ConfigError: :data:`ACCURACY_LEVEL_KEY` is not an integer 0..4.
+    """
+    entries = dict(config_entries or {})
+    asked = entries.get(PREPACKING_KEY)
+    level = _asked_level(entries)
+    levels: set[int] = set()
+    if weights.matmulnbits:
+        levels |= {level} if level is not None else set(weights.matmulnbits)
+    if weights.dequantized:
+        levels.add(level if level is not None else ORT_FUSED_ACCURACY_LEVEL)
+    if asked is not None:
+        prepacking, reason = asked != "1", f"{PREPACKING_KEY}={asked} asked for"
+    elif weights.quantized:
+        prepacking = True
+        reason = (
+            f"{len(weights.matmulnbits)} MatMulNBits, {weights.dequantized} DequantizeLinear -> MatMul: "
+            "ORT dequantizes them on every call without prepacking"
+        )
+        if weights.float_matmul_bytes:
+            reason += f"; {weights.float_matmul_bytes / 1e6:.1f} MB of float MatMul weights are prepacked too"
+    else:
+        prepacking, reason = False, "float weights: prepacking would copy them"
+    return SessionSettings(
+        weights="quantized" if weights.quantized else "float",
+        prepacking=prepacking,
+        accuracy_level=sorted(levels),
+        reason=reason,
+    )
+
+
+def _asked_level(entries: Mapping[str, str]) -> int | None:
+    """The :data:`ACCURACY_LEVEL_KEY` asked for, or None (ConfigError when not an integer 0..4)."""
+    value = entries.get(ACCURACY_LEVEL_KEY)
+    if value is None:
+        return None
+    if value.strip() not in {"0", "1", "2", "3", "4"}:
+        raise ConfigError(f"{ACCURACY_LEVEL_KEY} must be an integer 0..4 (MatMulNBits accuracy_level), got {value!r}")
+    return int(value)
 
 
 @dataclass
@@ -56,6 +212,8 @@ class ModelSession:
         config_entries: the session config entries asked for on top of :func:`session_options`' own (the
             siblings of a graph set open with the same ones).
         threads: intra-op threads the session was opened with.
+        settings: prepacking and the accuracy level decided from the graph (:func:`session_settings`); None for a
+            stand-in session of another runtime.
     """
 
     path: str
@@ -67,6 +225,7 @@ class ModelSession:
     scratch: Path | None = None
     config_entries: dict[str, str] = field(default_factory=dict)
     threads: int = 1
+    settings: SessionSettings | None = None
 
     def _live(self) -> ort.InferenceSession:
         if self.session is None:
@@ -138,7 +297,8 @@ def session_options(config_entries: Mapping[str, str] | None = None, *, threads:
 
     One intra-op and one inter-op thread, sequential execution and deterministic compute, so two runs of
     the same model give bit-identical logits and latencies are comparable; no thread spinning (idle
-    sessions in one process distort timings); no prepacking, so external weights stay memory-mapped
+    sessions in one process distort timings); no prepacking unless ``config_entries`` turn it on (as
+    :func:`open_session` does for a graph with quantized weights), so float weights stay memory-mapped
     instead of being copied into ORT's own buffers.
 
     Args:
@@ -218,13 +378,17 @@ def open_session(
 ) -> ModelSession:
     """Check a model file, then open it by path in an ORT session on the given EP list.
 
+    The session's prepacking follows the graph's weights and :data:`ACCURACY_LEVEL_KEY` reaches its own
+    ``MatMulNBits`` nodes too (module docstring; :attr:`ModelSession.settings` says what was decided).
+
     Args:
         path: the ``.onnx`` file; external data is resolved relative to its folder.
         providers: EP names in priority order, e.g. ``("CUDAExecutionProvider", "CPUExecutionProvider")``.
-        scratch_root: where to make the scratch folder for a model ORT cannot open in place (Hugging Face
-            cache layout); the system temp folder by default. On the data files' filesystem the copy is
+        scratch_root: where to make the scratch folder for a model ORT cannot map in place (Hugging Face
+            cache layout, weights inline); the system temp folder by default. On the data files' filesystem the copy is
             hard links (no bytes copied); elsewhere the weights are streamed into it.
-        config_entries: further ORT session config entries (see :func:`session_options`).
+        config_entries: further ORT session config entries (see :func:`session_options`); an explicit
+            :data:`PREPACKING_KEY` overrides the graph's rule.
         threads: intra-op threads (see :func:`session_options`).
 
     Returns:
@@ -235,12 +399,19 @@ def open_session(
         ModelLoadError: the file or its external data is refused by
             :func:`onnxdeploy.model_io.read_model_header` (its error, unchanged), or ORT cannot create a
             session for it (the message names the path).
-        ConfigError: a provider name ONNX Runtime does not know (``ort.get_all_providers()``).
+        ConfigError: a provider name ONNX Runtime does not know (``ort.get_all_providers()``), or an
+            :data:`ACCURACY_LEVEL_KEY` that is not 0..4.
     """
     source = str(path)
     header = model_io.read_model_header(path)
-    rewrite = _needs_rewrite(header, Path(path))
+    # an inline model's weights too: ORT would copy them out of the parsed file; mapped through the link, it does not
+    rewrite = _needs_rewrite(header, Path(path)) or model_io.in_place_tensors(header, path) > 0
     header = _drop_inline_weights(header)
+    weights = graph_weights(header)
+    settings = session_settings(weights, config_entries)
+    level = _asked_level(config_entries or {})
+    relevel = level if any(own != level for own in weights.matmulnbits) else None
+    entries = {PREPACKING_KEY: "0" if settings.prepacking else "1", **(config_entries or {})}
     requested = tuple(providers)
     known = ort.get_all_providers()
     unknown = [name for name in requested if name not in known]
@@ -249,16 +420,13 @@ def open_session(
     scratch: Path | None = None
     target = source
     try:
-        if rewrite:
+        if rewrite or relevel is not None:
             scratch = Path(tempfile.mkdtemp(prefix="onnxdeploy-session-", dir=scratch_root))
-            loaded = model_io.load_model(path)
-            target = str(model_io.write_for_ort(loaded.model, scratch))
-            model_io.release_weights(loaded.model)
-            del loaded
+            target = _scratch_copy(Path(path), scratch, relevel)
         with warnings.catch_warnings():
             # ORT warns and falls back when an EP is unavailable; the fallback is reported below.
             warnings.simplefilter("ignore")
-            options = session_options(config_entries, threads=threads)
+            options = session_options(entries, threads=threads)
             session = ort.InferenceSession(target, sess_options=options, providers=list(requested))
     except BaseException as exc:
         if scratch is not None:
@@ -275,5 +443,18 @@ def open_session(
         if name not in active
     ]
     return ModelSession(
-        source, header, session, requested, active, fallbacks, scratch, dict(config_entries or {}), threads
+        source, header, session, requested, active, fallbacks, scratch, dict(config_entries or {}), threads, settings
     )
+
+
+def _scratch_copy(path: Path, scratch: Path, accuracy_level: int | None) -> str:
+    """Write ``path`` into ``scratch`` for ORT (data hard-linked), every MatMulNBits at ``accuracy_level`` if given."""
+    loaded = model_io.load_model(path)
+    if accuracy_level is not None:
+        for graph in loaded.model.graphs():
+            for node in graph:
+                if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+                    node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", accuracy_level)
+    target = str(model_io.write_for_ort(loaded.model, scratch, name=path.name))
+    model_io.release_weights(loaded.model)
+    return target

@@ -19,6 +19,10 @@ other position is, and its record names the graph that computed it. The graphs t
 driven apart (:mod:`onnxdeploy.runner.coverage`): the report states the calls per graph (``graphs_driven``) and
 fails naming a graph that could not be driven.
 
+Sessions follow their graph (:mod:`onnxdeploy.runner.session`): a quantized candidate's weights are prepacked,
+and the report names each model's prepacking and ``accuracy_level`` beside its latencies (``original_session``,
+``candidate_session``).
+
 Latency (README, "Latency"): each model is warmed up first (the prompt and up to three steps, and every
 graph of a set once). The per-step summary covers the single-token calls after the prompt, for the original
 as for the candidate; the prompt's calls (one prefill call for the original, buckets for a set) are reported
@@ -419,8 +423,10 @@ def _verify_paths(
         reference = _decode(original, request.prompt, request.steps, report=request.reporter("reference"))
         rss_growth = rss_bytes() - rss_before
         original_fallbacks = _fallbacks(original)
+        original_settings = original.model_session.settings
     with open_decoder(candidate_path, providers=request.providers, remainder=request.remainder) as candidate:
         runs = _run_candidate(candidate, reference, request, candidate_header)
+        candidate_settings = candidate.model_session.settings
     fallbacks = [*original_fallbacks, *runs.fallbacks]
     failures = list(runs.coverage.failures)
     if request.strict_providers and fallbacks:
@@ -444,6 +450,8 @@ def _verify_paths(
         failures=failures,
         modes=runs.modes,
         numerics=runs.numerics,
+        original_session=original_settings,
+        candidate_session=candidate_settings,
     )
 
 

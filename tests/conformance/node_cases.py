@@ -50,9 +50,9 @@ class NodeCase:
     atol: float
 
     @property
-    def opset(self) -> int:
-        """The model's ``ai.onnx`` opset (the default domain's version)."""
-        return next(o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx"))
+    def opset(self) -> int | None:
+        """The model's ``ai.onnx`` opset (the default domain's version); None if it imports no ``ai.onnx``."""
+        return next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), None)
 
     @property
     def op_type(self) -> str:

@@ -53,6 +53,31 @@ def test_ort_cpu_is_generated_from_the_installed_onnxruntime():
     assert committed.opsets["ai.onnx"].max >= 23 and committed.ir_version.max >= 11
 
 
+def test_ort_cpu_records_the_schema_versions_ort_matches_each_kernel_at():
+    """An open-ended kernel is matched only at its since version (KernelRegistry::VerifyKernelDef)."""
+    matrix = get_target("ort-cpu")
+    assert all(e.until is not None for e in matrix.ops)
+    dq = {(e.since, e.until, e.via) for e in matrix.ops_for("ai.onnx", "DequantizeLinear")}
+    assert (25, 25, "kernel") in dq and not matrix.ops_for("ai.onnx", "DequantizeLinear", 28)
+    (reduce_log_sum,) = matrix.ops_for("ai.onnx", "ReduceLogSum", 28)
+    assert reduce_log_sum.via == "function" and reduce_log_sum.source == "ort-function-probe"
+    assert matrix.opsets["ai.onnx"].min == 1
+
+
+def test_openvino_cpu_is_generated_by_probing_the_installed_openvino_and_npu_stays_hand_sourced():
+    cpu, npu = get_target("openvino"), get_target("openvino-npu")
+    assert cpu.generated is not None and cpu.generated.by == "python -m onnxdeploy.matrices.generate_openvino_cpu"
+    ov = pytest.importorskip("openvino", reason="optional extra: pip install -e '.[openvino]'")
+    assert cpu.generated.versions["openvino"] == ov.__version__, (
+        "regenerate: python -m onnxdeploy.matrices.generate_openvino_cpu"
+    )
+    assert cpu.opsets["ai.onnx"].max >= 28 and {e.source for e in cpu.ops} <= {"ov-probe", "ov-onnx-fe"}
+    (blocked,) = [e for e in cpu.ops_for("ai.onnx", "DequantizeLinear", 21)]
+    assert blocked.rules == ["block_size_divides_axis"] and "int4" in blocked.types["T1"]
+    assert npu.generated is None and {e.source for e in npu.ops} == {"ov-onnx-fe"}
+    assert npu.opsets["ai.onnx"].max == 23 and npu.sources["ov-onnx-fe"].address.startswith("https://github.com/")
+
+
 def test_mobile_and_cuda_matrices_are_what_their_scripts_write():
     for target in generate_ort_mobile.TARGETS:
         committed = get_target(target)
@@ -67,10 +92,10 @@ def test_mobile_and_cuda_matrices_are_what_their_scripts_write():
 
 def test_lookup_attention_at_opset_23_answers_per_target():
     answers = {a.target: a for a in lookup("Attention", opset=23)}
-    assert set(answers) == set(list_targets()) and len(answers) == 10
+    assert set(answers) == set(list_targets()) and len(answers) == 11
     assert answers["ort-cpu"].verdict == "yes" and answers["ort-cpu"].entries[0].types["T1"] == ["float", "float16"]
     assert answers["ort-cuda"].verdict == "yes" and "bfloat16" in answers["ort-cuda"].entries[0].types["T1"]
-    assert answers["openvino"].verdict == "yes"
+    assert answers["openvino"].verdict == "yes" and answers["openvino-npu"].verdict == "yes"
     (trt,) = answers["tensorrt"].entries
     assert answers["tensorrt"].verdict == "yes" and any("past_key" in c for c in trt.constraints)
     for target in ("ort-qnn", "ort-coreml", "ort-nnapi"):

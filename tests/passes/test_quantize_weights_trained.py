@@ -171,3 +171,46 @@ def test_act_order_after_fuse_matmuls_names_why_gate_up_keep_a_gather(tmp_path: 
     report = QuantizeWeightsPass(config)(fused, context).report
     rows = [r for r in report.details["act_order"] if any("down_proj" in n for n in r["readers"])]
     assert len(rows) == 4 and all(r["fold"] == "gather" and "fuse_matmuls" in r["reason"] for r in rows)
+
+
+def test_best_int4_halves_rtn_kl_at_no_more_bits_than_orts_block_32_default(tmp_path: Path) -> None:
+    """Issue 15's binding goal on a model with float weights: GPTQ + act-order + asymmetric + the clipping search at
+    block 32 has at most 0.5x the mean KL of symmetric RTN (bit-identical to ORT's ``DefaultWeightOnlyQuantConfig``
+    symmetric: ``test_matmulnbits_tensors_are_bit_identical_to_onnxruntimes_quantizer``), stored in no more bits
+    per weight than ORT's block-32 default (asymmetric: 4 + 32/32 + 4/32 = 5.125 on these shapes)."""
+    rtn, _ = _quantized(tmp_path / "rtn", bits=4, block_size=32, symmetric=True, format="matmulnbits")
+    best, report = _quantized(
+        tmp_path / "best",
+        bits=4,
+        block_size=32,
+        symmetric=False,
+        method="gptq",
+        act_order=True,
+        scale_search="mse",
+        format="matmulnbits",
+    )
+    kl_rtn = evaluate_accuracy(ENTRY["model_path"], rtn, EVAL_LONG).weight_only.mean_kl
+    kl_best = evaluate_accuracy(ENTRY["model_path"], best, EVAL_LONG).weight_only.mean_kl
+    assert kl_best <= 0.5 * kl_rtn, (kl_best, kl_rtn)
+    bpw = report.details["bits_per_weight"]
+    assert bpw["bits_per_weight"] <= 5.125 + 1e-9 and bpw["scale_dtype"] == ["FLOAT"]
+    assert all(r["method"] == "gptq act-order mse-search" for r in report.details["layers"])
+
+
+def test_int8_per_channel_perplexity_within_one_percent_over_1023_positions(tmp_path: Path) -> None:
+    path, _ = _quantized(tmp_path, bits=8, format="matmulnbits")
+    figures = evaluate_accuracy(ENTRY["model_path"], path, EVAL_LONG).weight_only
+    assert figures.positions == 1023 and figures.ppl_ratio <= 1.01, figures
+
+
+def test_budget_keeps_the_fewest_bytes_that_meet_it(tmp_path: Path) -> None:
+    loose, loose_report = _quantized(tmp_path / "loose", format="matmulnbits", budget={"max_mean_kl": 1.0})
+    rows = loose_report.details["budget"]["candidates"]
+    assert [(r["bits"], r["block_size"], r["meets"]) for r in rows] == [(4, 128, True)]
+    _, tight_report = _quantized(tmp_path / "tight", format="matmulnbits", budget={"max_mean_kl": 0.01})
+    rows = tight_report.details["budget"]["candidates"]
+    assert [r["meets"] for r in rows] == [False] * (len(rows) - 1) + [True] and len(rows) > 1
+    assert [r["bits_per_weight"] for r in rows] == sorted(r["bits_per_weight"] for r in rows)
+    assert rows[-1]["mean_kl"] <= 0.01 < rows[-2]["mean_kl"]
+    kept = tight_report.details["bits_per_weight"]["bits_per_weight"]
+    assert kept == rows[-1]["bits_per_weight"] and any("budget: kept" in c for c in tight_report.changes)

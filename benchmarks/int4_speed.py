@@ -1,0 +1,338 @@
+"""INT4 static decode step against the float32 original in the runner's own sessions, prepacking's memory, and the
+accuracy phase's time (issue 15, "Quantized graphs that run fast").
+
+A model (default: the ~125M random-init LLaMA export of ``benchmarks/decode.py``, exported once into
+``/tmp/onnxdeploy-decode``; ``--model`` any exporter-convention ``.onnx``, e.g. SmolLM2-135M's optimum export) is
+made static with the library's passes and cached in ``WORK/sets/<name>/``:
+
+* ``float``: ``static_kv {step_lens: [1, 16], max_cache_lens: [512]}`` → ``mask_rewrite`` → ``grouped_attention``
+  → ``fuse_matmuls``;
+* ``int4``: the same → ``quantize_weights {bits: 4, block_size: 32, format: matmulnbits, accuracy_level: 4}``
+  (every MatMul and the LM head): ORT runs it at level 4 as written (``verify.accuracy``'s ``default_optimized``
+  figures), the runner's ``weight_only`` session at level 0.
+
+Then, in one process, variants interleaved call by call (the order rotates every round), at context 256 (tokens
+already in the cache), every session opened by :func:`onnxdeploy.runner.session.open_session` with the options
+it decides from the graph (one intra-op thread, spinning off; prepacking off for float weights, on for quantized):
+
+* ``original``: the float32 export, past ``(1, H_kv, 256, D)`` per layer as numpy feeds;
+* ``float static``: the float set's decode graph (bound buffers);
+* ``int4 level 0`` / ``int4 level 4``: the INT4 set's decode graph with ``session.qdq_matmulnbits_accuracy_level``
+  0 (fp32 activations: the session of ``verify.accuracy``'s ``weight_only`` figures) / 4 (int8 activations: the
+  graph as written, the session of its ``default_optimized`` figures);
+* ``int4 unpacked``: level 0 with prepacking off, as the runner opened every session before issue 15
+  (``--rounds-unpacked`` calls, it is slow).
+
+Printed: median ms and the ratio to the original, each with the accuracy_level it was taken at; an ORT profile of
+each INT4 step (the op types that take its time); the peak RSS of opening and stepping each decode graph, and of
+each whole set as ``verify`` opens it (every graph a session), with prepacking on and off (a fresh process each,
+``VmHWM`` less the interpreter's) against the set's weight bytes; and the
+accuracy phase of ``verify`` (:func:`onnxdeploy.runner.accuracy.evaluate_accuracy` on ``--tokens`` held-out ids)
+against its budget: 3 × (one ORT call of the original over those tokens with an empty past + one step-1 decode of
+them through the INT4 set's decode graph). Figures are printed, not asserted. Usage::
+
+    nice -n 10 .venv/bin/python benchmarks/int4_speed.py [--model PATH] [--rounds 20] [--tokens 300] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxdeploy.artifacts import Artifact
+from onnxdeploy.contract import read_contract
+from onnxdeploy.model_io import load_model, stage_artifacts
+from onnxdeploy.pass_context import make_pass_context
+from onnxdeploy.passes import ArtifactSet, get_pass
+from onnxdeploy.runner.accuracy import WEIGHT_ONLY_ENTRIES, evaluate_accuracy
+from onnxdeploy.runner.contract_decoder import ContractDecoder
+from onnxdeploy.runner.decoder import make_decoder
+from onnxdeploy.runner.exporter_decoder import ExporterDecoder
+from onnxdeploy.runner.graph_set import GraphSetDecoder
+from onnxdeploy.runner.session import ACCURACY_LEVEL_KEY, PREPACKING_KEY, open_session, session_options
+from onnxdeploy.runner.verify import logits_vocab
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode import SIZE, interleave  # noqa: E402  (benchmarks/ is not a package)
+from scale import ensure_export  # noqa: E402
+
+CTX = 256
+CACHE_LEN = 512
+TOKEN = 17
+STATIC = [
+    ("static_kv", {"max_cache_lens": [CACHE_LEN], "step_lens": [1, 16]}),
+    ("mask_rewrite", {}),
+    ("grouped_attention", {}),
+    ("fuse_matmuls", {}),
+]
+INT4 = ("quantize_weights", {"bits": 4, "block_size": 32, "format": "matmulnbits", "accuracy_level": 4})
+LEVEL = {0: WEIGHT_ONLY_ENTRIES, 4: {ACCURACY_LEVEL_KEY: "4"}}
+
+
+def build_set(model: Path, out: Path, passes: list[tuple[str, dict]]) -> Path:
+    """Run ``passes`` on ``model`` and write the set into ``out`` (reused when its primary graph exists)."""
+    if (out / "model.onnx").exists():
+        return out / "model.onnx"
+    artifacts = ArtifactSet([Artifact("model.onnx", load_model(model).model)], input_was_external=True)
+    context = make_pass_context()  # alive until written: passes keep new weights in its scratch folder
+    for name, cfg in passes:
+        cls = get_pass(name)
+        start = time.perf_counter()
+        artifacts = cls(cls.config_model(**cfg))(artifacts, context).artifacts
+        print(f"[{out.name}] {name}: {time.perf_counter() - start:.1f} s", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    graphs = [(a.name, a.model) for a in artifacts.artifacts]
+    stage_artifacts(graphs, out, external=True, data_name="model.onnx.data").commit()
+    return out / "model.onnx"
+
+
+class Original:
+    """The export at context CTX: numpy feeds (past of the shapes its inputs declare), ORT allocates the presents."""
+
+    def __init__(self, path: Path, entries: dict[str, str] | None = None):
+        self.session = open_session(path, config_entries=entries)
+        rng = np.random.default_rng(0)
+        self.feeds: dict[str, np.ndarray] = {
+            "input_ids": np.array([[TOKEN]], np.int64),
+            "attention_mask": np.ones((1, CTX + 1), np.int64),
+            "position_ids": np.array([[CTX]], np.int64),
+        }
+        inputs = {a.name for a in self.session.session.get_inputs()}
+        self.feeds = {k: v for k, v in self.feeds.items() if k in inputs}
+        for arg in self.session.session.get_inputs():
+            if arg.name.startswith("past_key_values"):
+                shape = (1, arg.shape[1], CTX, arg.shape[3])
+                self.feeds[arg.name] = rng.standard_normal(shape).astype(np.float32)
+
+    def step(self) -> float:
+        start = time.perf_counter()
+        self.session.session.run(None, self.feeds)
+        return (time.perf_counter() - start) * 1e3
+
+
+class Static:
+    """A contract decoder with bound buffers rewound to CTX before every call (the same context each time)."""
+
+    def __init__(self, path: Path, entries: dict[str, str] | None = None):
+        session = open_session(path, config_entries=entries)
+        self.settings = session.settings
+        self.decoder = ContractDecoder(session, read_contract(session.model), bind_buffers=True)
+        rng = np.random.default_rng(0)
+        for buffer in self.decoder.cache_buffers().values():
+            buffer[:, :, :CTX] = rng.standard_normal(buffer[:, :, :CTX].shape)
+
+    def step(self) -> float:
+        self.decoder.load_cache(self.decoder.cache_buffers(), CTX)
+        ((_, ms),) = self.decoder.run_chunk([TOKEN])
+        return ms
+
+
+def profile_ops(path: Path, entries: dict[str, str], calls: int = 5) -> list[tuple[str, float]]:
+    """ORT's profile of ``calls`` decode steps of ``path`` (the runner's options): share of kernel time per op type."""
+    runner = open_session(path, config_entries=entries)  # its scratch copy holds a relevelled graph, if any
+    assert runner.settings is not None
+    options = session_options({PREPACKING_KEY: "0" if runner.settings.prepacking else "1", **entries})
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path(os.environ.get("TMPDIR", "/tmp")) / "onnxdeploy-int4-profile")
+    target = next(runner.scratch.glob("*.onnx")) if runner.scratch else path
+    profiled = ort.InferenceSession(str(target), sess_options=options, providers=["CPUExecutionProvider"])
+    own, runner.session = runner.session, profiled  # the decoder drives the profiled session
+    decoder = ContractDecoder(runner, read_contract(runner.model), bind_buffers=False)
+    for _ in range(calls):
+        decoder.run_chunk([TOKEN])
+    trace_file = Path(profiled.end_profiling())
+    trace = json.loads(trace_file.read_text())
+    trace_file.unlink(missing_ok=True)
+    runner.session = own
+    runner.close()
+    per_op: Counter[str] = Counter()
+    for event in trace:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            per_op[event["args"].get("op_name", "?")] += event["dur"]
+    total = sum(per_op.values()) or 1
+    return [(op, us / total) for op, us in per_op.most_common(6)]
+
+
+def _vm_hwm() -> int:
+    """This process's peak resident memory (``VmHWM`` of ``/proc/self/status``, bytes).
+
+    Not ``ru_maxrss``: Linux carries it over ``execve`` from the forking parent, so a child of a large parent
+    reports the parent's peak; ``VmHWM`` belongs to the new address space.
+    """
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+def rss_child(path: str, entries_json: str, whole_set: str) -> None:
+    """In a fresh process: open ``path`` (or its whole set, as verify does) with the entries, run every graph once,
+    print the peak RSS growth over the interpreter's."""
+    base = _vm_hwm()
+    entries = json.loads(entries_json)
+    if whole_set == "1":
+        with make_decoder(open_session(path, config_entries=entries)) as decoder:
+            assert isinstance(decoder, GraphSetDecoder)
+            decoder.warm_up()  # one call of every graph
+    else:
+        Static(Path(path), entries).step()
+    print(json.dumps({"peak_growth": _vm_hwm() - base}))
+
+
+def peak_rss(path: Path, entries: dict[str, str], *, whole_set: bool = False) -> int:
+    """Peak RSS growth (bytes) of opening ``path`` (or its set) and running it, measured in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--rss-child", str(path), json.dumps(entries), "1" if whole_set else "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(json.loads(out.strip().splitlines()[-1])["peak_growth"])
+
+
+def weight_bytes(folder: Path) -> int:
+    """Bytes of the set's shared weights file (``model.onnx.data``)."""
+    return (folder / "model.onnx.data").stat().st_size
+
+
+def accuracy_phase(original: Path, int4: Path, tokens: list[int]) -> dict[str, float]:
+    """``evaluate_accuracy``'s wall time against 3 × (the original in one call + one step-1 decode of the tokens)."""
+    with ExporterDecoder(open_session(original)) as decoder:
+        decoder.feed(tokens[:8])  # warm-up
+        decoder.reset()
+        start = time.perf_counter()
+        decoder.feed(tokens)
+        one_call = time.perf_counter() - start
+    session = open_session(int4)
+    with ContractDecoder(session, read_contract(session.model), bind_buffers=True) as step:
+        step.feed(tokens[:4])
+        step.reset()
+        start = time.perf_counter()
+        for token in tokens:
+            step.feed([token])
+        step_decode = time.perf_counter() - start
+    start = time.perf_counter()
+    report = evaluate_accuracy(original, int4, tokens)
+    phase = time.perf_counter() - start
+    budget = 3 * (one_call + step_decode)
+    return {
+        "tokens": len(tokens),
+        "original_one_call_s": one_call,
+        "int4_step1_decode_s": step_decode,
+        "budget_s": budget,
+        "accuracy_phase_s": phase,
+        "phase_over_budget": phase / budget,
+        "weight_only_mean_kl": report.weight_only.mean_kl,
+        "default_mean_kl": report.default_optimized.mean_kl,
+    }
+
+
+def measure_steps(original: Path, float_set: Path, int4: Path, rounds: int, rounds_unpacked: int) -> dict[str, Any]:
+    """Median step ms per variant, interleaved (module docstring), and each INT4 level's ratio to the original."""
+    variants: dict[str, Callable[[], float]] = {
+        "original": Original(original).step,
+        "float static": Static(float_set).step,
+        "int4 level 0": Static(int4, LEVEL[0]).step,
+        "int4 level 4": Static(int4, LEVEL[4]).step,
+    }
+    times = interleave(variants, rounds)
+    med = {name: float(np.median(t)) for name, t in times.items()}
+    if rounds_unpacked:  # apart: one call takes seconds
+        slow = {
+            "original": Original(original).step,
+            "int4 unpacked": Static(int4, {**LEVEL[0], PREPACKING_KEY: "1"}).step,
+        }
+        slow_times = interleave(slow, rounds_unpacked, warmup=1)
+        unpacked = float(np.median(slow_times["int4 unpacked"]))
+    ratio = {k: v / med["original"] for k, v in med.items() if k != "original"}
+    if rounds_unpacked:
+        med["int4 unpacked"] = unpacked
+        ratio["int4 unpacked"] = unpacked / float(np.median(slow_times["original"]))  # against its own rounds
+    return {"median_ms": med, "ratio": ratio}
+
+
+def main() -> int:
+    """Build (or reuse) the sets, measure, print; returns the exit status."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="an exporter-convention .onnx (default: decode.py's 125M export)")
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/onnxdeploy-int4"))
+    ap.add_argument("--decode-work-dir", type=Path, default=Path("/tmp/onnxdeploy-decode"))
+    ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/onnxdeploy-fixture-venvs"))
+    ap.add_argument("--rounds", type=int, default=20, help="timed calls per variant")
+    ap.add_argument("--rounds-unpacked", type=int, default=3, help="timed calls of the prepacking-off INT4 step")
+    ap.add_argument("--tokens", type=int, default=300, help="held-out tokens of the accuracy phase (0: skip)")
+    ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--no-steps", action="store_true", help="skip the step timings and profiles")
+    args = ap.parse_args()
+    if args.rss_child:
+        rss_child(*args.rss_child)
+        return 0
+    if args.model is None:
+        ensure_export(SIZE, args.decode_work_dir.resolve(), args.venv_dir.resolve())
+        args.model = args.decode_work_dir.resolve() / "models" / SIZE.name / "model.onnx"
+    name = args.model.parent.name
+    work = args.work_dir.resolve() / name
+    float_set = build_set(args.model, work / "float", STATIC)
+    int4 = build_set(args.model, work / "int4", [*STATIC, INT4])
+    print(f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; model {args.model}; context {CTX}, L={CACHE_LEN}")
+    results: dict[str, Any] = {"model": str(args.model), "context": CTX, "max_cache_len": CACHE_LEN}
+    if not args.no_steps:
+        results["steps"] = steps = measure_steps(args.model, float_set, int4, args.rounds, args.rounds_unpacked)
+        print(f"\n== decode step at context {CTX}, median of {args.rounds} interleaved calls, runner sessions ==")
+        labels = {"original": "-", "float static": "-", "int4 level 0": "0", "int4 level 4": "4", "int4 unpacked": "0"}
+        for variant, ms in steps["median_ms"].items():
+            ratio = steps["ratio"].get(variant)
+            tail = f"  x{ratio:.3f} of the original" if ratio is not None else ""
+            print(f"  {variant:30s} accuracy_level {labels.get(variant, '-'):>2}  {ms:9.2f} ms{tail}")
+        results["profile"] = {}
+        for level in (0, 4):
+            ops = profile_ops(int4, LEVEL[level])
+            results["profile"][level] = ops
+            print(f"  int4 level {level} kernel time: " + ", ".join(f"{op} {share:.0%}" for op, share in ops))
+    if not args.no_rss:
+        rss = results["rss"] = {}
+        print("\n== peak RSS growth of opening + one step (fresh process each) ==")
+        graphs = len(list(float_set.parent.glob("*.onnx")))
+        for label, path in (("float", float_set), ("int4", int4)):
+            nbytes = weight_bytes(path.parent)
+            for whole_set in (False, True):
+                for packing in ("1", "0"):
+                    grown = peak_rss(path, {PREPACKING_KEY: packing}, whole_set=whole_set)
+                    state = "off" if packing == "1" else "on"
+                    what = f"{label} {'set of ' + str(graphs) if whole_set else 'decode graph'}"
+                    rss[f"{what}, prepacking {state}"] = {"bytes": grown, "weights": nbytes}
+                    print(
+                        f"  {what:22s} prepacking {state:3s} {grown / 2**20:8.0f} MiB  "
+                        f"({grown / nbytes:.2f}x its {nbytes / 2**20:.0f} MiB of weights)"
+                    )
+    if args.tokens:
+        vocab = logits_vocab(int4) or SIZE.vocab_size()
+        tokens = np.random.default_rng(0).integers(3, vocab, size=args.tokens).tolist()
+        results["accuracy_phase"] = phase = accuracy_phase(args.model, int4, tokens)
+        print(f"\n== accuracy phase, {args.tokens} tokens ==")
+        print(
+            f"  original, one call: {phase['original_one_call_s']:.2f} s; INT4 step-1 decode: "
+            f"{phase['int4_step1_decode_s']:.2f} s; budget 3x their sum: {phase['budget_s']:.1f} s"
+        )
+        print(
+            f"  evaluate_accuracy: {phase['accuracy_phase_s']:.1f} s = {phase['phase_over_budget']:.2f}x the budget "
+            f"(weight_only mean KL {phase['weight_only_mean_kl']:.4g}, default {phase['default_mean_kl']:.4g})"
+        )
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -62,30 +62,41 @@ def _options(text):
     return options
 
 
-def _hybrid(rknn, model, options):
-    """Hybrid quantization: step 1 writes the SDK's model/data/cfg files, the named layers become float16, step 2.
+def _hybrid(rknn, model, options, config):
+    """Hybrid quantization: step 1 writes the SDK's model/data/cfg files, the named tensors become float16, step 2.
 
-    RKNN-Toolkit2's ``.quantization.cfg`` is YAML with a ``custom_quantize_layers`` mapping (layer name -> dtype);
-    step 2 rebuilds from the step-1 files with that mapping (RKNN-Toolkit2 User Guide, "Hybrid quantization").
+    RKNN-Toolkit2's ``.quantization.cfg`` is YAML whose ``custom_quantize_layers`` maps a tensor name (a key of
+    its ``quantize_parameters``) to a dtype; step 2 runs on a fresh ``RKNN`` object (2.5.0 refuses it after
+    ``load_onnx``: "Do not call 'load_onnx' before executing 'hybrid_quantization_step2'").
+
+    Returns:
+        ``(rknn, error)``: the object that holds the built model, and "" or why it failed.
     """
+    from rknn.api import RKNN
+
     if rknn.hybrid_quantization_step1(dataset=options["dataset"], proposal=False) != 0:
-        return "hybrid_quantization_step1 failed"
+        return rknn, "hybrid_quantization_step1 failed"
     stem = os.path.splitext(os.path.basename(model))[0]
     cfg = f"{stem}.quantization.cfg"
-    lines = open(cfg).read().splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("custom_quantize_layers"):
-            extra = [f"    {name}: float16" for name in options["float_layers"]]
-            lines[i : i + 1] = ["custom_quantize_layers:", *extra]
-            break
-    else:
-        lines[:0] = ["custom_quantize_layers:", *(f"    {n}: float16" for n in options["float_layers"])]
+    with open(cfg) as f:
+        lines = f.read().splitlines()
+    known = {line.strip().rstrip(":") for line in lines if line.startswith("    ") and not line.startswith("     ")}
+    chosen = [name for name in options["float_layers"] if name in known]  # the graphs of a set differ in names
+    if not chosen:
+        return rknn, f"no float_layers entry is among this graph's quantized tensors: {options['float_layers'][:5]}"
+    print(f"hybrid: float16 for {len(chosen)} of {len(options['float_layers'])} float_layers", file=sys.stderr)
+    entries = [f"    {name}: float16" for name in chosen]
+    at = next(i for i, line in enumerate(lines) if line.startswith("custom_quantize_layers"))
+    lines[at : at + 1] = ["custom_quantize_layers:", *entries]
     with open(cfg, "w") as f:
         f.write("\n".join(lines) + "\n")
-    ok = rknn.hybrid_quantization_step2(
+    rknn.release()
+    rknn = RKNN(verbose=True)
+    rknn.config(**config)
+    done = rknn.hybrid_quantization_step2(
         model_input=f"{stem}.model", data_input=f"{stem}.data", model_quantization_cfg=cfg
     )
-    return "" if ok == 0 else "hybrid_quantization_step2 failed"
+    return rknn, "" if done == 0 else "hybrid_quantization_step2 failed"
 
 
 def _build(model: str, platform: str, options=None):
@@ -105,7 +116,7 @@ def _build(model: str, platform: str, options=None):
         if rknn.load_onnx(model=model) != 0:
             return rknn, {"ok": False, "seconds": time.perf_counter() - start, "error": "load_onnx failed"}
         if quantized and options["float_layers"]:
-            error = _hybrid(rknn, model, options)
+            rknn, error = _hybrid(rknn, model, options, config)
         elif rknn.build(do_quantization=quantized, dataset=options["dataset"], auto_hybrid=options["auto_hybrid"]) != 0:
             error = "build failed"
         else:

@@ -48,6 +48,7 @@ from onnxdeploy.report import (
 )
 from onnxdeploy.runner import check_header, verify
 from onnxdeploy.runner.accuracy import evaluate_accuracy
+from onnxdeploy.runner.thresholds import LogitThresholds
 from onnxdeploy.sdk_stage import other_runtimes
 from onnxdeploy.text import generations_with
 
@@ -473,8 +474,7 @@ def verify_stage(
         strict_providers=v.strict_providers,
         remainder=v.remainder,
         progress=verify_progress,
-        max_rel_logit_diff=v.max_rel_logit_diff,
-        min_cosine_similarity=v.min_cosine_similarity,
+        bounds=LogitThresholds(max_rel_logit_diff=v.max_rel_logit_diff, min_cosine_similarity=v.min_cosine_similarity),
     )
     fallbacks = [line.replace(str(candidate), str(final)) for line in report.provider_fallbacks]
     report = report.model_copy(update={"candidate": str(final), "provider_fallbacks": fallbacks})

@@ -211,7 +211,10 @@ class QuantizeWeightsConfig(PassConfig):
     )
     symmetric: bool = Field(True, description="Signed values without zero point; false: unsigned + zero points.")
     format: Literal["qdq", "matmulnbits"] = Field(
-        "qdq", description="qdq: DequantizeLinear -> original op (NPUs); matmulnbits: com.microsoft::MatMulNBits (ORT)."
+        "qdq",
+        description="qdq: DequantizeLinear -> original op (runtimes that fold weight-only QDQ, e.g. ORT EPs; not "
+        "RK3588: RKNN-Toolkit2 2.5.0 cannot build it; its NPU quantizes weights and activations itself, "
+        "sdk.quantization); matmulnbits: com.microsoft::MatMulNBits (ORT).",
     )
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
         0, description="MatMulNBits accuracy_level (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations)."

@@ -40,7 +40,7 @@ from onnxdeploy.runner.coverage import GraphCoverage, drive_every_graph
 from onnxdeploy.runner.decoder import Decoder, make_decoder, open_decoder
 from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder, open_graph_set
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, read_header, session_options
-from onnxdeploy.runner.thresholds import LogitThresholds, judge_positions
+from onnxdeploy.runner.thresholds import Judgement, LogitThresholds, judge_positions
 from onnxdeploy.sdk import RknnBuild, rknn_python, rknn_worker_command
 
 __all__ = [
@@ -466,6 +466,18 @@ def compare_on_runtime(
             accuracy = accuracy_on_runtime(original, decoder, held_out, accuracy_bounds or {})
     judged = judge_positions(run.rows, thresholds)
     failures = [*run.coverage.failures, *judged.failures, *(accuracy["failures"] if accuracy else [])]
+    return _comparison(runtime, run, judged, thresholds, accuracy, failures)
+
+
+def _comparison(
+    runtime: str,
+    run: _RuntimeRun,
+    judged: Judgement,
+    thresholds: LogitThresholds,
+    accuracy: dict[str, Any] | None,
+    failures: list[str],
+) -> RuntimeComparison:
+    """The report entry of one runtime's comparison (figures overall and per graph, the graphs driven)."""
     overall = judged.overall
     return RuntimeComparison(
         runtime=runtime,

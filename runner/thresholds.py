@@ -33,6 +33,7 @@ from onnxdeploy.errors import ConfigError
 __all__ = [
     "FP16_DEFAULTS",
     "INT8_DEFAULTS",
+    "Judgement",
     "REL_FLOOR",
     "LogitFigures",
     "LogitThresholds",

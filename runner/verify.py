@@ -291,8 +291,7 @@ def verify(
     strict_providers: bool = False,
     remainder: Remainder = "padded",
     progress: ProgressCallback | None = None,
-    max_rel_logit_diff: float | None = None,
-    min_cosine_similarity: float | None = None,
+    bounds: LogitThresholds | None = None,
 ) -> VerifyReport:
     """Decode the original and the candidate greedily and compare them position by position.
 
@@ -315,14 +314,11 @@ def verify(
             chunk; ``buckets``: smaller buckets).
         progress: optional ``progress(mode, done, total)`` callback; ``mode`` is ``"reference"`` while
             the original decodes, then each mode; ``done`` of ``total`` positions fed.
-        max_rel_logit_diff: largest per-position ``max|diff| / max|reference|`` per mode and per graph
-            (:mod:`onnxdeploy.runner.thresholds`); None: not checked.
-        min_cosine_similarity: smallest mean cosine similarity per mode and per graph; None: not checked.
+        bounds: ``max_rel_logit_diff`` / ``min_cosine_similarity`` per mode and per graph (runner/thresholds.py).
 
     Returns:
         The report; ``passed`` is true when every mode passed, every graph of a set was driven and matched
-        (``graphs_driven``) and, with ``strict_providers``, no requested EP fell back. EP fallbacks of every
-        session are listed in ``provider_fallbacks``.
+        (``graphs_driven``) and, with ``strict_providers``, no requested EP fell back (all in ``provider_fallbacks``).
 
     Raises:
         ConfigError: no or an unknown mode, an empty prompt, a negative ``steps``, a prompt id that is
@@ -330,8 +326,7 @@ def verify(
         DecodeRunError: ONNX Runtime failed inside ``session.run``.
         ModelLoadError: a model cannot be loaded (names the path).
         ContractError: a model follows neither a contract nor the exporter convention.
-        CacheOverflowError: a contract model has fewer than ``len(prompt) + steps`` cache slots
-            (checked before any decoding).
+        CacheOverflowError: a contract model has fewer than ``len(prompt) + steps`` cache slots (checked first).
         OnnxDeployError: the two models' vocabulary sizes differ.
     """
     request = _Request(
@@ -344,7 +339,7 @@ def verify(
         strict_providers=strict_providers,
         remainder=remainder,
         progress=progress,
-        bounds=LogitThresholds(max_rel_logit_diff=max_rel_logit_diff, min_cosine_similarity=min_cosine_similarity),
+        bounds=bounds or LogitThresholds(),
     )
     request.check()
     for path in (original_path, candidate_path):

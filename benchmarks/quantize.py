@@ -2,7 +2,8 @@
 
 Models: ``bytes`` (the trained byte-level fixture ``fixtures/llama_bytes/torchscript``: float weights, held-out
 text ``eval.txt``), ``smollm2`` (SmolLM2-135M-Instruct exported by ``fixtures/`` into
-``~/.cache/onnxdeploy/real/smollm2-135m-instruct/``, when present; ``--smollm2-model`` names another path) and
+``~/.cache/onnxdeploy/real/smollm2-135m-instruct/``, when present; ``--smollm2-model`` names another path; held-out
+text CPython's ``LICENSE.txt``, calibration numpy's shipped license files) and
 ``125m`` (a random-init LLaMA-shaped export made at benchmark time: speed and memory only).
 
 Quantizers (INT4 ``MatMulNBits``, each in its own subprocess on a scratch copy of the model, wall time with
@@ -316,11 +317,18 @@ def _model_and_text(name: str, args: argparse.Namespace, work: Path) -> tuple[Pa
         from tokenizers import Tokenizer  # noqa: PLC0415
 
         tok = Tokenizer.from_file(str(model.parent / "tokenizer.json"))
-        held_out = Path(np.__file__).parent / "LICENSE.txt"  # numpy's LICENSE: nobody on the project wrote it
-        calib_text = (stdlib / "LICENSE.txt") if (stdlib / "LICENSE.txt").is_file() else stdlib / "difflib.py"
+        # Held-out: CPython's LICENSE.txt (the PSF license text the stdlib ships; nobody on the project wrote it).
+        # Calibration: the license texts numpy's wheel ships (its dist-info licenses/), another text.
+        held_out = stdlib / "LICENSE.txt"
+        licenses = sorted((Path(np.__file__).parent.parent / f"numpy-{np.__version__}.dist-info").rglob("LICENSE*"))
+        calib_text = "\n\n".join(p.read_text(errors="replace") for p in licenses)
         ids = tok.encode(held_out.read_text()).ids[: args.eval_tokens]
-        calib = np.array(tok.encode(calib_text.read_text()).ids[: args.calibration_tokens], dtype=np.int64)
-        print(f"[smollm2] held-out text {held_out} ({len(ids)} tokens), calibration {calib_text}", flush=True)
+        calib = np.array(tok.encode(calib_text).ids[: args.calibration_tokens], dtype=np.int64)
+        print(
+            f"[smollm2] held-out text {held_out} ({len(ids)} tokens), calibration: numpy's {len(licenses)} "
+            f"license files ({len(calib)} tokens)",
+            flush=True,
+        )
         return model, ids, calib
     if name == "125m":
         cache = args.export_cache.resolve()

@@ -2,7 +2,8 @@
 
 Models: ``bytes`` (the trained byte-level fixture ``fixtures/llama_bytes/torchscript``: float weights, held-out
 text ``eval.txt``), ``smollm2`` (SmolLM2-135M-Instruct exported by ``fixtures/`` into
-``~/.cache/onnxdeploy/real/smollm2-135m-instruct/``, when present; ``--smollm2-model`` names another path) and
+``~/.cache/onnxdeploy/real/smollm2-135m-instruct/``, when present; ``--smollm2-model`` names another path; held-out
+text CPython's ``LICENSE.txt``, calibration numpy's shipped license files) and
 ``125m`` (a random-init LLaMA-shaped export made at benchmark time: speed and memory only).
 
 Quantizers (INT4 ``MatMulNBits``, each in its own subprocess on a scratch copy of the model, wall time with
@@ -216,11 +217,19 @@ def quantize(name: str, spec: dict, model: Path, out: Path, calib: Path, tag: st
 
 
 def bench_model(
-    name: str, model: Path, eval_tokens: list[int], calib: Path, work: Path, blocks: list[int], only: list[str]
+    name: str,
+    model: Path,
+    eval_tokens: list[int],
+    calib: Path,
+    work: Path,
+    blocks: list[int],
+    only: list[str],
+    od_extra: dict | None = None,
 ) -> dict[str, Any]:
     """Quantize ``model`` with every quantizer at every block size, then measure each output's accuracy."""
     from onnxdeploy.runner.accuracy import WEIGHT_ONLY_ENTRIES, accuracy_figures, teacher_forced_logits
 
+    od_extra = od_extra or {}
     reference = teacher_forced_logits(model, eval_tokens)
     result: dict[str, Any] = {"model": str(model), "model_bytes": model.stat().st_size, "rows": {}}
     for block in blocks:
@@ -229,15 +238,10 @@ def bench_model(
                 continue
             if 8 in (spec.get("bits"), spec.get("config", {}).get("bits")) and block != blocks[0]:
                 continue  # INT8 is per output channel: one row
-            spec = spec | {
-                "block": block,
-                "symmetric": spec.get("symmetric", spec.get("config", {}).get("symmetric", True)),
-            }
+            symmetric = spec["symmetric"] if spec["side"] == "ort" else spec["config"].get("symmetric", True)
+            spec = spec | {"block": block, "symmetric": symmetric}
             if spec["side"] == "onnxdeploy":
-                spec["symmetric"] = spec["config"].get("symmetric", True)
-                spec["config"] = {k: v for k, v in spec["config"].items() if k != "symmetric"} | {
-                    "symmetric": spec["symmetric"]
-                }
+                spec["config"] = spec["config"] | {"symmetric": symmetric} | od_extra
             row_name = f"{q}@{block}"
             out = work / name / row_name
             print(f"[{name}] {row_name}", flush=True)
@@ -316,11 +320,18 @@ def _model_and_text(name: str, args: argparse.Namespace, work: Path) -> tuple[Pa
         from tokenizers import Tokenizer  # noqa: PLC0415
 
         tok = Tokenizer.from_file(str(model.parent / "tokenizer.json"))
-        held_out = Path(np.__file__).parent / "LICENSE.txt"  # numpy's LICENSE: nobody on the project wrote it
-        calib_text = (stdlib / "LICENSE.txt") if (stdlib / "LICENSE.txt").is_file() else stdlib / "difflib.py"
+        # Held-out: CPython's LICENSE.txt (the PSF license text the stdlib ships; nobody on the project wrote it).
+        # Calibration: the license texts numpy's wheel ships (its dist-info licenses/), another text.
+        held_out = stdlib / "LICENSE.txt"
+        licenses = sorted((Path(np.__file__).parent.parent / f"numpy-{np.__version__}.dist-info").rglob("LICENSE*"))
+        calib_text = "\n\n".join(p.read_text(errors="replace") for p in licenses)
         ids = tok.encode(held_out.read_text()).ids[: args.eval_tokens]
-        calib = np.array(tok.encode(calib_text.read_text()).ids[: args.calibration_tokens], dtype=np.int64)
-        print(f"[smollm2] held-out text {held_out} ({len(ids)} tokens), calibration {calib_text}", flush=True)
+        calib = np.array(tok.encode(calib_text).ids[: args.calibration_tokens], dtype=np.int64)
+        print(
+            f"[smollm2] held-out text {held_out} ({len(ids)} tokens), calibration: numpy's {len(licenses)} "
+            f"license files ({len(calib)} tokens)",
+            flush=True,
+        )
         return model, ids, calib
     if name == "125m":
         cache = args.export_cache.resolve()
@@ -338,6 +349,9 @@ def main() -> int:
     ap.add_argument(
         "--only", default="", help="quantizers to run (comma-separated); default all: " + ",".join(QUANTIZERS)
     )
+    ap.add_argument("--od-extra", type=json.loads, default={},
+                    help="JSON merged into every quantize_weights config, e.g. '{\"lm_head\": false}' (ORT leaves "
+                    "a tied LM head, read through a Transpose of the embedding, in float)")  # fmt: skip
     ap.add_argument("--eval-tokens", type=int, default=1024, help="held-out tokens (positions + 1)")
     ap.add_argument("--calibration-tokens", type=int, default=1024)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/onnxdeploy-quantize"))
@@ -355,7 +369,7 @@ def main() -> int:
         calib = work / f"{name}-calibration.npy"
         np.save(calib, calib_ids)
         blocks = [int(b) for b in args.blocks.split(",")]
-        results[name] = bench_model(name, model, eval_tokens, calib, work, blocks, only)
+        results[name] = bench_model(name, model, eval_tokens, calib, work, blocks, only, args.od_extra)
         print_result(name, results[name])
     (work / "quantize_results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nresults: {work / 'quantize_results.json'}")

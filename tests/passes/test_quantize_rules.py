@@ -179,3 +179,26 @@ def test_qdq_int4_with_a_partial_last_block_is_exact_on_ort_and_named_in_the_rep
     # Whole blocks: no warning.
     _, report = _quantize(tmp_path / "b", bits=4, block_size=32, format="qdq")
     assert not any("partial last block" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"rules": [{"kind": "lm_head"}]}, r"key 'passes\[0\]\.quantize_weights\.rules\.0'.*needs 'bits'"),
+        ({"budget": {"max_mean_kl": 0.01}}, "budget needs calibration data"),
+        ({"budget": {}}, "budget needs max_mean_kl and/or max_ppl_ratio"),
+    ],
+)
+def test_bad_rules_and_budgets_are_refused_before_any_pass(config: dict, message: str, tmp_path: Path) -> None:
+    import yaml
+
+    from onnxdeploy.config import load_pipeline
+    from onnxdeploy.errors import ConfigError
+
+    path = tmp_path / "pipeline.yaml"
+    model = Path(__file__).resolve().parents[2] / "fixtures" / "llama_bytes" / "torchscript" / "model.onnx"
+    pipeline = {"model": str(model), "output_dir": str(tmp_path / "out"), "passes": [{"quantize_weights": config}]}
+    path.write_text(yaml.safe_dump(pipeline))
+    with pytest.raises(ConfigError, match=message) as info:
+        load_pipeline(path)
+    assert info.value.exit_code == 2 and not (tmp_path / "out").exists()

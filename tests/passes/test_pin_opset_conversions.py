@@ -182,4 +182,4 @@ def test_what_the_proof_cannot_run_is_reported_not_proven():
     )
     assert result.modified
     (line,) = [w for w in result.report.warnings if w.startswith("not proven on ORT")]
-    assert "the input graph does not run" in line
+    assert "cannot open the input graph" in line

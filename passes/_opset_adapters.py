@@ -38,9 +38,25 @@ from onnxdeploy.passes._opset_lowerings import (
     same_semantics,
 )
 from onnxdeploy.passes._opset_rewrites import lower_cast_like, lower_shape, lower_softmax, lower_trilu
-from onnxdeploy.passes._opset_schemas import DEFAULT_DOMAINS, hand_over, schema_at, since_version, types_only_change
+from onnxdeploy.passes._opset_schemas import (
+    DEFAULT_DOMAINS,
+    hand_over,
+    refuse,
+    schema_at,
+    since_version,
+    types_only_change,
+)
 
-__all__ = ["HELD_DOMAIN", "LOWERINGS", "Lowering", "hold_nodes", "name_created_nodes", "restore_held"]
+__all__ = [
+    "HELD_DOMAIN",
+    "LOWERINGS",
+    "RAISE_REFUSALS",
+    "Lowering",
+    "hold_nodes",
+    "name_created_nodes",
+    "refuse_unraisable",
+    "restore_held",
+]
 
 HELD_DOMAIN = "onnxdeploy.held"
 """Domain a node is parked in while onnx's version converter runs (it converts ``ai.onnx`` only)."""
@@ -81,6 +97,24 @@ LOWERINGS: dict[str, Lowering] = {
     **dict.fromkeys(["Softmax", "LogSoftmax", "Hardmax"], lower_softmax),
 }
 """Op → its exact lowering from the graph's opset to a lower target, applied after onnx's converter ran."""
+
+
+RAISE_REFUSALS: dict[str, tuple[int, str]] = {
+    "Scan": (9, "Scan-8 scans behind a leading batch axis that Scan-9 and later do not have"),
+}
+"""Op → (opset where its meaning changed, why) for raises no exact adapter exists for. Source: ONNX Changelog.md."""
+
+
+def refuse_unraisable(model: ir.Model, current: int, target: int) -> None:
+    """Refuse a raise across a change of meaning in :data:`RAISE_REFUSALS` (before onnx's converter runs).
+
+    Raises:
+        PassError: names the op, the node and the reason (the lowest opset reachable is the change's minus one).
+    """
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        change = RAISE_REFUSALS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+        if change is not None and current < change[0] <= target:
+            raise refuse(node, change[1], change[0] - 1)
 
 
 def hold_nodes(model: ir.Model, current: int, target: int) -> dict[str, int]:

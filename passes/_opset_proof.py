@@ -15,6 +15,7 @@ pipeline's ``verify`` decodes those) and for graphs whose weights exceed :data:`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +94,15 @@ def _run(model: ir.Model, feeds: dict, context: PassContext, what: str) -> list 
         return f"open: {exc.detail}"
 
 
+def _ort_node(text: str) -> str:
+    """`` at its <op> node '<name>'`` from an ORT error that names one (session or run), else ``""``."""
+    named = re.search(r"Node \(([^)]*)\) Op \(([^)]*)\)|running (\w+) node\. Name:'([^']*)'", text)
+    if not named:
+        return ""
+    name, op = (named[1], named[2]) if named[1] is not None else (named[4], named[3])
+    return f" at its {op} node '{name}'"
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
@@ -139,15 +149,21 @@ def prove_conversion(before: ir.Model, after: ir.Model, context: PassContext, pa
     if isinstance(feeds, str):
         return Proof(False, f"not proven on ORT: {feeds}")
     want = _run(before, feeds, context, "the input graph")
-    if isinstance(want, str):
-        return Proof(False, f"not proven on ORT: the input graph does not run on random feeds ({want})")
+    if isinstance(want, str) and want.startswith("open:"):
+        return Proof(False, f"not proven on ORT: ONNX Runtime cannot open the input graph ({want})")
     got = _run(after, feeds, context, "the converted graph")
     if isinstance(got, str):
         if "NOT_IMPLEMENTED" in got or "Could not find an implementation" in got:
             return Proof(False, f"not proven on ORT: ONNX Runtime lacks a CPU kernel the valid output needs ({got})")
-        raise PassError(
-            _WHO, f"converting {pair}: the converted graph fails on ONNX Runtime where the input ran ({got})"
-        )
+        if got.startswith("open:") or not isinstance(want, str):  # the input opened (and ran): the output must too
+            raise PassError(
+                _WHO,
+                f"converting {pair}: ONNX Runtime refuses or fails on the converted graph{_ort_node(got)} where "
+                f"it takes the input ({got[-300:]}); nothing written",
+            )
+    if isinstance(want, str):
+        return Proof(False, f"not proven on ORT: the input graph does not run on random feeds ({want})")
+    assert not isinstance(got, str)
     outputs = list(after.graph.outputs)
     for value, a, b in zip(outputs, want, got, strict=True):
         why = _differs(a, b)

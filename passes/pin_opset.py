@@ -32,7 +32,7 @@ from onnxdeploy.model_io import proto_round_trip, stand_in_proto
 from onnxdeploy.passes._catalog import PinOpsetConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import clone, fold_constants, infer_shapes
-from onnxdeploy.passes._opset_adapters import hold_nodes, name_created_nodes, restore_held
+from onnxdeploy.passes._opset_adapters import hold_nodes, name_created_nodes, refuse_unraisable, restore_held
 from onnxdeploy.passes._opset_functions import expand_function_ops, fold_empty_tensors, function_ops_to_expand
 from onnxdeploy.passes._opset_proof import prove_conversion, why_not_proven
 from onnxdeploy.passes._opset_schemas import DEFAULT_DOMAINS, node_label, schema_at, since_version
@@ -130,6 +130,7 @@ class PinOpsetPass(Pass):
         if current == target:
             report.changes.append(f"ai.onnx already at opset {target}")
             return model, False
+        refuse_unraisable(model, current, target)
         pending = _ops_needing_adapter(model, current, target)
         work = _expanded_copy(model, current, target, report)
         known = {v.name: (v.dtype, v.shape) for v in _values(work)}

@@ -171,3 +171,15 @@ def test_the_proof_is_reported():
         ir.serde.deserialize_model(onnx.parser.parse_model(text)), make_pass_context()
     )
     assert any(line.startswith("proven on ORT CPU: 1 output(s)") for line in result.report.changes)
+
+
+def test_what_the_proof_cannot_run_is_reported_not_proven():
+    # ORT CPU has no int8 Add kernel: neither graph runs, so the conversion is written and said to be unproven
+    text = """<ir_version: 8, opset_import: ["" : 13]>
+        g (int8[2] a, int8[2] b) => (int8[2] y) { y = Add (a, b) }"""
+    result = PinOpsetPass(PinOpsetConfig(opset=14))(
+        ir.serde.deserialize_model(onnx.parser.parse_model(text)), make_pass_context()
+    )
+    assert result.modified
+    (line,) = [w for w in result.report.warnings if w.startswith("not proven on ORT")]
+    assert "cannot open the input graph" in line

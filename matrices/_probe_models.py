@@ -18,7 +18,23 @@ from onnx import TensorProto, helper
 __all__ = ["CLASSES", "PLANS", "SequentialProber", "classes", "merged", "probe_model", "probe_op"]
 
 DEFAULT_TYPES = ("float", "int64", "int32", "bool", "string", "float16", "uint8", "int8", "double")
-PLANS = ((4,), (2,), (3,), (1,), (0,), (4, 1), (4, 0), (2, 1), (3, 1), (1, 0), (None,))
+PLANS = (
+    (4,),
+    (2,),
+    (3,),
+    (1,),
+    (0,),
+    (4, 1),
+    (4, 0),
+    (2, 1),
+    (3, 1),
+    (1, 0),
+    (None,),
+    ("const", 4, 1),
+    ("const", 4, 0),
+    ("const", 2, 1),
+    ("const", 3, 1),
+)
 """Rank of the first input and of the rest (one entry: every input); None: rank unknown."""
 
 
@@ -95,7 +111,9 @@ def probe_model(
     ``extra``: optional attributes to set as well (name -> value).
     """
     option = onnx.defs.OpSchema.FormalParameterOption
-    inputs, names = [], []
+    const = plan[0] == "const"  # the inputs after the first are constants (axes, shapes, pads as an exporter writes)
+    plan = plan[1:] if const else plan
+    inputs, names, initializers = [], [], []
     for index, formal in enumerate(schema.inputs):
         if formal.option == option.Optional:
             continue
@@ -104,7 +122,13 @@ def probe_model(
         if tp is None:
             return None
         name = f"i{index}"
-        inputs.append(helper.make_value_info(name, tp))
+        if const and index > 0:
+            value = _constant(name, tp)
+            if value is None:
+                return None
+            initializers.append(value)
+        else:
+            inputs.append(helper.make_value_info(name, tp))
         names.append(name)
         if formal.option == option.Variadic and schema.min_input > len(names):
             inputs.append(helper.make_value_info(f"{name}b", tp))
@@ -132,9 +156,27 @@ def probe_model(
     opsets = [helper.make_opsetid(schema.domain, schema.since_version)]
     if schema.domain:
         opsets.append(helper.make_opsetid("", 21))
-    model = helper.make_model(helper.make_graph([node], "probe", inputs, outputs), opset_imports=opsets)
+    graph = helper.make_graph([node], "probe", inputs, outputs, initializer=initializers)
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 10
     return model
+
+
+def _constant(name: str, tp: onnx.TypeProto) -> onnx.TensorProto | None:
+    """A constant for a tensor type: zeros (0 as an axis, a pad, a start), ones for floats; None otherwise."""
+    if not tp.HasField("tensor_type") or tp.tensor_type.elem_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return None
+    elem = tp.tensor_type.elem_type
+    dims = [d.dim_value for d in tp.tensor_type.shape.dim]
+    count = 1
+    for d in dims:
+        count *= d
+    floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    value = 1.0 if elem in floats else 0
+    try:
+        return helper.make_tensor(name, elem, dims, [value] * count)
+    except (TypeError, ValueError):
+        return None
 
 
 def merged(models: list[onnx.ModelProto]) -> onnx.ModelProto:
@@ -168,7 +210,9 @@ CLASSES = (
     ("int64", "uint64"),
     ("bool",),
     ("string",),
-    ("float8e4m3fn", "float8e5m2", "float8e4m3fnuz", "float8e5m2fnuz", "float8e8m0"),
+    ("float8e4m3fn", "float8e5m2"),
+    ("float8e4m3fnuz", "float8e5m2fnuz"),
+    ("float8e8m0",),
     ("int4", "uint4"),
     ("int2", "uint2"),
     ("float4e2m1",),

@@ -8,7 +8,8 @@ minutes on one core). What it probes, every model compiled with ``openvino.Core(
 - per op schema of ``ai.onnx``, ``ai.onnx.ml`` and ``ai.onnx.preview.training`` (``onnx.defs``, every schema
   version up to the newest opset), a one-node model at the opset that introduced that schema version: its
   required inputs as graph inputs, required attributes at plain defaults, shapes from a few plans (every input
-  ``(2, 2, 2, 2)``, rank 2, 3, 1, 0, the first input rank 4 and the rest rank 1 / scalar, ...). The first plan that
+  ``(2, 2, 2, 2)``, rank 2, 3, 1, 0, the first input rank 4 and the rest rank 1 / scalar, ..., and last the inputs
+  after the first as constants of zeros, as exporters write axes, shapes and pads). The first plan that
   compiles with the op's default element types (float where allowed) is then compiled once per element-type
   class of each type parameter (float, double, float16, bfloat16, 8/16/32/64-bit ints, bool, string, float8,
   int4, int2, float4, complex: one allowed member stands for the class), the other parameters held at their
@@ -22,7 +23,11 @@ Ops a one-node probe cannot build (control flow with a subgraph attribute: ``If`
 ``supported_ops.md``), as do the ``com.microsoft`` and ``org.openvinotoolkit`` domains; the NPU plugin's facts
 live in ``openvino-npu.yaml`` (hand-sourced).
 
-Each probe model is compiled in a worker process (a probe that crashes the plugin costs that probe only).
+Each probe model is compiled in a worker process (a probe that crashes the plugin costs that probe only); the
+probes of one op are merged into one model and compiled together, halved where that fails. ``--reuse PATH``
+keeps the probed entries of an earlier file of the same openvino and probes only the schema versions it lacks
+(after the probe plans change). The plans, element-type classes and the search are shared with the ORT
+generator's function probes (:mod:`onnxdeploy.matrices._probe_models`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import sys
 from pathlib import Path
 
 import onnx
+import yaml
 from onnx import TensorProto, helper
 
 from onnxdeploy.matrices._probe_models import merged, probe_op
@@ -140,11 +146,28 @@ def _schemas(max_opset: int) -> list[onnx.defs.OpSchema]:
     )
 
 
-def _probed_entries(prober: _Prober, max_opset: int, say) -> tuple[list[dict], list[str]]:
-    """One entry per op schema version that a probe compiled; the ops no probe could build."""
+def _probed_entries(
+    prober: _Prober, max_opset: int, say, reuse: list[dict] | None = None, reprobe: frozenset[str] = frozenset()
+) -> tuple[list[dict], list[str]]:
+    """One entry per op schema version that a probe compiled; the ops no probe could build.
+
+    ``reuse``: probed entries of an earlier run (``--reuse``); schema versions they hold are not probed again,
+    but for entries listing a type of ``reprobe`` (``--reprobe-types``, after the type classes change).
+    """
     entries, unbuilt = [], []
+    earlier: dict[tuple[str, str, int], list[dict]] = {}
+    again = set()
+    for e in reuse or []:
+        if e.get("source") == "ov-probe":
+            earlier.setdefault((e["domain"], e["op"], e["since"]), []).append(e)
+            if reprobe & {t for ts in e.get("types", {}).values() for t in ts}:
+                again.add((e["domain"], e["op"], e["since"]))
+    earlier = {k: v for k, v in earlier.items() if k not in again}
     schemas = _schemas(max_opset)
     for index, schema in enumerate(schemas):
+        if (found := earlier.get((schema.domain or "ai.onnx", schema.name, schema.since_version))) is not None:
+            entries += [{k: v for k, v in e.items() if k != "rules"} for e in found]
+            continue
         if schema.name in _SUBGRAPH_OPS or any(
             a.required and a.type in (onnx.defs.OpSchema.AttrType.GRAPH, onnx.defs.OpSchema.AttrType.GRAPHS)
             for a in schema.attributes.values()
@@ -190,7 +213,9 @@ def _doc_entries(unbuilt: list[str]) -> list[dict]:
     return keep
 
 
-def build_matrix(today: datetime.date | None = None, say=print) -> dict:
+def build_matrix(
+    today: datetime.date | None = None, say=print, reuse: list[dict] | None = None, reprobe: frozenset = frozenset()
+) -> dict:
     """Probe the installed OpenVINO and build the ``openvino`` matrix as a plain mapping (validated).
 
     Raises:
@@ -208,7 +233,7 @@ def build_matrix(today: datetime.date | None = None, say=print) -> dict:
         opsets = [o for o in range(1, newest + 1) if prober.compiles(_identity(o))]
         irs = [v for v in range(3, onnx.IR_VERSION + 1) if prober.compiles(_identity(13, v))]
         say(f"openvino {version}: ai.onnx opsets {opsets[0]}..{opsets[-1]}, IR {irs[0]}..{irs[-1]}")
-        entries, unbuilt = _probed_entries(prober, opsets[-1], say)
+        entries, unbuilt = _probed_entries(prober, opsets[-1], say, reuse, reprobe)
         _rules(prober, entries)
     finally:
         prober.close()
@@ -257,7 +282,8 @@ def build_matrix(today: datetime.date | None = None, say=print) -> dict:
             "Each op is probed at the opset that introduced its schema version, with required inputs only (no "
             "optional input), required attributes at plain values and a few input ranks; an attribute value or "
             "optional input OpenVINO refuses is not seen.",
-            "Types are probed one type parameter at a time (the others at float / their first type).",
+            "Types are probed per element-type class, one type parameter at a time (the others at their "
+            "default), then on every parameter that allows the type; one allowed member stands for its class.",
             f"Not probed (a subgraph attribute), kept from the frontend's table: {', '.join(unbuilt) or 'none'}.",
         ],
         "notes": ["The NPU plugin's facts are the target openvino-npu (hand-sourced)."],
@@ -270,8 +296,23 @@ def main(argv: list[str] | None = None) -> int:
     """Write the generated matrix (default: ``openvino.yaml`` beside this module) and print a summary line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=Path(__file__).with_name("openvino.yaml"))
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        help="an earlier openvino.yaml of the same openvino: its probed entries are kept and only the schema "
+        "versions it lacks are probed (after a change of the probe plans)",
+    )
+    parser.add_argument("--reprobe-types", default="", help="with --reuse: probe again entries listing these types")
     args = parser.parse_args(argv)
-    data = build_matrix()
+    reuse = None
+    if args.reuse is not None:
+        earlier = yaml.safe_load(args.reuse.read_text(encoding="utf-8"))
+        import openvino as ov
+
+        if earlier["generated"]["versions"]["openvino"] != ov.__version__:
+            parser.error(f"--reuse {args.reuse} was generated by another openvino")
+        reuse = earlier["ops"]
+    data = build_matrix(reuse=reuse, reprobe=frozenset(t for t in args.reprobe_types.split(",") if t))
     header = (
         "# GENERATED by `python -m onnxdeploy.matrices.generate_openvino_cpu`: probe models compiled on the\n"
         "# installed openvino's CPU plugin; do not edit by hand, regenerate after upgrading openvino.\n"

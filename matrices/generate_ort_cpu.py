@@ -39,7 +39,7 @@ import yaml
 from onnx import TensorProto, helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from onnxdeploy.matrices._probe_models import SequentialProber, probe_op
+from onnxdeploy.matrices._probe_models import PLANS, SequentialProber, probe_model, probe_op
 from onnxdeploy.matrices.schema import Matrix
 
 __all__ = ["build_matrix", "main", "probe_max_ir_version", "probe_type_emulation"]
@@ -67,15 +67,26 @@ def _opens(model: onnx.ModelProto, *, optimize: bool = True) -> bool:
 
     Any refusal counts as "not accepted": ORT raises several unrelated exception types for it.
     """
+    return _open_error(model, optimize=optimize) is None
+
+
+def _open_error(model: onnx.ModelProto | None, *, optimize: bool = True) -> str | None:
+    """ORT's message refusing ``model`` (None: the session opened); ``"no model"`` for a probe not built."""
+    if model is None:
+        return "no model"
     options = ort.SessionOptions()
     options.log_severity_level = 4
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         ort.InferenceSession(model.SerializeToString(), options, providers=[_PROVIDER])
-    except Exception:  # noqa: BLE001 - any refusal means "not accepted"
-        return False
-    return True
+    except Exception as exc:  # noqa: BLE001 - any refusal means "not accepted"
+        return str(exc) or exc.__class__.__name__
+    return None
+
+
+_NO_KERNEL = "Could not find an implementation"
+"""ORT's refusal of a node it has no kernel for and cannot inline (inference_session / graph partitioner)."""
 
 
 def _session_opens(opset: int, ir_version: int, *, constant: bool = False) -> bool:
@@ -242,7 +253,16 @@ def _function_entries(kernels: list[dict], max_opset: int) -> list[dict]:
         if any(lo <= version <= hi for lo, hi in covered[schema.name]):
             continue
         probed = probe_op(schema, prober)
-        if probed is None or not all(probed[0].values()):
+        if probed is None:
+            # no probe opened: refused when ORT says it has no implementation, else the probe is at fault
+            # (an input it cannot build, a shape it gets wrong) and the schema's types stand, unprobed
+            allowed = {tc.type_param_str: list(tc.allowed_type_strs) for tc in schema.type_constraints}
+            base = {p: "tensor(float)" if "tensor(float)" in a else a[0] for p, a in allowed.items()}
+            errors = [_open_error(probe_model(schema, base, plan)) or "" for plan in PLANS[:3]]
+            if any(_NO_KERNEL in e for e in errors):
+                continue
+            probed = ({p: sorted(map(_tensor_type, a)) for p, a in allowed.items()}, [])
+        if not all(probed[0].values()):
             continue
         types = probed[0]
         entry = {"op": schema.name, "domain": "ai.onnx", "since": version, "until": version, "via": "function"}

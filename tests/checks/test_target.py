@@ -240,7 +240,7 @@ def test_size_limits_honour_applies_to(monkeypatch):
     def flagged(**limit) -> tuple[list[str], list[str]]:
         limit = {"name": "max_tensor_bytes", "value": 1000, "unit": "bytes", "source": "ort-registry", **limit}
         matrix = Matrix.model_validate({**base, "limits": [limit]})
-        monkeypatch.setattr("onnxdeploy.checks.target.get_target", lambda _name: matrix)
+        monkeypatch.setattr("onnxdeploy.checks.target_tensors.get_target", lambda _name: matrix)
         findings = TargetTensorsCheck().run(model, CheckContext(target="ort-cpu"))
         errors = sorted(n for f in by_code(findings, "OD522") for n in f.nodes)
         return errors, [f.message for f in by_code(findings, "OD525")]

@@ -311,7 +311,7 @@ def accuracy_baseline(model: Path, tokenizer: Path, text: Path, positions: int) 
     from onnxdeploy.text import load_codec, text_token_ids  # noqa: PLC0415
 
     ids = text_token_ids(text, load_codec(tokenizer, key="tokenizer"), positions + 1, key="text")
-    sess = open_session(str(model))
+    sess = open_session(str(model)).session  # the runner's session options (one thread, spinning off)
     inputs = {i.name: i for i in sess.get_inputs()}
     outs = [o.name for o in sess.get_outputs()]
     pasts = [n for n in inputs if n.startswith("past_key_values.")]

@@ -164,7 +164,7 @@ def real_model() -> Path:
 
     Returns the folder holding ``hf/`` (``reference.npz``, tokenizer files), ``optimum/model.onnx`` (one file,
     weights inline) and ``dynamo/model.onnx`` (+ ``model.onnx.data``); skips the test when they are not built,
-    naming the command that builds them (~10 min and ~1.6 GB once; not in CI, see README "Real model").
+    naming the command that builds them (~50 min here once, venvs included; not in CI, see README "Real model").
     """
     need = [REAL_MODEL_DIR / "hf" / "reference.npz", REAL_MODEL_DIR / "optimum" / "model.onnx"]
     need.append(REAL_MODEL_DIR / "dynamo" / "model.onnx")

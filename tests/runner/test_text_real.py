@@ -1,6 +1,6 @@
 """The real pretrained decoder (SmolLM2-135M-Instruct, ``fixtures/_export_real.py``): text in, text out, and the
 fast chain verifying on it (issue 15). Skipped when the exports are not built (the ``real_model`` fixture names the
-command); CI does not build them (README "Real model": ~10 min and ~1.6 GB of downloads and venvs per cold run).
+command); CI does not build them (README "Real model": ~50 min here and ~1.2 GB downloaded per cold run).
 """
 
 from __future__ import annotations

@@ -47,9 +47,11 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from onnxdeploy import model_io
+from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import ConfigError, ContractError, ModelLoadError
 from onnxdeploy.graph import ort_numpy_dtype
 from onnxdeploy.report import SessionSettings
+from onnxdeploy.runner import shared_weights
 
 __all__ = [
     "ACCURACY_LEVEL_KEY",
@@ -215,6 +217,8 @@ class ModelSession:
         threads: intra-op threads the session was opened with.
         settings: prepacking and the accuracy level decided from the graph (:func:`session_settings`); None for a
             stand-in session of another runtime.
+        shared_weights: whether the external weights are values over the process's one map of their file
+            (``open_session(share_weights=True)``), not ORT's own per-session mappings.
     """
 
     path: str
@@ -227,6 +231,7 @@ class ModelSession:
     config_entries: dict[str, str] = field(default_factory=dict)
     threads: int = 1
     settings: SessionSettings | None = None
+    shared_weights: bool = False
 
     def _live(self) -> ort.InferenceSession:
         if self.session is None:
@@ -376,6 +381,7 @@ def open_session(
     scratch_root: str | Path | None = None,
     config_entries: Mapping[str, str] | None = None,
     threads: int = 1,
+    share_weights: bool | None = None,
 ) -> ModelSession:
     """Check a model file, then open it by path in an ORT session on the given EP list.
 
@@ -391,6 +397,12 @@ def open_session(
         config_entries: further ORT session config entries (see :func:`session_options`); an explicit
             :data:`PREPACKING_KEY` overrides the graph's rule.
         threads: intra-op threads (see :func:`session_options`).
+        share_weights: hand ORT the external weights as values over the process's one read-only map of each
+            data file (:mod:`onnxdeploy.runner.shared_weights`), so every session reading that file maps it once
+            (a graph set's graphs: :func:`onnxdeploy.runner.graph_set.open_graph_set`). Applied only on CPU
+            without prepacking (float weights); :attr:`ModelSession.shared_weights` says whether it was. None (the
+            default): when the graph's contract lists a graph set of several graphs (so the primary graph that
+            :func:`onnxdeploy.runner.decoder.open_decoder` opens first shares the map its siblings use).
 
     Returns:
         The open session (close it, or use it as a context manager) with the header and any EP
@@ -429,7 +441,14 @@ def open_session(
             # ORT warns and falls back when an EP is unavailable; the fallback is reported below.
             warnings.simplefilter("ignore")
             options = session_options(entries, threads=threads)
+            shared = None
+            if share_weights is None:
+                share_weights = _in_graph_set(header)
+            if share_weights and not settings.prepacking and set(requested) == {"CPUExecutionProvider"}:
+                shared = shared_weights.share_initializers(options, onnx.load(target, load_external_data=False), target)
             session = ort.InferenceSession(target, sess_options=options, providers=list(requested))
+            if shared is not None:
+                shared_weights.attach(session, shared)
     except BaseException as exc:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -445,8 +464,27 @@ def open_session(
         if name not in active
     ]
     return ModelSession(
-        source, header, session, requested, active, fallbacks, scratch, dict(config_entries or {}), threads, settings
+        source,
+        header,
+        session,
+        requested,
+        active,
+        fallbacks,
+        scratch,
+        dict(config_entries or {}),
+        threads,
+        settings,
+        shared is not None and bool(shared.names),
     )
+
+
+def _in_graph_set(header: onnx.ModelProto) -> bool:
+    """Whether the header's decode contract lists a graph set of several graphs (an invalid contract: False)."""
+    try:
+        contract = read_contract(header)
+    except ContractError:
+        return False  # reported by the decoder that reads it
+    return contract is not None and len(contract.graph_set) > 1
 
 
 def _relevelled_header(path: Path, scratch: Path, accuracy_level: int) -> str | None:

@@ -397,12 +397,8 @@ def open_session(
         config_entries: further ORT session config entries (see :func:`session_options`); an explicit
             :data:`PREPACKING_KEY` overrides the graph's rule.
         threads: intra-op threads (see :func:`session_options`).
-        share_weights: hand ORT the external weights as values over the process's one read-only map of each
-            data file (:mod:`onnxdeploy.runner.shared_weights`), so every session reading that file maps it once
-            (a graph set's graphs: :func:`onnxdeploy.runner.graph_set.open_graph_set`). Applied only on CPU
-            without prepacking (float weights); :attr:`ModelSession.shared_weights` says whether it was. None (the
-            default): when the graph's contract lists a graph set of several graphs (so the primary graph that
-            :func:`onnxdeploy.runner.decoder.open_decoder` opens first shares the map its siblings use).
+        share_weights: external weights as values over the process's one map of each data file, on CPU without
+            prepacking (:mod:`onnxdeploy.runner.shared_weights`); None: when the contract lists a graph set.
 
     Returns:
         The open session (close it, or use it as a context manager) with the header and any EP
@@ -425,11 +421,7 @@ def open_session(
     level = _asked_level(config_entries or {})
     relevel = level if any(own != level for own in weights.matmulnbits) else None
     entries = {PREPACKING_KEY: "0" if settings.prepacking else "1", **(config_entries or {})}
-    requested = tuple(providers)
-    known = ort.get_all_providers()
-    unknown = [name for name in requested if name not in known]
-    if unknown:
-        raise ConfigError(f"unknown execution provider(s) {unknown}; ONNX Runtime knows {known}")
+    requested = _known_providers(providers)
     scratch: Path | None = None
     target = source
     try:
@@ -437,18 +429,9 @@ def open_session(
             scratch = Path(tempfile.mkdtemp(prefix="onnxdeploy-session-", dir=scratch_root))
             linked = None if rewrite or relevel is None else _relevelled_header(Path(path), scratch, relevel)
             target = linked or _scratch_copy(Path(path), scratch, relevel)
-        with warnings.catch_warnings():
-            # ORT warns and falls back when an EP is unavailable; the fallback is reported below.
-            warnings.simplefilter("ignore")
-            options = session_options(entries, threads=threads)
-            shared = None
-            if share_weights is None:
-                share_weights = _in_graph_set(header)
-            if share_weights and not settings.prepacking and set(requested) == {"CPUExecutionProvider"}:
-                shared = shared_weights.share_initializers(options, onnx.load(target, load_external_data=False), target)
-            session = ort.InferenceSession(target, sess_options=options, providers=list(requested))
-            if shared is not None:
-                shared_weights.attach(session, shared)
+        share = _in_graph_set(header) if share_weights is None else share_weights
+        share = share and not settings.prepacking and set(requested) == {"CPUExecutionProvider"}
+        session, shared = _create(target, session_options(entries, threads=threads), requested, share)
     except BaseException as exc:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -459,23 +442,41 @@ def open_session(
         raise ModelLoadError(f"{source}: ONNX Runtime cannot load the model: {exc}") from exc
     active = tuple(session.get_providers())
     fallbacks = [
-        f"{source}: requested {name} is not active; running on {', '.join(active)}"
-        for name in requested
-        if name not in active
+        f"{source}: requested {p} is not active; running on {', '.join(active)}" for p in requested if p not in active
     ]
+    asked = dict(config_entries or {})
     return ModelSession(
-        source,
-        header,
-        session,
-        requested,
-        active,
-        fallbacks,
-        scratch,
-        dict(config_entries or {}),
-        threads,
-        settings,
-        shared is not None and bool(shared.names),
+        source, header, session, requested, active, fallbacks, scratch, asked, threads, settings, shared
     )
+
+
+def _known_providers(providers: Sequence[str]) -> tuple[str, ...]:
+    """``providers`` as a tuple (ConfigError naming any ONNX Runtime does not know: ``ort.get_all_providers()``)."""
+    known = ort.get_all_providers()
+    unknown = [name for name in providers if name not in known]
+    if unknown:
+        raise ConfigError(f"unknown execution provider(s) {unknown}; ONNX Runtime knows {known}")
+    return tuple(providers)
+
+
+def _create(
+    target: str, options: ort.SessionOptions, providers: Sequence[str], share: bool
+) -> tuple[ort.InferenceSession, bool]:
+    """Create the ORT session on ``target``; with ``share``, its external weights over the process's maps.
+
+    Returns:
+        The session and whether some weight is shared (:func:`onnxdeploy.runner.shared_weights.share_initializers`).
+    """
+    maps = None
+    if share:
+        maps = shared_weights.share_initializers(options, onnx.load(target, load_external_data=False), target)
+    with warnings.catch_warnings():
+        # ORT warns and falls back when an EP is unavailable; the fallback is reported by open_session.
+        warnings.simplefilter("ignore")
+        session = ort.InferenceSession(target, sess_options=options, providers=list(providers))
+    if maps is not None:
+        shared_weights.attach(session, maps)
+    return session, maps is not None and bool(maps.names)
 
 
 def _in_graph_set(header: onnx.ModelProto) -> bool:

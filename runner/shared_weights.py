@@ -146,8 +146,11 @@ def share_initializers(options: ort.SessionOptions, header: onnx.ModelProto, mod
     """
     maps = WeightMaps()
     folder = Path(model_path).parent
+    inputs = {value.name for value in header.graph.input}  # an overridable initializer stays ORT's
     for tensor in header.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL or tensor.data_type not in _SHAREABLE:
+            continue
+        if tensor.name in inputs:
             continue
         info = {entry.key: entry.value for entry in tensor.external_data}
         path = Path(os.path.realpath(folder / info["location"]))

@@ -1,8 +1,8 @@
 """A graph set's ORT sessions share one read-only map of the set's weights file (runner/shared_weights.py).
 
 Counted in ``/proc/self/maps`` (Linux): with sharing the set's six sessions leave one mapping of
-``model.onnx.data``; each session opened on its own (ORT's mapping) adds its own. Decoding is unchanged:
-the shared and unshared sets give bit-identical logits.
+``model.onnx.data``; opened with ORT's own mappings (``share_weights=False``) each session adds its own. Decoding
+is unchanged: the shared and unshared sets give bit-identical logits.
 """
 
 from __future__ import annotations
@@ -60,17 +60,14 @@ def test_a_graph_sets_sessions_hold_one_mapping_of_the_weights_and_decode_unchan
     gc.collect()
     assert _mappings(data) == 0  # unmapped with the last session
 
-    # the same graphs each opened by ORT alone: one mapping (at least) per session
-    alone = [open_session(primary.with_name(f), share_weights=False) for f, _, _ in shared.graphs()]
-    try:
-        assert not any(s.shared_weights for s in alone)
-        assert _mappings(data) >= len(alone)
-        with open_graph_set(primary, opened=alone[0]) as unshared:  # the primary unshared, the rest shared
-            assert _mappings(data) >= 2
-            unshared_logits = _decode(unshared)
-    finally:
-        for s in alone[1:]:
-            s.close()
+    # the same graphs each opened with ORT's own mappings: one mapping (at least) per session
+    def own(path: Path):
+        return open_session(path, share_weights=False)
+
+    with open_graph_set(primary, opened=own(primary), opener=own) as unshared:
+        assert not any(s.shared_weights for s in unshared.sessions())
+        assert _mappings(data) >= 6
+        unshared_logits = _decode(unshared)
     assert len(shared_logits) == len(unshared_logits)
     for a, b in zip(shared_logits, unshared_logits, strict=True):
         np.testing.assert_array_equal(a, b)

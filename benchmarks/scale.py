@@ -16,11 +16,14 @@ one external data file, and cached there. Below the 2 GiB protobuf limit it is a
 
 Each subprocess's peak RSS is the largest sum of RSS over the process and all its descendants, sampled from
 ``/proc`` every 50 ms; ``ru_maxrss`` from ``wait4`` (the largest single process) is a cross-check. Peak PSS
-(``smaps_rollup``, every 250 ms) counts a file page shared by several mappings once: a graph set's ORT sessions
-each map the one weights file, so their RSS counts its pages once per session while PSS counts them once. Printed:
+(``smaps_rollup``, every 250 ms) counts a file page shared by several mappings once: were a graph set's ORT
+sessions each to map the one weights file (ORT's own mappings), RSS would count its pages once per session and PSS
+once; the runner maps it once for all of them, so the two agree. Printed:
 peak RSS / model bytes (the form's ``.onnx`` + data file), the inline run's peak against the external run's
 of the same chain, wall time / baseline wall time (mean of the two baselines), and each run's per-phase times
-and peak RSS from ``report.json``. Figures are not asserted: a run that fails or refuses the model (exit 1 or 2)
+and peak RSS from ``report.json``; for each fast-chain output, the step-1 graph's p50 latency with the runner's
+shared weight map (``runner/shared_weights.py``) against ORT's own per-session mappings, interleaved in one
+subprocess (:data:`STEP_PROBE`). Figures are not asserted: a run that fails or refuses the model (exit 1 or 2)
 is printed and the benchmark goes on; it exits non-zero only when something crashed (an export, a baseline, or
 an ``onnxdeploy`` run killed by a signal or ending without its JSON). Usage::
 
@@ -449,6 +452,7 @@ class RunResult:
     report_timings: dict[str, float] = field(default_factory=dict)
     phases: list[dict] = field(default_factory=list)
     crashed: bool = False
+    step_latency: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -485,6 +489,50 @@ def run_once(exe: Path, model: Path, form: str, chain: str, run_dir: Path) -> Ru
     return res
 
 
+STEP_PROBE = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    from onnxdeploy.contract import read_contract
+    from onnxdeploy.runner.contract_decoder import ContractDecoder
+    from onnxdeploy.runner.session import open_session
+    path, rounds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    opened = {v: open_session(path, share_weights=(v == "shared")) for v in ("shared", "own_maps")}
+    assert opened["shared"].shared_weights and not opened["own_maps"].shared_weights
+    decoders = {v: ContractDecoder(s, read_contract(s.model)) for v, s in opened.items()}
+    times = {v: [] for v in decoders}
+    logits = {}
+    for r in range(rounds):
+        for v in (decoders if r % 2 == 0 else reversed(list(decoders))):  # interleaved, order alternated
+            d = decoders[v]
+            d.reset()
+            d.run_chunk([1])
+            rows = []
+            for i in range(steps):
+                t = time.perf_counter()
+                (row, _), = d.run_chunk([(7 * i + 3) % 1000])
+                times[v].append((time.perf_counter() - t) * 1e3)
+                rows.append(row)
+            logits[v] = np.stack(rows)
+    same = bool(np.array_equal(logits["shared"], logits["own_maps"]))
+    print(json.dumps({v: float(np.median(t)) for v, t in times.items()} | {"identical_logits": same}))
+""")
+"""Times the step-1 decode graph with the runner's shared weight map against ORT's own per-session mappings
+(``open_session(share_weights=...)``), interleaved, one intra-op thread; prints p50 ms and whether logits match."""
+
+
+def step_latency(model: Path, rounds: int = 6, steps: int = 16) -> dict[str, Any]:
+    """Run :data:`STEP_PROBE` on ``model`` (a kept fast-chain output) in a subprocess; its p50s and their ratio."""
+    proc = subprocess.run(
+        [sys.executable, "-c", STEP_PROBE, str(model), str(rounds), str(steps)],
+        capture_output=True, text=True, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["(no output)"])[-1]}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["shared_over_own_maps"] = out["shared"] / out["own_maps"]
+    return out
+
+
 def bench_size(
     size: ModelSize, work: Path, venv_dir: Path, exe: Path, keep: bool, forms: list[str], chains: list[str]
 ) -> SizeResult:
@@ -516,6 +564,9 @@ def bench_size(
                 r = run_once(exe, models[form], form, chain, run_root / f"{chain}-{form}")
                 res.runs.append(r)
                 res.crashed = res.crashed or r.crashed
+                out_model = run_root / f"{chain}-{form}" / "out" / "model.onnx"
+                if chain == "fast" and r.status == "passed" and out_model.exists():
+                    r.step_latency = step_latency(out_model)
                 if not keep:
                     shutil.rmtree(run_root / f"{chain}-{form}" / "out", ignore_errors=True)
             else:
@@ -618,6 +669,13 @@ def print_details(r: SizeResult) -> None:
                 f"     phase {ph['name']:8s} {ph['wall_time_s']:7.2f} s   peak RSS so far {_gb(ph['peak_rss_bytes'])} "
                 f"({ph['peak_rss_bytes'] / run.model_bytes:.2f}x model)   RSS at its end {_gb(ph['rss_bytes'])}"
             )
+        lat = run.step_latency
+        if lat.get("error"):
+            print(f"     step-1 latency probe failed: {lat['error']}")
+        elif lat:
+            print(f"     step-1 graph p50: shared weight map {lat['shared']:.1f} ms, ORT's own maps "
+                  f"{lat['own_maps']:.1f} ms (ratio {lat['shared_over_own_maps']:.3f}, interleaved); "
+                  f"logits identical: {lat['identical_logits']}")  # fmt: skip
 
 
 def _choices(ap: argparse.ArgumentParser, text: str, known, what: str) -> list[str]:

@@ -281,7 +281,8 @@ def open_graph_set(
 ) -> GraphSetDecoder:
     """Open every graph of the set ``path``'s contract lists (files beside ``path``) and drive them together.
 
-    Every graph opens with the same session options: the same providers, config entries and threads; or, with
+    Every graph opens with the same session options: the same providers, config entries and threads, and (float
+    weights on CPU) the set's weights file mapped once for all of them (``open_session(share_weights=True)``); or, with
     ``opener``, on another runtime (``verify.runtimes``: :mod:`onnxdeploy.runner.runtimes` opens each graph on
     OpenVINO or the RKNN simulator and drives the set exactly as on ONNX Runtime).
 
@@ -330,8 +331,12 @@ def open_graph_set(
             elif opener is not None:
                 model_session = opener(path.with_name(entry.file))
             else:
-                model_session = open_session(
-                    path.with_name(entry.file), providers=providers, config_entries=config_entries, threads=threads
+                model_session = open_session(  # one map of the set's weights file for all graphs
+                    path.with_name(entry.file),
+                    providers=providers,
+                    config_entries=config_entries,
+                    threads=threads,
+                    share_weights=True,
                 )
             members.append(_member(model_session, entry, path.name, bind_buffers))
         return GraphSetDecoder(members, remainder=remainder)

@@ -47,9 +47,11 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from onnxdeploy import model_io
+from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import ConfigError, ContractError, ModelLoadError
 from onnxdeploy.graph import ort_numpy_dtype
 from onnxdeploy.report import SessionSettings
+from onnxdeploy.runner import shared_weights
 
 __all__ = [
     "ACCURACY_LEVEL_KEY",
@@ -215,6 +217,8 @@ class ModelSession:
         threads: intra-op threads the session was opened with.
         settings: prepacking and the accuracy level decided from the graph (:func:`session_settings`); None for a
             stand-in session of another runtime.
+        shared_weights: whether the external weights are values over the process's one map of their file
+            (``open_session(share_weights=True)``), not ORT's own per-session mappings.
     """
 
     path: str
@@ -227,6 +231,7 @@ class ModelSession:
     config_entries: dict[str, str] = field(default_factory=dict)
     threads: int = 1
     settings: SessionSettings | None = None
+    shared_weights: bool = False
 
     def _live(self) -> ort.InferenceSession:
         if self.session is None:
@@ -376,6 +381,7 @@ def open_session(
     scratch_root: str | Path | None = None,
     config_entries: Mapping[str, str] | None = None,
     threads: int = 1,
+    share_weights: bool | None = None,
 ) -> ModelSession:
     """Check a model file, then open it by path in an ORT session on the given EP list.
 
@@ -391,6 +397,8 @@ def open_session(
         config_entries: further ORT session config entries (see :func:`session_options`); an explicit
             :data:`PREPACKING_KEY` overrides the graph's rule.
         threads: intra-op threads (see :func:`session_options`).
+        share_weights: external weights as values over the process's one map of each data file, on CPU without
+            prepacking (:mod:`onnxdeploy.runner.shared_weights`); None: when the contract lists a graph set.
 
     Returns:
         The open session (close it, or use it as a context manager) with the header and any EP
@@ -413,11 +421,7 @@ def open_session(
     level = _asked_level(config_entries or {})
     relevel = level if any(own != level for own in weights.matmulnbits) else None
     entries = {PREPACKING_KEY: "0" if settings.prepacking else "1", **(config_entries or {})}
-    requested = tuple(providers)
-    known = ort.get_all_providers()
-    unknown = [name for name in requested if name not in known]
-    if unknown:
-        raise ConfigError(f"unknown execution provider(s) {unknown}; ONNX Runtime knows {known}")
+    requested = _known_providers(providers)
     scratch: Path | None = None
     target = source
     try:
@@ -425,11 +429,9 @@ def open_session(
             scratch = Path(tempfile.mkdtemp(prefix="onnxdeploy-session-", dir=scratch_root))
             linked = None if rewrite or relevel is None else _relevelled_header(Path(path), scratch, relevel)
             target = linked or _scratch_copy(Path(path), scratch, relevel)
-        with warnings.catch_warnings():
-            # ORT warns and falls back when an EP is unavailable; the fallback is reported below.
-            warnings.simplefilter("ignore")
-            options = session_options(entries, threads=threads)
-            session = ort.InferenceSession(target, sess_options=options, providers=list(requested))
+        share = _in_graph_set(header) if share_weights is None else share_weights
+        share = share and not settings.prepacking and set(requested) == {"CPUExecutionProvider"}
+        session, shared = _create(target, session_options(entries, threads=threads), requested, share)
     except BaseException as exc:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -440,13 +442,50 @@ def open_session(
         raise ModelLoadError(f"{source}: ONNX Runtime cannot load the model: {exc}") from exc
     active = tuple(session.get_providers())
     fallbacks = [
-        f"{source}: requested {name} is not active; running on {', '.join(active)}"
-        for name in requested
-        if name not in active
+        f"{source}: requested {p} is not active; running on {', '.join(active)}" for p in requested if p not in active
     ]
+    asked = dict(config_entries or {})
     return ModelSession(
-        source, header, session, requested, active, fallbacks, scratch, dict(config_entries or {}), threads, settings
+        source, header, session, requested, active, fallbacks, scratch, asked, threads, settings, shared
     )
+
+
+def _known_providers(providers: Sequence[str]) -> tuple[str, ...]:
+    """``providers`` as a tuple (ConfigError naming any ONNX Runtime does not know: ``ort.get_all_providers()``)."""
+    known = ort.get_all_providers()
+    unknown = [name for name in providers if name not in known]
+    if unknown:
+        raise ConfigError(f"unknown execution provider(s) {unknown}; ONNX Runtime knows {known}")
+    return tuple(providers)
+
+
+def _create(
+    target: str, options: ort.SessionOptions, providers: Sequence[str], share: bool
+) -> tuple[ort.InferenceSession, bool]:
+    """Create the ORT session on ``target``; with ``share``, its external weights over the process's maps.
+
+    Returns:
+        The session and whether some weight is shared (:func:`onnxdeploy.runner.shared_weights.share_initializers`).
+    """
+    maps = None
+    if share:
+        maps = shared_weights.share_initializers(options, onnx.load(target, load_external_data=False), target)
+    with warnings.catch_warnings():
+        # ORT warns and falls back when an EP is unavailable; the fallback is reported by open_session.
+        warnings.simplefilter("ignore")
+        session = ort.InferenceSession(target, sess_options=options, providers=list(providers))
+    if maps is not None:
+        shared_weights.attach(session, maps)
+    return session, maps is not None and bool(maps.names)
+
+
+def _in_graph_set(header: onnx.ModelProto) -> bool:
+    """Whether the header's decode contract lists a graph set of several graphs (an invalid contract: False)."""
+    try:
+        contract = read_contract(header)
+    except ContractError:
+        return False  # reported by the decoder that reads it
+    return contract is not None and len(contract.graph_set) > 1
 
 
 def _relevelled_header(path: Path, scratch: Path, accuracy_level: int) -> str | None:

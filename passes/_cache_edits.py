@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -374,7 +375,7 @@ def _finite(tensor: ir.TensorProtocol) -> ir.TensorProtocol | None:
     if not mask.any():
         return None
     fixed = np.array(arr, copy=True)
-    fixed[mask] = np.finfo(fixed.dtype).min  # ml_dtypes registers bfloat16's (-3.3895e38)
+    fixed[mask] = ml_dtypes.finfo(fixed.dtype).min  # np.finfo knows bfloat16 (-3.3895e38) only from ml_dtypes 0.7
     return ir.tensor(fixed, name=tensor.name)
 
 

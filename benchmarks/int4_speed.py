@@ -298,6 +298,9 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--quant", type=json.loads, help="the INT4 set's quantize_weights config as JSON (default: INT4)")
+    ap.add_argument(
+        "--quant-before-fuse", action="store_true", help="quantize_weights before fuse_matmuls (per-projection rules)"
+    )
     ap.add_argument("--tag", default="int4", help="the quantized set's folder name under WORK/<model>/")
     ap.add_argument("--prefill-logits", choices=["last", "all"], default="last", help="static_kv prefill_logits")
     ap.add_argument(
@@ -319,7 +322,9 @@ def main() -> int:
     quant = INT4 if args.quant is None else ("quantize_weights", args.quant)
     calibration = _license_tokens(args.model, args.calibration_tokens) if args.calibration_tokens else None
     float_set = build_set(args.model, work / f"float{suffix}", static)
-    int4 = build_set(args.model, work / f"{args.tag}{suffix}", [*static, quant], calibration)
+    # Rules naming q/k/v or gate/up apart need them unfused: quantize before fuse_matmuls (it fuses float MatMuls).
+    chain = [*static[:3], quant, *static[3:]] if args.quant_before_fuse else [*static, quant]
+    int4 = build_set(args.model, work / f"{args.tag}{suffix}", chain, calibration)
     print(f"[{args.tag}] {json.dumps(quant[1])}, prefill_logits {args.prefill_logits}", flush=True)
     print(f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; model {args.model}; context {CTX}, L={CACHE_LEN}")
     results: dict[str, Any] = {"model": str(args.model), "context": CTX, "max_cache_len": CACHE_LEN}

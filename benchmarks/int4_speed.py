@@ -321,7 +321,7 @@ def main() -> int:
     suffix = "" if args.prefill_logits == "last" else "-all"
     quant = INT4 if args.quant is None else ("quantize_weights", args.quant)
     calibration = _license_tokens(args.model, args.calibration_tokens) if args.calibration_tokens else None
-    float_set = build_set(args.model, work / f"float{suffix}", static)
+    float_set = build_set(args.model, work / "float", STATIC)  # its decode step only: prefill_logits is moot
     # Rules naming q/k/v or gate/up apart need them unfused: quantize before fuse_matmuls (it fuses float MatMuls).
     chain = [*static[:3], quant, *static[3:]] if args.quant_before_fuse else [*static, quant]
     int4 = build_set(args.model, work / f"{args.tag}{suffix}", chain, calibration)

@@ -20,6 +20,7 @@ BOTTOM = {
     "artifacts",
     "settings",
     "report",
+    "report_verify",
     "resources",
     "token_ids",
     "text",

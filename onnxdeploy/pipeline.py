@@ -31,6 +31,7 @@ from onnxdeploy.passes import PassContext
 from onnxdeploy.report import PhaseReport, RunReport
 from onnxdeploy.resources import peak_rss_bytes, process_age_s, rss_bytes
 from onnxdeploy.run_report import REPORT_FILES, report_stage
+from onnxdeploy.run_scratch import STAGING_PREFIX, remove_stale, run_temp_root
 from onnxdeploy.run_stages import (
     Say,
     StepProgress,
@@ -124,7 +125,8 @@ def run_pipeline(
     )
     if inputs.held_out is not None:  # the passes may refuse a held-out sequence longer than their caches
         check_pass_settings(config, _source(config), config.settings(accuracy_tokens=len(inputs.held_out)))
-    with _claimed(config.output_dir) as run:
+    with run_temp_root(), _claimed(config.output_dir) as run:
+        _remove_stale_staging(config, told.say)
         run.context = make_pass_context(model_path=config.model, target=config.target, calibration=inputs.calibration)
         report = _run_stages(config, run, inputs, told, start)
     out_dir = config.output_dir
@@ -136,6 +138,17 @@ def run_pipeline(
         report_md=out_dir / "report.md",
         report_html=out_dir / "report.html",
     )
+
+
+def _remove_stale_staging(config: PipelineConfig, say: Say) -> None:
+    """Remove the staging folders runs killed by SIGKILL left in ``output_dir`` and the pass cache (run_scratch.py).
+
+    Called with the output folder locked; the system temp folder's stale run roots go in :func:`run_temp_root`.
+    """
+    folders = [config.output_dir] + ([config.cache.folder()] if config.cache is not None else [])
+    removed = [path for folder in folders for path in remove_stale(Path(folder), STAGING_PREFIX)]
+    if removed:
+        say(f"removed {len(removed)} staging folder(s) of killed runs: {', '.join(str(p) for p in removed)}")
 
 
 def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _Progress, start: float) -> RunReport:

@@ -21,6 +21,7 @@ BOTTOM = {
     "settings",
     "report",
     "report_verify",
+    "run_scratch",
     "resources",
     "token_ids",
     "text",

@@ -304,3 +304,14 @@ class RunReport(BaseModel):
     )
     onnxdeploy_version: str = ""
     versions: dict[str, str] = Field(default_factory=dict)
+
+    def peak_memory(self) -> tuple[int, str] | None:
+        """(the run's peak RSS in bytes, the phase it was reached in), from ``phases``; None without phases.
+
+        ``peak_rss_bytes`` is the process's peak so far at each phase's end, so the largest is the run's and the
+        first phase to show it is where it was reached.
+        """
+        if not self.phases:
+            return None
+        peak = max(p.peak_rss_bytes for p in self.phases)
+        return peak, next(p.name for p in self.phases if p.peak_rss_bytes == peak)

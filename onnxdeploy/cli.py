@@ -141,12 +141,13 @@ app.command()(inspect)
 
 @app.command("passes")
 def list_passes(*, as_json: JsonOpt = False) -> None:
-    """List every pass with its config fields, types, defaults (YAML) and descriptions."""
-    from onnxdeploy.passes import CATALOG, describe_config  # the catalogue: no pass module (onnx) is imported
+    """List every pass with its config keys (nested ones as budget.max_mean_kl), types, defaults and descriptions."""
+    from onnxdeploy.pass_listing import config_rows
+    from onnxdeploy.passes import CATALOG  # the catalogue: no pass module (onnx) is imported
     from onnxdeploy.render import yaml_inline
 
     rows = [
-        {"name": name, "summary": info.summary, "config": describe_config(info.config_model)}
+        {"name": name, "summary": info.summary, "config": config_rows(info.config_model)}
         for name, info in sorted(CATALOG.items())
     ]
     if as_json:

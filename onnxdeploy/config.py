@@ -14,8 +14,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from onnxdeploy.cache_config import CacheConfig
+from onnxdeploy.config_errors import did_you_mean, format_validation_error
 from onnxdeploy.errors import ConfigError
-from onnxdeploy.passes import get_pass, pass_config_model
+from onnxdeploy.passes import CATALOG, get_pass, pass_config_model
 from onnxdeploy.settings import PipelineSettings, SettingsConflict
 
 if TYPE_CHECKING:  # the pass modules (onnx, onnx_ir) are imported once the file validated: refusals come fast
@@ -447,19 +448,6 @@ class PipelineConfig(BaseModel):
         return v
 
 
-def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
-    """Render pydantic errors as ``key.path: message`` lines."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        key = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"key '{key}': {msg}")
-    return "; ".join(lines)
-
-
 def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
     if raw is None:
         return []
@@ -476,7 +464,7 @@ def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
         try:
             config_model = pass_config_model(str(name))  # the catalogue's: no pass module imported yet
         except ConfigError as exc:
-            raise ConfigError(f"{where}: key 'passes[{i}]': {exc}") from None
+            raise ConfigError(f"{where}: key 'passes[{i}]': {exc}{did_you_mean(str(name), CATALOG)}") from None
         if cfg is None:
             cfg = {}
         if not isinstance(cfg, dict):
@@ -484,7 +472,8 @@ def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
         try:
             config = config_model.model_validate(cfg)
         except ValidationError as exc:
-            raise ConfigError(f"{where}: {format_validation_error(exc, f'passes[{i}].{name}.')}") from None
+            said = format_validation_error(exc, f"passes[{i}].{name}.", data=cfg, model=config_model)
+            raise ConfigError(f"{where}: {said}") from None
         specs.append(PassSpec(name=str(name), config=config))
     return specs
 
@@ -672,7 +661,7 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
     try:
         cfg = PipelineConfig.model_validate({**raw, "passes": []})
     except ValidationError as exc:
-        raise ConfigError(f"{p}: {format_validation_error(exc)}") from None
+        raise ConfigError(f"{p}: {format_validation_error(exc, data=raw, model=PipelineConfig)}") from None
     base = p.resolve().parent
     model = cfg.model if cfg.model.is_absolute() else base / cfg.model
     out = Path(output_dir).resolve() if output_dir is not None else cfg.output_dir
@@ -682,20 +671,20 @@ def load_pipeline(path: str | Path, *, output_dir: str | Path | None = None) -> 
         raise ConfigError(f"{p}: key 'model': model file not found: {model}")
     if not model.is_file():
         raise ConfigError(f"{p}: key 'model': not a file: {model}")
-    from onnxdeploy.checks import get_check  # noqa: PLC0415  (checks import config-free modules only)
+    from onnxdeploy.checks import check_names, get_check  # noqa: PLC0415  (checks import config-free modules only)
 
     for i, name in enumerate(cfg.checks or []):
         try:
             get_check(name)
         except ConfigError as exc:
-            raise ConfigError(f"{p}: key 'checks[{i}]': {exc}") from None
+            raise ConfigError(f"{p}: key 'checks[{i}]': {exc}{did_you_mean(name, check_names())}") from None
     if cfg.target is not None:
-        from onnxdeploy.matrices import get_target  # noqa: PLC0415
+        from onnxdeploy.matrices import get_target, list_targets  # noqa: PLC0415
 
         try:
             get_target(cfg.target)
         except ConfigError as exc:
-            raise ConfigError(f"{p}: key 'target': {exc}") from None
+            raise ConfigError(f"{p}: key 'target': {exc}{did_you_mean(cfg.target, list_targets())}") from None
     if cfg.verify is not None:
         from onnxdeploy.runner.runtimes import check_runtimes  # noqa: PLC0415
 

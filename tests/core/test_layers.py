@@ -22,6 +22,8 @@ BOTTOM = {
     "report",
     "report_verify",
     "run_scratch",
+    "config_errors",
+    "pass_listing",
     "resources",
     "token_ids",
     "text",

@@ -39,6 +39,7 @@ __all__ = [
     "PassInfo",
     "PinOpsetConfig",
     "QuantizeWeightsConfig",
+    "SplitConfig",
     "StaticKVConfig",
     "describe_config",
 ]
@@ -294,6 +295,26 @@ class EmbedExternalDataConfig(PassConfig):
     """Config of ``embed_external_data`` (no fields)."""
 
 
+class SplitConfig(PassConfig):
+    """Config of ``split``: how many parts, chosen directly or from a size limit per part."""
+
+    parts: int | None = Field(
+        None, ge=2, description="Parts K to cut the decoder into, at layer boundaries (K <= the layer count)."
+    )
+    max_part_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Instead of parts: the fewest parts whose weights each fit this many bytes (e.g. an NPU "
+        "context's limit); a layer larger than it is refused.",
+    )
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Self:
+        if (self.parts is None) == (self.max_part_bytes is None):
+            raise ValueError("give exactly one of parts and max_part_bytes")
+        return self
+
+
 @dataclass(frozen=True)
 class PassInfo:
     """One pass as a user meets it.
@@ -360,6 +381,13 @@ CATALOG: dict[str, PassInfo] = _entries(
         "Convert ai.onnx to a target opset (onnx version_converter plus exact adapters); checks the result with "
         "full shape inference and proves it on ORT CPU on random feeds (prove); names any op it cannot convert.",
         PinOpsetConfig,
+    ),
+    PassInfo(
+        "split",
+        "split",
+        "Cut each static graph at layer boundaries into K parts run in sequence (hidden state in/out, each part "
+        "its layers' caches); the contract lists the parts.",
+        SplitConfig,
     ),
     PassInfo(
         "externalize",

@@ -57,7 +57,7 @@ from onnxdeploy.passes._catalog import MaskRewriteConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, fold_and_infer, infer_shapes, make_node, remove_dead_nodes
 from onnxdeploy.passes._mask_windows import choose_windows
-from onnxdeploy.passes._order import CONTRACT
+from onnxdeploy.passes._order import CONTRACT, WHOLE_MODEL
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._position_mask import PositionMaskBuilder, lowest_finite
 from onnxdeploy.report import PassReport
@@ -167,7 +167,7 @@ class MaskRewritePass(Pass):
     config_model = MaskRewriteConfig
     config: MaskRewriteConfig
     in_place = False
-    needs = frozenset({CONTRACT})
+    needs = frozenset({CONTRACT, WHOLE_MODEL})
     keeps_opset = True
 
     def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:

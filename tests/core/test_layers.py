@@ -16,6 +16,7 @@ BOTTOM = {
     "inline_weights",
     "contract",
     "contract_terms",
+    "contract_parts",
     "kv_cache",
     "artifacts",
     "settings",

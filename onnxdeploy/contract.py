@@ -19,6 +19,7 @@ import onnx
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from onnxdeploy.contract_parts import PART_VERSION, PartEntry, PartInfo
 from onnxdeploy.contract_terms import CacheWrite
 from onnxdeploy.errors import ContractError
 from onnxdeploy.graph import FLOAT_ELEM_TYPES, dtype_name, format_dims, tensor_dims
@@ -35,6 +36,8 @@ __all__ = [
     "ContractMismatch",
     "GraphSetEntry",
     "DecodeContract",
+    "PartEntry",
+    "PartInfo",
     "KVDtype",
     "read_contract",
     "write_contract",
@@ -128,7 +131,7 @@ class ContractInputs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input_ids: str = Field(description="Token ids, int64 (B, step_len).")
+    input_ids: str | None = Field(description="Token ids, int64 (B, step_len); None in a part fed a hidden state.")
     cache_position: str | None = Field(default=None, description="Cache slots this call writes, int64 (step_len,).")
     position_ids: str | None = Field(default=None, description="RoPE/learned positions, int64 (B, step_len).")
     attention_mask: str | None = Field(
@@ -175,7 +178,7 @@ class DecodeContract(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    contract_version: Literal[1, 2, 3] = Field(
+    contract_version: Literal[1, 2, 3, 4, 5] = Field(
         default=CONTRACT_VERSION, description="Contract format version; a host refuses a version it does not know."
     )
     batch: int = Field(ge=1, description="Batch rows B of every input and output.")
@@ -196,8 +199,10 @@ class DecodeContract(BaseModel):
         description="full_buffer: present outputs are the updated buffers; new_token_only: only the step's K/V.",
     )
     inputs: ContractInputs
-    logits: str = Field(
-        default="logits", description="Logits output name, float (B, S, V), or (B, 1, V) with prefill_logits last."
+    logits: str | None = Field(
+        default="logits",
+        description="Logits output name, float (B, S, V), or (B, 1, V) with prefill_logits last; None in a part "
+        "that returns a hidden state (split).",
     )
     cache: list[CacheBinding]
     prefill_logits: Literal["all", "last"] = Field(
@@ -235,6 +240,15 @@ class DecodeContract(BaseModel):
         "probability exactly 0, but 0 x NaN is NaN: a V slot must never hold NaN/inf (stale finite values are fine).",
     )
 
+    part: PartInfo | None = Field(
+        default=None, description="Which part of a split model this graph is (split; contract_version >= 5)."
+    )
+    parts: list[PartEntry] = Field(
+        default_factory=list,
+        description="Every part of this graph's chain, in the order a host runs them (this graph among them); "
+        "empty for a whole model.",
+    )
+
     @field_validator("kv_dtype", mode="before")
     @classmethod
     def _legacy_kv_dtype(cls, value: Any) -> Any:
@@ -247,6 +261,8 @@ class DecodeContract(BaseModel):
                 f"kv_layout {self.kv_layout} needs contract_version >= {LAYOUT_VERSIONS[self.kv_layout]}, "
                 f"got {self.contract_version}"
             )
+        if (self.part is not None or self.parts) and self.contract_version < PART_VERSION:
+            raise ValueError(f"parts need contract_version >= {PART_VERSION}, got {self.contract_version}")
         needed = _LAYOUT_NAMES[self.kv_layout]
         for entry in self.cache:
             absent = [name for name in needed if not getattr(entry, name)]
@@ -256,6 +272,11 @@ class DecodeContract(BaseModel):
                     f"{self.kv_layout}"
                 )
         return self
+
+    @property
+    def first_layer(self) -> int:
+        """Whole-model index of the first layer whose cache this graph holds: 0, or a part's first layer (split)."""
+        return self.parts[self.part.index].first_layer if self.part is not None and self.parts else 0
 
     # -- dtypes ------------------------------------------------------------------------------------
 
@@ -391,7 +412,13 @@ class DecodeContract(BaseModel):
                 yield past, f"{role} past cache", True, kv, past_shape
             for (_, present), (_, present_shape) in pairs:
                 yield present, f"{role} present cache", False, kv, present_shape
-        yield self.logits, "logits", False, FLOAT_ELEM_TYPES, (self.batch, self.logits_positions(), _ANY)
+        hidden = (self.batch, self.step_len, self.part.hidden_size) if self.part is not None else ()
+        if self.part is not None and self.part.hidden_in:
+            yield self.part.hidden_in, "hidden state in", True, FLOAT_ELEM_TYPES, hidden
+        if self.part is not None and self.part.hidden_out:
+            yield self.part.hidden_out, "hidden state out", False, FLOAT_ELEM_TYPES, hidden
+        if self.logits is not None:
+            yield self.logits, "logits", False, FLOAT_ELEM_TYPES, (self.batch, self.logits_positions(), _ANY)
 
     def mismatches(
         self,
@@ -455,7 +482,7 @@ class DecodeContract(BaseModel):
     def tensor_names(self) -> list[str]:
         """Every tensor name the contract sets (inputs, logits, cache entries), in that order, repeats kept."""
         names = [name for name in self.inputs.model_dump().values() if name]
-        names.append(self.logits)
+        names += [n for n in (self.logits, *((self.part.hidden_in, self.part.hidden_out) if self.part else ())) if n]
         for entry in self.cache:
             names += [
                 n

@@ -134,7 +134,9 @@ def step_feeds(contract: DecodeContract, inputs: StepInputs) -> dict[str, np.nda
         ContractError: rows at different slots for a graph without ``row_positions``.
     """
     names = {role: name for role, name in contract.inputs.model_dump().items() if name is not None}
-    feeds = {names["input_ids"]: np.ascontiguousarray(inputs.tokens, dtype=np.int64)}
+    feeds: dict[str, np.ndarray] = {}
+    if "input_ids" in names:  # a split model's later parts take a hidden state instead (runner/parts.py)
+        feeds[names["input_ids"]] = np.ascontiguousarray(inputs.tokens, dtype=np.int64)
     if "cache_position" in names:
         if getattr(contract, "row_positions", False):
             feeds[names["cache_position"]] = np.ascontiguousarray(inputs.slots, dtype=np.int64)

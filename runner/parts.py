@@ -12,9 +12,9 @@ Each part owns the cache buffers of its layers (the contract's ``cache`` entries
 the chain's cache is the union of the parts' buffers: :meth:`PartChain.cache_buffers` and
 :meth:`PartChain.load_cache` move them as one, and a graph set of split graphs (every member a chain) switches
 cache lengths exactly as a set of whole graphs (:mod:`onnxdeploy.runner.graph_set`). :class:`PartChain` is a
-drop-in member there: the same ``contract`` view (the whole model's: every layer's cache entries, the last part's
-logits), ``run_chunk``, ``feed``, ``reset`` and call records (one per call of the chain, its time the parts'
-sum).
+drop-in member there and a step of the host API (:mod:`onnxdeploy.runner.host`: ``call(buffers, inputs)`` on the
+host's buffers, the whole model's): the same ``contract`` view (every layer's cache entries, the last part's logits),
+``run_chunk``, ``feed``, ``reset`` and call records (one per call of the chain, its time the parts' sum).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from onnxdeploy.contract import DecodeContract, read_contract
 from onnxdeploy.errors import CacheOverflowError, ContractError
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decode_state import CallRecord
+from onnxdeploy.runner.host import StepInputs, allocate_buffers, move_slots, step_feeds, write_presents
 from onnxdeploy.runner.session import ModelSession
 
 __all__ = ["PartChain", "PartDecoder", "chain_contract", "open_part_chain"]
@@ -54,60 +55,50 @@ class PartDecoder(ContractDecoder):
         out = self.part.hidden_out if self.part.hidden_out is not None else contract.logits
         self._output_names = [str(out), *(present for _, present in self._pairs)]
 
-    def run_part(self, chunk: Sequence[int], hidden: np.ndarray | None, *, start: int) -> tuple[np.ndarray, float]:
-        """One ``session.run`` at position ``start`` on ``chunk`` (1..step_len real tokens, trailing padding).
+    def call_part(
+        self, buffers: dict[str, np.ndarray], inputs: StepInputs, hidden: np.ndarray | None
+    ) -> tuple[np.ndarray, float]:
+        """One ``session.run`` of this part (the host API's step call, plus the hidden state).
 
         Args:
-            chunk: the call's real token ids (part 0 feeds them; later parts only count them).
+            buffers: past-input name → buffer, the whole chain's (this part reads and updates its own layers').
+            inputs: the call's inputs (:class:`~onnxdeploy.runner.host.StepInputs`); part 0 feeds the tokens.
             hidden: the previous part's hidden state, float ``(B, step_len, hidden)``; None for part 0.
-            start: the position of the chunk's first token.
 
         Returns:
-            ``(hidden state out, or the logits for the last part; latency_ms)``. The part's buffers are updated.
+            ``(hidden state out (B, S, hidden), or the last part's logits float32 (B, P, V); latency_ms)``.
 
         Raises:
+            ContractError: no hidden state for a part that takes one, or a present output's shape disagrees with
+                ``cache_update``.
             DecodeRunError: ONNX Runtime failed, or the decoder is closed.
-            ContractError: a present output's shape disagrees with ``cache_update``.
         """
         c = self.contract
-        real = len(chunk)
-        self._position = start
-        slots = np.arange(start, start + c.step_len, dtype=np.int64)
-        feeds: dict[str, np.ndarray] = dict(self._buffers)
-        if "input_ids" in self._inputs:
-            padded = [*chunk, *([chunk[-1]] * (c.step_len - real))]
-            feeds[self._inputs["input_ids"]] = np.broadcast_to(
-                np.asarray(padded, dtype=np.int64), c.input_ids_shape()
-            ).copy()
+        own = {past: buffers[past] for past, _ in self._pairs}
+        feeds: dict[str, np.ndarray] = {**step_feeds(c, inputs), **own}
         if self.part.hidden_in is not None:
             if hidden is None:
                 raise ContractError(f"{self.source}: part {self.part.index} needs the previous part's hidden state")
             feeds[self.part.hidden_in] = hidden
-        if "cache_position" in self._inputs:
-            feeds[self._inputs["cache_position"]] = slots.reshape(c.cache_position_shape())
-        if "position_ids" in self._inputs:
-            feeds[self._inputs["position_ids"]] = np.broadcast_to(slots, c.position_ids_shape()).copy()
-        if "attention_mask" in self._inputs:
-            mask = np.zeros(c.attention_mask_shape(), dtype=np.int64)
-            mask[:, : slots[real - 1] + 1] = 1
-            feeds[self._inputs["attention_mask"]] = mask
-        if "last_token_index" in self._inputs:
-            feeds[self._inputs["last_token_index"]] = np.full(c.last_token_index_shape(), real - 1, dtype=np.int64)
-        results, latency_ms = self._timed_run(self._output_names, feeds, tokens=real)
-        for (past, name), present in zip(self._pairs, results[1:], strict=True):
+        saved, self._position = self._position, int(inputs.positions[0, 0])
+        try:
+            results, latency_ms = self._timed_run(self._output_names, feeds, tokens=int(inputs.real.max()))
+        finally:
+            self._position = saved
+        presents = results[1:]
+        for (past, name), present in zip(self._pairs, presents, strict=True):
             if present.shape != self._written_shapes[past]:
                 raise ContractError(
                     f"{self.source}: '{name}' has shape {list(present.shape)}; cache_update "
                     f"'{c.cache_update}' implies {list(self._written_shapes[past])}"
                 )
-            if c.cache_update == "full_buffer":
-                self._buffers[past] = present
-            else:
-                index = [slice(None)] * present.ndim
-                index[self._seq_axes[past]] = slice(int(slots[0]), int(slots[-1]) + 1)
-                self._buffers[past][tuple(index)] = present
-        self._position = start + real
-        return results[0], latency_ms
+        if c.cache_update == "full_buffer":
+            for (past, _), present in zip(self._pairs, presents, strict=True):
+                buffers[past] = present
+        else:
+            write_presents(c, buffers, presents, inputs)
+        out = results[0]
+        return (np.asarray(out, dtype=np.float32) if self.part.hidden_out is None else out), latency_ms
 
 
 def chain_contract(parts: Sequence[DecodeContract]) -> DecodeContract:
@@ -142,6 +133,10 @@ def chain_contract(parts: Sequence[DecodeContract]) -> DecodeContract:
 class PartChain:
     """Drives the parts of one split graph as one decoder (module docstring).
 
+    Implements the host API's step call (:class:`~onnxdeploy.runner.host.GraphStep`: :meth:`call` on a host's
+    buffers, the whole model's) and the decoder interface a graph set's member has (own buffers, ``run_chunk``,
+    ``load_cache``, ``cache_buffers``).
+
     Args:
         parts: one :class:`PartDecoder` per part, in chain order; closed by :meth:`close`.
 
@@ -160,8 +155,8 @@ class PartChain:
             raise ContractError(f"{parts[0].source}: parts {indices} are not a whole chain of {parts[0].part.count}")
         self.source = self._parts[0].source
         self.contract = chain_contract([p.contract for p in self._parts])
-        self._position = 0
-        self._calls: list[CallRecord] = []
+        self._buffers: dict[str, np.ndarray] = {}
+        self.reset()
 
     @property
     def position(self) -> int:
@@ -175,7 +170,7 @@ class PartChain:
 
     @property
     def call_records(self) -> list[CallRecord]:
-        """Every call of the chain since the last reset (graph: part 0's file)."""
+        """Every call of the chain since the last reset (graph: part 0's file; time: the parts' sum)."""
         return list(self._calls)
 
     @property
@@ -193,11 +188,12 @@ class PartChain:
         return [line for s in self.sessions() for line in s.fallbacks]
 
     def reset(self) -> None:
-        """Zero every part's buffers; the next feed starts at position 0."""
+        """Zero the buffers (every part's layers); the next feed starts at position 0."""
         for p in self._parts:
             p.reset()
+        self._buffers = allocate_buffers(self.contract)
         self._position = 0
-        self._calls = []
+        self._calls: list[CallRecord] = []
 
     def close(self) -> None:
         """Close every part's session. Safe to call twice."""
@@ -213,19 +209,43 @@ class PartChain:
         self.close()
 
     def cache_buffers(self) -> dict[str, np.ndarray]:
-        """Every part's cache buffers by past-input name (not copies)."""
-        return {name: buf for p in self._parts for name, buf in p.cache_buffers().items()}
+        """The chain's cache buffers by past-input name, every part's layers (not copies)."""
+        return self._buffers
 
     def load_cache(self, buffers: dict[str, np.ndarray], position: int) -> None:
-        """Continue another chain's decode at ``position``: each part takes its own layers' buffers.
+        """Continue another chain's decode at ``position`` (:func:`~onnxdeploy.runner.host.move_slots`).
 
         Raises:
             CacheOverflowError: ``position`` above ``max_cache_len``.
             ContractError: a buffer is missing or of another shape off the sequence axis.
         """
-        for p in self._parts:
-            p.load_cache(buffers, position)
+        self._buffers = move_slots(buffers, self.contract, position, source=self.source)
         self._position = position
+
+    def call(self, buffers: dict[str, np.ndarray], inputs: StepInputs) -> tuple[np.ndarray, float]:
+        """One call of the chain on a host's ``buffers`` (:class:`~onnxdeploy.runner.host.GraphStep`).
+
+        Each part runs once, in order, the hidden state passed on; the call is recorded (:attr:`call_records`).
+
+        Returns:
+            ``(logits float32 (B, P, V), latency_ms)``: the last part's logits, the parts' wall times summed.
+        """
+        hidden: np.ndarray | None = None
+        total = 0.0
+        for p in self._parts:
+            hidden, ms = p.call_part(buffers, inputs, hidden)
+            total += ms
+        c = self.contract
+        self._calls.append(
+            CallRecord(
+                graph=Path(self.source).name,
+                start=int(inputs.positions[0, 0]),
+                tokens=int(inputs.real.max()),
+                step_len=c.step_len,
+                ms=total,
+            )
+        )
+        return hidden, total  # type: ignore[return-value]
 
     def run_chunk(self, tokens: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
         """One call of the chain on 1..``step_len`` real tokens (as :meth:`ContractDecoder.run_chunk`).
@@ -242,20 +262,12 @@ class PartChain:
             raise ContractError(f"{self.source}: step_len={c.step_len} chain declares no padding; got {len(tokens)}")
         if self._position + c.step_len > c.max_cache_len:
             raise CacheOverflowError(max(self._position, c.max_cache_len), c.max_cache_len)
-        hidden: np.ndarray | None = None
-        total = 0.0
-        for p in self._parts:
-            hidden, ms = p.run_part(tokens, hidden, start=self._position)
-            total += ms
+        logits, total = self.call(self._buffers, StepInputs.uniform(c, tokens, self._position))
         real = len(tokens)
-        self._calls.append(
-            CallRecord(graph=Path(self.source).name, start=self._position, tokens=real, step_len=c.step_len, ms=total)
-        )
         self._position += real
-        logits = np.asarray(hidden[0], dtype=np.float32)  # type: ignore[index]
         if c.prefill_logits == "last":
-            return [(None, total)] * (real - 1) + [(logits[0], total)]
-        return [(logits[i], total) for i in range(real)]
+            return [(None, total)] * (real - 1) + [(logits[0, 0], total)]
+        return [(logits[0, i], total) for i in range(real)]
 
     def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
         """Feed ``tokens``, ``step_len`` per call (a multiple of it; the whole feed checked first).
@@ -273,12 +285,6 @@ class PartChain:
         for start in range(0, len(tokens), c.step_len):
             results += self.run_chunk(tokens[start : start + c.step_len])
         return results
-
-    def warm_up(self) -> None:
-        """Run the chain once on zeroed buffers, then reset."""
-        self.reset()
-        self.run_chunk([0] * self.contract.step_len)
-        self.reset()
 
 
 def open_part_chain(first: ModelSession, contract: DecodeContract, opener: Callable[[Path], ModelSession]) -> PartChain:

@@ -19,6 +19,7 @@ import onnx
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from onnxdeploy.contract_cache import CACHE_POLICY_VERSION, EMPTY_SLOT, CachePolicy
 from onnxdeploy.contract_parts import PART_VERSION, PartEntry, PartInfo
 from onnxdeploy.contract_terms import CacheWrite
 from onnxdeploy.errors import ContractError
@@ -30,7 +31,9 @@ __all__ = [
     "CONTRACT_VERSION",
     "KV_DTYPES",
     "LAYOUT_VERSIONS",
+    "EMPTY_SLOT",
     "CacheBinding",
+    "CachePolicy",
     "CacheWrite",
     "ContractInputs",
     "ContractMismatch",
@@ -137,6 +140,11 @@ class ContractInputs(BaseModel):
     attention_mask: str | None = Field(
         default=None, description="int64 (B, max_cache_len): 1 for slots <= the current position, else 0."
     )
+    slot_positions: str | None = Field(
+        default=None,
+        description="int64 (max_cache_len,): the position each slot holds, EMPTY_SLOT where none (mask: "
+        "slot_positions); the graph masks from it.",
+    )
     last_token_index: str | None = Field(
         default=None,
         description="int64 (B,): index inside the chunk (0..step_len-1) of the last real token; the graph "
@@ -222,11 +230,13 @@ class DecodeContract(BaseModel):
         description="Every graph of the set sharing this graph's weights file, the primary decode graph first "
         "(this graph among them); empty for a graph made alone by an older version.",
     )
-    mask: Literal["attention_mask", "cache_position"] = Field(
+    mask: Literal["attention_mask", "cache_position", "slot_positions"] = Field(
         default="attention_mask",
         description="attention_mask: the exporter's mask, fed by inputs.attention_mask (1 for slots <= the current "
         "position). cache_position: computed in the graph (mask_rewrite): slot j is visible to the query at position "
-        "p iff j <= p (and p - j < sliding_window), ANDed with inputs.attention_mask when the graph keeps one.",
+        "p iff j <= p (and p - j < sliding_window), ANDed with inputs.attention_mask when the graph keeps one. "
+        "slot_positions: the same from the position each slot holds (inputs.slot_positions), the query's from "
+        "position_ids (a ring: cache_policy).",
     )
     sliding_window: int | None = Field(
         default=None,
@@ -242,6 +252,10 @@ class DecodeContract(BaseModel):
 
     part: PartInfo | None = Field(
         default=None, description="Which part of a split model this graph is (split; contract_version >= 5)."
+    )
+    cache_policy: CachePolicy | None = Field(
+        default=None,
+        description="What a host does once the cache is full: keep sinks, a ring of recent (contract_version >= 5).",
     )
     parts: list[PartEntry] = Field(
         default_factory=list,
@@ -261,6 +275,8 @@ class DecodeContract(BaseModel):
                 f"kv_layout {self.kv_layout} needs contract_version >= {LAYOUT_VERSIONS[self.kv_layout]}, "
                 f"got {self.contract_version}"
             )
+        if self.cache_policy is not None and self.contract_version < CACHE_POLICY_VERSION:
+            raise ValueError(f"cache_policy needs contract_version >= {CACHE_POLICY_VERSION}")
         if (self.part is not None or self.parts) and self.contract_version < PART_VERSION:
             raise ValueError(f"parts need contract_version >= {PART_VERSION}, got {self.contract_version}")
         needed = _LAYOUT_NAMES[self.kv_layout]
@@ -388,6 +404,7 @@ class DecodeContract(BaseModel):
             "position_ids": self.position_ids_shape(),
             "attention_mask": self.attention_mask_shape(),
             "last_token_index": self.last_token_index_shape(),
+            "slot_positions": (self.max_cache_len,),
         }
         return {role: shapes[role] for role, name in self.inputs.model_dump().items() if name is not None}
 

@@ -8,8 +8,8 @@ named like it: the same config model, the module named here, and the summary giv
 the decorator fills ``Pass.summary`` in). ``tests/core/test_pass_catalog.py`` checks that the catalogue and the
 registry filled by importing every pass module say the same.
 
-Imports: pydantic, typing, :mod:`onnxdeploy.contract_terms` and :mod:`onnxdeploy.passes._quant_rules` (pydantic
-only) only (no onnx, onnx_ir, numpy).
+Imports: pydantic, typing, :mod:`onnxdeploy.contract_terms`, :mod:`onnxdeploy.contract_cache` and
+:mod:`onnxdeploy.passes._quant_rules` (pydantic only) only (no onnx, onnx_ir, numpy).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from onnxdeploy.contract_cache import CachePolicy
 from onnxdeploy.contract_terms import CacheWrite
 from onnxdeploy.passes._quant_rules import Budget, QuantRule
 
@@ -109,10 +110,23 @@ class StaticKVConfig(PassConfig):
         "matrix defaults.cache_write, else scatter_elements.",
     )
 
+    cache_policy: CachePolicy | None = Field(
+        None,
+        description="{sinks: N, recent: R}: past max_cache_len the host keeps the first N positions and a ring of "
+        "the last R (written in the contract; mask_rewrite then masks from slot_positions). Needs the export's "
+        "position_ids; sinks + recent <= max_cache_len.",
+    )
+
     @model_validator(mode="after")
     def _one_form_each(self) -> Self:
         if (self.max_cache_len is None) == (self.max_cache_lens is None):
             raise ValueError("give exactly one of max_cache_len and max_cache_lens")
+        policy = self.cache_policy
+        if policy is not None and policy.sinks + policy.recent > max(self.caches()):
+            raise ValueError(
+                f"cache_policy sinks {policy.sinks} + recent {policy.recent} > max_cache_len {max(self.caches())}: "
+                "the kept tokens must fit the cache"
+            )
         if self.step_len is not None and self.step_lens is not None:
             raise ValueError("give step_len or step_lens, not both")
         for key in ("step_lens", "max_cache_lens"):

@@ -17,6 +17,7 @@ BOTTOM = {
     "contract",
     "contract_terms",
     "contract_parts",
+    "contract_cache",
     "kv_cache",
     "artifacts",
     "settings",

@@ -169,6 +169,11 @@ class StaticKVCachePass(Pass):
         self._refuse_contract(model)
         if (why := causal_refusal(model.graph)) is not None:
             raise PreconditionError(self.name, why)
+        if self.config.cache_policy is not None and "position_ids" not in {v.name for v in model.graph.inputs}:
+            raise ConfigError(
+                "cache_policy: the export has no 'position_ids' input, so kept tokens cannot be fed their true "
+                "positions with a cut past (neither on the device nor in verification); re-export with position_ids"
+            )
         kv = self._find(model)
         available = available_memory_bytes()
         if available is None:
@@ -507,6 +512,10 @@ class StaticKVCachePass(Pass):
                 update["prefill_logits"] = "last"
                 update["inputs"] = contract.inputs.model_copy(update={"last_token_index": LAST_TOKEN_INDEX})
             contract = contract.model_copy(update=update)
+        if cfg.cache_policy is not None:  # mask_rewrite then masks from slot_positions (contract_version 5)
+            contract = contract.model_copy(
+                update={"cache_policy": cfg.cache_policy, "contract_version": max(contract.contract_version, 5)}
+            )
         if cfg.kv_dtype is not None and cfg.kv_dtype != contract.kv_dtype:
             report.changes.append(cast_cache_boundary(folded, contract, cfg.kv_dtype, who=self.name))
             contract = contract.model_copy(update={"kv_dtype": cfg.kv_dtype})

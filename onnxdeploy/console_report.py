@@ -108,6 +108,9 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
             from onnxdeploy.text_report import generations_table  # noqa: PLC0415  (report models)
 
             out.print(generations_table(report.verify.generations))
+    from onnxdeploy.sdk_report import print_sdk_stage  # noqa: PLC0415  (the SDK stage's section: sdk_report)
+
+    print_sdk_stage(out, report.sdk)
     shown = 10
     for reason in report.failures[:shown]:
         out.print(f"[red]FAILED:[/] {escape(reason)}", soft_wrap=True)

@@ -14,7 +14,10 @@ drives it, and how :class:`GraphSetDecoder` does (README, "Graph sets"):
 * **Switching.** Graphs of one cache length share the host buffers as they are. When a call needs a larger
   cache, slots ``[0, position)`` of every buffer are copied on its sequence axis (axis 2 for BHSD, 1 for BSH2D;
   3 for BHDS_K's K, 2 for its V) into zeroed buffers of the larger length; the slots after ``position`` are
-  never read before they are written, so they are dropped.
+  never read before they are written, so they are dropped (:func:`onnxdeploy.runner.host.move_slots`).
+
+Other hosts drive the same graphs through :meth:`GraphSetDecoder.member` and the host API
+(:mod:`onnxdeploy.runner.host`).
 """
 
 from __future__ import annotations
@@ -125,6 +128,19 @@ class GraphSetDecoder:
     def can_take(self, step_len: int, tokens: int) -> bool:
         """Whether the ``step_len`` graphs take a call of ``tokens`` real tokens (fewer only with padding)."""
         return 0 < tokens <= step_len and (tokens == step_len or self._can_pad(step_len))
+
+    def member(self, step_len: int, max_cache_len: int) -> ContractDecoder:
+        """The decoder of the graph ``(step_len, max_cache_len)``, whose ``call`` other hosts run on their buffers.
+
+        :meth:`ContractDecoder.call` is the step call of the host API (:mod:`onnxdeploy.runner.host`).
+
+        Raises:
+            ContractError: the set has no such graph.
+        """
+        member = self._members.get((step_len, max_cache_len))
+        if member is None:
+            raise ContractError(f"{self.source}: the set has no graph of step_len {step_len}, cache {max_cache_len}")
+        return member
 
     def graphs(self) -> list[tuple[str, int, int]]:
         """``(file name, step_len, max_cache_len)`` of every graph, primary first."""

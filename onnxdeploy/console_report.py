@@ -115,6 +115,9 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
     if report.accuracy is not None:
         out.print(accuracy_text(report.accuracy), highlight=False, markup=False, soft_wrap=True)
     out.print(resources_text(report), highlight=False, markup=False)
+    from onnxdeploy.sdk_report import print_sdk_stage  # noqa: PLC0415  (the SDK stage's section: sdk_report)
+
+    print_sdk_stage(out, report.sdk)
     shown = 10
     for reason in report.failures[:shown]:
         out.print(f"[red]FAILED:[/] {escape(reason)}", soft_wrap=True)

@@ -91,6 +91,9 @@ def render_markdown(report: RunReport) -> str:
         lines += generations_markdown(report.verify.generations)
     lines += _markdown_runtimes(report)
     lines += _markdown_accuracy(report)
+    from onnxdeploy.sdk_report import sdk_markdown  # noqa: PLC0415  (the SDK stage's section: sdk_report)
+
+    lines += sdk_markdown(report.sdk)
     return "\n".join(lines) + "\n"
 
 

@@ -48,7 +48,7 @@ from onnxdeploy.passes._cache_write import build_cache_write
 from onnxdeploy.passes._catalog import KVLayoutConfig, Layout
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node, remove_dead_nodes
-from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, OrderFact
+from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, WHOLE_MODEL, OrderFact
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 from onnxdeploy.settings import PipelineSettings
@@ -115,7 +115,9 @@ def _find_tensor(
         raise PreconditionError(who, f"'{past_name}' is read before its write by {others[:3]}; expected only the write")
     new = write.inputs[1] if write.op_type == "Where" else write.inputs[2]
     producer = new.producer() if new is not None else None
-    if write.op_type == "Where" and producer is not None and producer.op_type == "Gather":  # the S > 1 select
+    if (
+        write.op_type == "Where" and producer is not None and producer.op_type in ("Gather", "GatherElements")
+    ):  # S > 1 select
         new = producer.inputs[0]
     want = (contract.batch, contract.num_kv_heads, contract.step_len, contract.head_dim)
     if new is None or new.shape is None or tuple(new.shape) != want:
@@ -456,7 +458,7 @@ class KVLayoutPass(Pass):
     config_model = KVLayoutConfig
     config: KVLayoutConfig
     in_place = False
-    needs = frozenset({CONTRACT, BHSD_CACHE})  # Pass.requires checks both on every graph
+    needs = frozenset({CONTRACT, BHSD_CACHE, WHOLE_MODEL})  # Pass.requires checks each on every graph
     keeps_opset = True
 
     def removes(self) -> frozenset[OrderFact]:

@@ -57,9 +57,10 @@ from onnxdeploy.passes._catalog import MaskRewriteConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, fold_and_infer, infer_shapes, make_node, remove_dead_nodes
 from onnxdeploy.passes._mask_windows import choose_windows
-from onnxdeploy.passes._order import CONTRACT
+from onnxdeploy.passes._order import CONTRACT, WHOLE_MODEL
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._position_mask import PositionMaskBuilder, lowest_finite
+from onnxdeploy.passes._slot_mask import mask_from_slot_positions
 from onnxdeploy.report import PassReport
 
 __all__ = [
@@ -167,7 +168,7 @@ class MaskRewritePass(Pass):
     config_model = MaskRewriteConfig
     config: MaskRewriteConfig
     in_place = False
-    needs = frozenset({CONTRACT})
+    needs = frozenset({CONTRACT, WHOLE_MODEL})
     keeps_opset = True
 
     def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
@@ -198,7 +199,7 @@ class MaskRewritePass(Pass):
                 )
             if op is not None:
                 continue
-            if contract.mask == "cache_position":
+            if contract.mask in ("cache_position", "slot_positions"):
                 raise PreconditionError(self.name, f"{artifact.name}: the mask was already rewritten")
             opset = default_opset(artifact.model)
             if opset < 12:
@@ -276,11 +277,17 @@ class MaskRewritePass(Pass):
         )
         masks = [builder.visible(w, len(site.scores_shape)) for site, w in zip(sites, chosen, strict=True)]
         guards = _select_scores(g, sites, masks, source, self.name)
+        slot_positions = None
+        if contract.cache_policy is not None:  # a ring past max_cache_len: mask from the positions slots hold
+            slot_positions = mask_from_slot_positions(g, _PREFIX, contract.inputs.position_ids, L, who=self.name)
         remove_dead_nodes(model)
         self._drop_attention_mask(g, attention_mask, source)
         folded = fold_and_infer(model)
         windows = set(chosen)
         new_contract = _masked_contract(contract, windows, str(padding.name) if padding is not None else None)
+        if slot_positions is not None:
+            inputs = new_contract.inputs.model_copy(update={"slot_positions": slot_positions})
+            new_contract = new_contract.model_copy(update={"mask": "slot_positions", "inputs": inputs})
         write_contract(folded, new_contract)
         return _GraphResult(folded, new_contract, windows, len(sites), guards, decomposed)
 

@@ -16,6 +16,8 @@ BOTTOM = {
     "inline_weights",
     "contract",
     "contract_terms",
+    "contract_parts",
+    "contract_cache",
     "kv_cache",
     "artifacts",
     "settings",

@@ -12,6 +12,8 @@ BOTTOM = {
     "errors",
     "graph",
     "model_io",
+    "external_refs",
+    "stand_in",
     "model_write",
     "inline_weights",
     "contract",

@@ -19,7 +19,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from onnxdeploy import __version__
 from onnxdeploy.cli_common import (
     STATE,
     JsonOpt,
@@ -180,6 +179,8 @@ def _root(
 ) -> None:
     STATE.debug = debug
     if version:
+        from onnxdeploy import __version__  # noqa: PLC0415  (importlib.metadata: ~25 ms, only for --version)
+
         typer.echo(f"onnxdeploy {__version__}")
         raise typer.Exit(EXIT_OK)
 

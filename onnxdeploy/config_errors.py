@@ -32,8 +32,14 @@ _MAPPING_TYPES = {"model_type", "model_attributes_type", "dict_type", "mapping_t
 
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` naming up to 3 of ``known`` close to ``word`` (difflib, ratio >= 0.6), else ``""``."""
+    """``"; did you mean 'x'?"`` naming the closest of ``known`` to ``word``, else ``""``.
+
+    Candidates are ``difflib.get_close_matches`` (ratio >= 0.6, at most 3); of those, the ones within 0.05 of the
+    best ratio are named (names that share a long suffix, ``…ExecutionProvider``, would all pass the cutoff).
+    """
     close = difflib.get_close_matches(word, sorted(known), n=3, cutoff=0.6)
+    ratio = {c: difflib.SequenceMatcher(None, word, c).ratio() for c in close}
+    close = [c for c in close if ratio[c] >= max(ratio.values()) - 0.05]
     return "; did you mean " + " or ".join(f"'{c}'" for c in close) + "?" if close else ""
 
 

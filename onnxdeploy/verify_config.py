@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from onnxdeploy.config_errors import did_you_mean
+
 __all__ = ["AccuracyConfig", "CalibrationConfig", "RuntimeName", "RuntimeSpec", "VerifyConfig"]
 
 
@@ -144,11 +146,11 @@ class VerifyConfig(BaseModel):
     def _known_providers(cls, v: list[str]) -> list[str]:
         import onnxruntime  # noqa: PLC0415  (only when a verify section names providers)
 
-        unknown = [name for name in v if name not in onnxruntime.get_all_providers()]
+        known = onnxruntime.get_all_providers()
+        unknown = [name for name in v if name not in known]
         if unknown:
-            raise ValueError(
-                f"unknown execution provider(s) {unknown}; ONNX Runtime knows {onnxruntime.get_all_providers()}"
-            )
+            hint = did_you_mean(unknown[0], known)
+            raise ValueError(f"unknown execution provider(s) {unknown}; ONNX Runtime knows {known}{hint}")
         return v
 
     @field_validator("modes", "providers")

@@ -64,7 +64,8 @@ PYDANTIC = re.compile(r"Input should|Value error|instance of|Field required|\.\d
         ({"passes": [{"static_kvv": {}}]}, "unknown pass 'static_kvv'; known passes: "),
         ({"passes": [{"static_kvv": {}}]}, "; did you mean 'static_kv'?"),
         ({"checks": ["checkr"]}, "unknown check 'checkr'; known checks: "),
-        ({"target": "ort-cpuu"}, "; did you mean 'ort-cpu' or 'ort-cuda'?"),
+        ({"verify": {"providers": ["CPUExecutionProvder"]}}, "; did you mean 'CPUExecutionProvider'?"),
+        ({"target": "ort-cpuu"}, "; did you mean 'ort-cpu'?"),
     ],
 )
 def test_a_bad_key_is_named_as_written_in_a_plain_sentence(tmp_path, cfg, says):

@@ -189,12 +189,8 @@ def main() -> None:
     """Console-script entry point (``onnxdeploy``).
 
     Usage errors (bad options, missing arguments) exit 2 with typer's message on stderr; with ``--json``
-    a JSON error object is also written to stdout, so CI parsers always get JSON. sympy, which onnx_ir imports
-    at start-up, loads on first use (:mod:`onnxdeploy.deferred_imports`): ``inspect`` and ``check`` never use it.
+    a JSON error object is also written to stdout, so CI parsers always get JSON.
     """
-    from onnxdeploy.deferred_imports import defer_sympy  # noqa: PLC0415
-
-    defer_sympy()
     try:
         app()
     except SystemExit as exc:

@@ -128,7 +128,9 @@ def plain_message(err: dict[str, Any]) -> str:
     msg = re.sub(r"^Input should be\b", "must be", msg)
     msg = re.sub(r"^Input should have\b", "must have", msg)
     msg = re.sub(r"^Input should\b", "must", msg)
-    return f"{msg}, got {_given(given)}" if msg.startswith("must") else msg
+    if not msg.startswith("must") or ", got " in msg:  # pydantic's own "got a number with a fractional part"
+        return msg
+    return f"{msg}, got {_given(given)}"
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:

@@ -75,6 +75,9 @@ def _parse_passes(raw: Any, where: str) -> list[PassSpec]:
             config = config_model.model_validate(cfg)
         except ValidationError as exc:
             said = format_validation_error(exc, f"passes[{i}].{name}.", data=cfg, model=config_model)
+            passes = [e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden" and e["loc"][0] in CATALOG]
+            for other in dict.fromkeys(passes):  # e.g. kv_layout written inside static_kv's mapping
+                said += f"; '{other}' is a pass of its own: list it in passes as '- {other}: {{...}}'"
             raise ConfigError(f"{where}: {said}") from None
         specs.append(PassSpec(name=str(name), config=config))
     return specs

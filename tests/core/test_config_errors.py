@@ -58,6 +58,10 @@ PYDANTIC = re.compile(r"Input should|Value error|instance of|Field required|\.\d
             "budget.max_mean_kll': unknown key; did you mean 'max_mean_kl'?",
         ),
         ({"verfy": {"steps": 3}}, "key 'verfy': unknown key; did you mean 'verify'?"),
+        (
+            {"passes": [{"static_kv": {"max_cache_len": 64, "kv_layout": {"layout": "BSH2D"}}}]},
+            "static_kv.kv_layout': unknown key; 'kv_layout' is a pass of its own: list it in passes as '- kv_layout:",
+        ),
         ({"verify": {"accuracy": {"max_mean_kll": 1}}}, "'verify.accuracy.max_mean_kll': unknown key; did you mean"),
         ({"verify": {"runtimes": ["openvinoo"]}}, "got 'openvinoo'; did you mean 'openvino'?"),
         ({"sdk": {"mode": "bulid"}}, "key 'sdk.mode': must be 'auto', 'build' or 'off', got 'bulid'; did you mean"),

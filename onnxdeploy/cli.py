@@ -680,6 +680,12 @@ def check_cmd(
     raise typer.Exit(EXIT_OK if report.status == "passed" else EXIT_FAILED)
 
 
+# `onnxdeploy plan` (issue 17): the command lives in onnxdeploy/plan_cli.py; only registered here.
+from onnxdeploy.plan_cli import plan_cmd  # noqa: E402
+
+app.command("plan")(plan_cmd)
+
+
 @app.callback(invoke_without_command=True)
 def _root(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,

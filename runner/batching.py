@@ -39,7 +39,7 @@ from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.graph_set import GraphSetDecoder
 from onnxdeploy.runner.host import StepInputs, allocate_buffers, copy_row_slots
 
-__all__ = ["BatchRun", "BatchingHost", "Finished", "Policy", "Request"]
+__all__ = ["BatchRun", "BatchingHost", "Finished", "Policy", "Request", "poisson_trace"]
 
 Policy = Literal["continuous", "static"]
 """``continuous``: a freed row is refilled at once; ``static``: a batch of B runs until its longest finishes."""
@@ -115,6 +115,46 @@ class BatchRun:
     def step_percentile(self, q: float) -> float:
         """The ``q``-th percentile (0..100) of the decode calls' wall time, ms (nan without calls)."""
         return float(np.percentile(self.step_ms, q)) if self.step_ms else float("nan")
+
+
+def poisson_trace(
+    count: int,
+    prompt_lens: tuple[int, int],
+    new_tokens: tuple[int, int],
+    mean_gap: float,
+    *,
+    seed: int,
+    vocab: int,
+) -> list[Request]:
+    """A deterministic trace: prompt lengths and new tokens uniform in the given inclusive ranges, arrivals Poisson.
+
+    The gaps between arrivals are exponential with mean ``mean_gap`` decode steps (a Poisson process), the arrival
+    the floor of their running sum (the first request arrives at step 0); prompt tokens uniform in ``1..vocab-1``.
+    Drawn from one ``numpy.random.default_rng(seed)`` in this order: lengths, new tokens, gaps, prompts.
+
+    Args:
+        count: requests.
+        prompt_lens: ``(lowest, highest)`` prompt length.
+        new_tokens: ``(lowest, highest)`` ``max_new_tokens``.
+        mean_gap: mean steps between arrivals.
+        seed: the generator's seed.
+        vocab: vocabulary size.
+    """
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(prompt_lens[0], prompt_lens[1] + 1, size=count)
+    new = rng.integers(new_tokens[0], new_tokens[1] + 1, size=count)
+    gaps = rng.exponential(mean_gap, size=count)
+    gaps[0] = 0.0
+    arrivals = np.floor(np.cumsum(gaps)).astype(int)
+    return [
+        Request(
+            id=i,
+            prompt=tuple(rng.integers(1, vocab, size=int(lens[i])).tolist()),
+            max_new_tokens=int(new[i]),
+            arrival=int(arrivals[i]),
+        )
+        for i in range(count)
+    ]
 
 
 class BatchingHost:

@@ -11,10 +11,11 @@ prefill_batch: 1, step_lens: [1, 16], max_cache_lens: [256]}`` → ``mask_rewrit
    continuous-batching host on the B=4 set, by batch 1 (the host on the B=1 set: one request at a time), and by
    static batching on the B=4 set (a batch starts when 4 requests wait and ends when its longest finishes), the
    three interleaved in one run for ``--trace-rounds`` rounds, every session with the host's options (prepacking
-   on: ORT's MatMul re-packs the weights for every M > 1 call without it; one thread). Tokens/s counts generated
+   on: ORT's MatMul re-packs the weights for every M > 1 call without it; one thread; past and present bound to one
+   buffer). Tokens/s counts generated
    tokens over the wall time of the whole run (prefill, copies, host work; idle waits for arrivals take none).
-3. Peak RSS of a child process that opens the B=4 set with the host's options and serves the trace once
-   (``ru_maxrss``), against the model's bytes plus the cache.
+3. Peak RSS (``VmHWM``) of a child process that opens the B=4 set with the host's options and serves the trace
+   once, against the model's bytes plus the cache and against ``onnxdeploy plan``'s prediction.
 
 Usage::
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -39,6 +39,7 @@ from onnxdeploy.artifacts import Artifact
 from onnxdeploy.model_io import load_model, stage_artifacts
 from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes import ArtifactSet, get_pass
+from onnxdeploy.plan import HOST_BASELINE_BYTES, host_memory, model_facts
 from onnxdeploy.runner.batching import BatchingHost, BatchRun, poisson_trace
 from onnxdeploy.runner.graph_set import GraphSetDecoder, open_graph_set
 from onnxdeploy.runner.host import StepInputs, allocate_buffers
@@ -85,8 +86,10 @@ def build_set(model_path: Path, work: Path, batch: int) -> Path:
 
 
 def open_host_set(primary: Path, prepack: bool) -> GraphSetDecoder:
-    """The set on ORT CPU, one thread, prepacking as asked (the host's options: on)."""
-    return open_graph_set(primary, config_entries={PREPACKING_KEY: "0" if prepack else "1"}, threads=1)
+    """The set on ORT CPU, one thread, past and present bound to one buffer, prepacking as asked (the host's: on)."""
+    return open_graph_set(
+        primary, config_entries={PREPACKING_KEY: "0" if prepack else "1"}, threads=1, bind_buffers=True
+    )
 
 
 def t_of_b(sets: dict[int, Path], prepack: bool, rounds: int) -> dict[int, float]:
@@ -154,11 +157,20 @@ def serve(sets: dict[int, Path], rounds: int) -> dict[str, dict[str, Any]]:
 
 
 def child_rss(primary: Path) -> int:
-    """Peak RSS (bytes) of this process after serving the trace once continuous on ``primary`` (child mode)."""
+    """Peak RSS (bytes, ``VmHWM``) of this process after serving the trace once continuous on ``primary``.
+
+    ``VmHWM`` belongs to the process's own memory map; ``ru_maxrss`` would carry the parent's peak over exec.
+    """
     requests = poisson_trace(vocab=SIZE.vocab, **TRACE)  # type: ignore[arg-type]
     with open_host_set(primary, True) as decoder:
         BatchingHost(decoder).run(requests)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak_rss()
+
+
+def peak_rss() -> int:
+    """This process's peak resident set (bytes), from ``/proc/self/status`` ``VmHWM``."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
 
 
 def main() -> int:
@@ -186,7 +198,10 @@ def main() -> int:
     )
     weights = (sets[HOST_B].parent / "model.onnx.data").stat().st_size
     cache = 2 * SIZE.layers * HOST_B * CACHE * SIZE.kv_heads * SIZE.head_dim * 4
-    result["memory"] = {"peak_rss": json.loads(out.stdout)["peak_rss"], "weights": weights, "cache": cache}
+    facts = model_facts(model)
+    predicted = sum(host_memory(facts, HOST_B, CACHE, [1, PREFILL], facts.kv_dtype)) + HOST_BASELINE_BYTES
+    result["memory"] = {"peak_rss": json.loads(out.stdout)["peak_rss"], "weights": weights, "cache": cache,
+                        "plan_predicted": predicted}  # fmt: skip
     t_on = result["t_ms"]["prepack on"]
     c, b1, st = (result["trace"][k]["tokens_per_s"] for k in ("continuous", "batch 1", "static"))
     result["ratios"] = {
@@ -195,6 +210,7 @@ def main() -> int:
         "continuous / static": round(c / st, 2),
         "continuous / (0.8 * ceiling)": round(c / b1 / (0.8 * 4 * t_on[1] / t_on[4]), 2),
         "peak rss / (1.5 * weights + cache)": round(result["memory"]["peak_rss"] / (1.5 * weights + cache), 2),
+        "plan predicted / peak rss": round(predicted / result["memory"]["peak_rss"], 3),
     }
     if args.json:
         print(json.dumps(result, indent=2))

@@ -17,10 +17,10 @@ vocabulary from the logits or the embedding table) and the budget, :func:`make_p
   the bytes one step reads (every weight once, the decode buffers) over ``bandwidth`` bytes/s. Both constants are
   the device's; the defaults are ORT CPU figures measured here (:data:`DEFAULT_BANDWIDTH`, :data:`DEFAULT_ROW_COST`).
 
-Memory (what the continuous-batching host holds on ORT CPU, :mod:`onnxdeploy.runner.batching`): the weights once
-per session that prepacks them (:data:`PACKED_COPIES`), the B-row decode buffers and the batch-1 prefill buffers
-(``× RUNTIME_CACHE_COPIES`` live while a call runs), activations of the largest call (its hidden states and
-logits), and the process's own baseline (:data:`HOST_BASELINE_BYTES`). ``--measure`` builds the proposed set,
+Memory (what the continuous-batching host holds on ORT CPU, :mod:`onnxdeploy.runner.batching`): the MatMul
+weights once per session, each prepacked (:data:`PACKED_NUMERATOR`), the B-row decode buffers and the batch-1
+prefill buffers (``× RUNTIME_CACHE_COPIES`` live while a call runs), activations of the largest call (its hidden
+states and logits), and the process's own baseline (:data:`HOST_BASELINE_BYTES`). ``--measure`` builds the proposed set,
 serves a trace on it and reports measured step P50/P99, tokens/s and peak RSS beside the prediction.
 """
 
@@ -42,9 +42,11 @@ __all__ = [
     "DEFAULT_BANDWIDTH",
     "DEFAULT_ROW_COST",
     "HOST_BASELINE_BYTES",
-    "PACKED_COPIES",
+    "PACKED_DENOMINATOR",
+    "PACKED_NUMERATOR",
     "ModelFacts",
     "Plan",
+    "host_memory",
     "make_plan",
     "model_facts",
     "pipeline_snippet",
@@ -57,11 +59,14 @@ DEFAULT_BANDWIDTH = 10e9
 DEFAULT_ROW_COST = 0.08
 """Extra step time per added row, as a fraction of ``t(1)`` (ORT CPU with prepacking, ``benchmarks/batching.py``:
 t(4)/t(1) ≈ 1.23 → (1.23 − 1) / 3 ≈ 0.08, issue 17's measurement)."""
-PACKED_COPIES = 1
-"""Weight copies the host holds: the decode graph's session prepacks its MatMul weights (a private packed copy
-replaces the mapped pages it read); the prefill graphs read the mapped file."""
-HOST_BASELINE_BYTES = 120 * 2**20
-"""The host process before any model: Python, numpy, onnx, onnx_ir and ONNX Runtime imported (~120 MiB RSS here)."""
+PACKED_NUMERATOR, PACKED_DENOMINATOR = 7, 6
+"""Resident bytes per MatMul weight byte, per session: every session of the set (the decode graph and each prefill
+graph) prepacks its own private copy of the MatMul weights (ORT's Python API shares no prepacked weights between
+sessions), 7/6 of their bytes with the session's own allocations (measured on the 125M export: two sessions added
+891 MiB for 381.8 MiB of MatMul weights, ``benchmarks/batching.py``, 2026-12-02). Gather tables (the embedding)
+stay mapped and only their looked-up rows are read."""
+HOST_BASELINE_BYTES = 110 * 2**20
+"""The host process before any model: Python, numpy, onnx, onnx_ir and ONNX Runtime imported (108-111 MiB RSS here)."""
 RUNTIME_CACHE_COPIES = 3
 """Cache buffers alive around a call (the past inputs, the present outputs, the host's), as ``static_kv`` counts."""
 _KV_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -75,6 +80,7 @@ class ModelFacts:
         layers: decoder layers; kv_heads: H_kv; head_dim: D; kv_dtype: the cache's dtype name.
         vocab: V (logits' last dim, else the embedding table's rows); hidden: the embedding width (0 if unknown).
         weight_bytes: bytes of the initializers by dtype name (weights above 1 KiB).
+        table_bytes: bytes of the weights only ``Gather`` reads (the embedding table: rows looked up, not packed).
     """
 
     layers: int
@@ -84,6 +90,7 @@ class ModelFacts:
     vocab: int
     hidden: int
     weight_bytes: dict[str, int]
+    table_bytes: int = 0
 
     @property
     def weights(self) -> int:
@@ -108,14 +115,18 @@ def model_facts(path: str | Path) -> ModelFacts:
     kv = find_kv_cache(model, who="plan")
     by_dtype: dict[str, int] = {}
     tables = []
+    table_bytes = 0
     for value in model.graph.initializers.values():
         tensor = value.const_value
         if tensor is None or tensor.nbytes <= 1024:
             continue
         name = str(tensor.dtype.name).lower()
         by_dtype[name] = by_dtype.get(name, 0) + tensor.nbytes
-        if any(u.node.op_type == "Gather" and u.idx == 0 for u in value.uses()) and len(tensor.shape) == 2:
-            tables.append(tuple(int(d) for d in tensor.shape))
+        uses = list(value.uses())
+        if uses and all(u.node.op_type == "Gather" and u.idx == 0 for u in uses):
+            table_bytes += tensor.nbytes
+            if len(tensor.shape) == 2:
+                tables.append(tuple(int(d) for d in tensor.shape))
     logits = find_logits_output(model.graph, {t.present_name for t in kv.tensors}, who="plan")
     dims = logits.shape
     vocab = int(dims[-1]) if dims is not None and isinstance(dims[-1], int) else (tables[0][0] if tables else 0)
@@ -129,6 +140,7 @@ def model_facts(path: str | Path) -> ModelFacts:
         vocab=vocab,
         hidden=hidden,
         weight_bytes=by_dtype,
+        table_bytes=table_bytes,
     )
 
 
@@ -163,7 +175,7 @@ class Plan:
         facts: the model's.
         batch, max_cache_len, step_lens, kv_dtype: the proposal.
         budget: the device memory given.
-        weights: resident weight bytes (``PACKED_COPIES`` × the weights).
+        weights: resident weight bytes (every session's packed MatMul weights, :data:`PACKED_NUMERATOR`).
         cache: B-row decode buffers + batch-1 prefill buffers, × ``RUNTIME_CACHE_COPIES``.
         activations: the largest call's hidden states and logits (float32).
         baseline: the host process before the model.
@@ -195,13 +207,29 @@ class Plan:
         return self.batch / self.step_ms * 1e3
 
 
-def _memory(facts: ModelFacts, batch: int, max_len: int, steps: Sequence[int], kv_dtype: str) -> tuple[int, int, int]:
-    """``(weights, cache, activations)`` bytes of the host at ``batch`` (module docstring)."""
+def host_memory(
+    facts: ModelFacts, batch: int, max_len: int, steps: Sequence[int], kv_dtype: str
+) -> tuple[int, int, int]:
+    """``(weights, cache, activations)`` bytes the batching host holds at ``batch`` rows (module docstring).
+
+    Args:
+        facts: the model.
+        batch: decode rows B.
+        max_len: ``max_cache_len`` of every graph.
+        steps: the set's step lengths (1 and the prefill buckets: one session each).
+        kv_dtype: the cache dtype name.
+
+    Returns:
+        Bytes of the packed weights, of the cache buffers (``× RUNTIME_CACHE_COPIES``) and of the activations;
+        add :data:`HOST_BASELINE_BYTES` for the process.
+    """
     slot = facts.kv_row_slot_bytes(kv_dtype)
     cache = RUNTIME_CACHE_COPIES * slot * max_len * (batch + 1)  # B decode rows + the batch-1 prefill buffers
     width = max(batch, max(steps))  # rows × positions of the largest call
     activations = 4 * width * (16 * facts.hidden + facts.vocab)
-    return PACKED_COPIES * facts.weights, cache, activations
+    sessions = len(steps)  # the decode graph and one prefill graph per step length > 1
+    packed = sessions * (facts.weights - facts.table_bytes) * PACKED_NUMERATOR // PACKED_DENOMINATOR
+    return packed, cache, activations
 
 
 def _round_up(n: int, to: int) -> int:
@@ -245,7 +273,10 @@ def make_plan(
     else:
         max_cache_len, steps = max_len, [1, 64]
     kv_dtype = facts.kv_dtype
-    if sum(_memory(facts, 1, max_cache_len, steps, kv_dtype)) + HOST_BASELINE_BYTES > memory and kv_dtype != "float16":
+    if (
+        sum(host_memory(facts, 1, max_cache_len, steps, kv_dtype)) + HOST_BASELINE_BYTES > memory
+        and kv_dtype != "float16"
+    ):
         kv_dtype = "float16"
     slot = facts.kv_row_slot_bytes(kv_dtype)
     t1 = (facts.weights + slot * max_cache_len) / bandwidth * 1e3
@@ -256,15 +287,16 @@ def make_plan(
     best = None
     b = 1
     while b <= max_batch:
-        fits = sum(_memory(facts, b, max_cache_len, steps, kv_dtype)) + HOST_BASELINE_BYTES <= memory
+        fits = sum(host_memory(facts, b, max_cache_len, steps, kv_dtype)) + HOST_BASELINE_BYTES <= memory
         fast = latency_p99_ms is None or step_ms(b) <= latency_p99_ms
         if not (fits and fast):
             break
         best, b = b, b * 2
-    weights, cache, act = _memory(facts, best or 1, max_cache_len, steps, kv_dtype)
+    weights, cache, act = host_memory(facts, best or 1, max_cache_len, steps, kv_dtype)
     lines = [
-        f"weights: {', '.join(f'{k} {format_bytes(v)}' for k, v in facts.weight_bytes.items())} "
-        f"(× {PACKED_COPIES} resident) = {format_bytes(weights)}",
+        f"weights: {', '.join(f'{k} {format_bytes(v)}' for k, v in facts.weight_bytes.items())}; "
+        f"{len(steps)} sessions × ({facts.weights} − {facts.table_bytes} table) B × {PACKED_NUMERATOR}/"
+        f"{PACKED_DENOMINATOR} packed = {format_bytes(weights)}",
         f"KV per row and slot: 2 × {facts.layers} layers × {facts.kv_heads} KV heads × {facts.head_dim} × "
         f"{_KV_BYTES[kv_dtype]} bytes ({kv_dtype}) = {slot} B",
         f"KV cache: {slot} B × {max_cache_len} slots × ({best or 1} rows + 1 prefill row) × {RUNTIME_CACHE_COPIES} "

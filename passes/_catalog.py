@@ -110,6 +110,12 @@ class StaticKVConfig(PassConfig):
         "matrix defaults.cache_write, else scatter_elements.",
     )
 
+    window_cache: bool = Field(
+        False,
+        description="Layers with a sliding window W (read off the graph, confirmed by running) get ring buffers of "
+        "W + max(step_lens) - 1 slots, slot = position mod that length (every layer windowed today; needs "
+        "mask_rewrite after, and full_buffer).",
+    )
     cache_policy: CachePolicy | None = Field(
         None,
         description="{sinks: N, recent: R}: past max_cache_len the host keeps the first N positions and a ring of "
@@ -121,6 +127,8 @@ class StaticKVConfig(PassConfig):
     def _one_form_each(self) -> Self:
         if (self.max_cache_len is None) == (self.max_cache_lens is None):
             raise ValueError("give exactly one of max_cache_len and max_cache_lens")
+        if self.window_cache and (self.cache_update != "full_buffer" or self.cache_policy is not None):
+            raise ValueError("window_cache needs cache_update full_buffer and no cache_policy")
         policy = self.cache_policy
         if policy is not None and policy.sinks + policy.recent > max(self.caches()):
             raise ValueError(

@@ -299,6 +299,15 @@ class SdkQuantization(BaseModel):
     auto_hybrid_cos: float = Field(
         0.98, gt=0, le=1, description="rknn.config(auto_hybrid_cos_thresh=...): the per-layer cosine bound."
     )
+    hybrid_min_cosine: float | None = Field(
+        0.98,
+        gt=0,
+        le=1,
+        description="Hybrid quantization chosen from per-layer error: every SDK tensor whose single-layer cosine "
+        "(RKNN accuracy_analysis, quantized vs float) falls below this is kept fp16 with the single-input chain "
+        "feeding it and its siblings (default 0.98: the rotary Sin/Cos chain on the fixtures); null: off.",
+    )
+    hybrid_samples: int = Field(3, ge=1, description="Calibration samples the per-layer analysis runs on.")
     max_samples: int = Field(
         32, ge=1, description="Calibration samples (decode calls) per graph, spread over the calibration tokens."
     )

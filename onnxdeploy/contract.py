@@ -29,6 +29,7 @@ __all__ = [
     "CACHE_WRITES",
     "CONTRACT_KEY",
     "CONTRACT_VERSION",
+    "FEATURE_VERSIONS",
     "KV_DTYPES",
     "LAYOUT_VERSIONS",
     "EMPTY_SLOT",
@@ -56,6 +57,18 @@ Contracts that need a later version say so themselves (:data:`LAYOUT_VERSIONS`).
 LAYOUT_VERSIONS: dict[str, int] = {"BHSD": 1, "BSH2D": 1, "BHDS_K": 3}
 """The lowest ``contract_version`` that knows each ``kv_layout`` (3 added ``BHDS_K``): a contract with that layout
 carries at least that version, so a host that knows fewer layouts refuses it instead of guessing."""
+
+FEATURE_VERSIONS: dict[str, int] = {
+    "row_positions": 4,
+    "cache_policy": CACHE_POLICY_VERSION,
+    "part": PART_VERSION,
+    "parts": PART_VERSION,
+}
+"""The lowest ``contract_version`` that knows each optional contract feature (a field that is on), as
+:data:`LAYOUT_VERSIONS` does for layouts: 4 added ``row_positions`` (``cache_position`` ``(B, S)``, each batch row at
+its own positions); 5 added ``cache_policy`` (sinks + recent past ``max_cache_len``) and ``part``/``parts`` (a
+decoder split into parts run in sequence). A contract using a feature carries at least its version; others keep
+theirs."""
 
 CACHE_WRITES: tuple[str, ...] = ("scatter_elements", "scatter_nd", "where", "host")
 
@@ -181,10 +194,10 @@ class DecodeContract(BaseModel):
     """The I/O contract of a static decode graph (contract_version 2, 3 for BHDS_K; version 1 still reads).
 
     Shapes (``B`` = ``batch``, ``S`` = ``step_len``, ``M`` = ``max_cache_len``, ``H_kv`` = ``num_kv_heads``,
-    ``D`` = ``head_dim_padded``): ``input_ids`` int64 ``(B, S)``; ``cache_position`` int64 ``(S,)``;
-    ``position_ids`` int64 ``(B, S)``; ``attention_mask`` int64 ``(B, M)``; past cache of ``kv_dtype``
-    ``(B, H_kv, M, D)`` (BHSD), ``(B, M, H_kv, 2·D)`` (BSH2D, K and V packed on the last axis, K first, each
-    zero-padded from ``head_dim`` to ``D``), or K ``(B, H_kv, D, M)`` and V ``(B, H_kv, M, D)`` (BHDS_K: K
+    ``D`` = ``head_dim_padded``): ``input_ids`` int64 ``(B, S)``; ``cache_position`` int64 ``(S,)`` (``(B, S)`` with
+    ``row_positions``); ``position_ids`` int64 ``(B, S)``; ``attention_mask`` int64 ``(B, M)``; past cache of
+    ``kv_dtype`` ``(B, H_kv, M, D)`` (BHSD), ``(B, M, H_kv, 2·D)`` (BSH2D, K and V packed on the last axis, K first,
+    each zero-padded from ``head_dim`` to ``D``), or K ``(B, H_kv, D, M)`` and V ``(B, H_kv, M, D)`` (BHDS_K: K
     transposed); present cache the same with ``S`` in place of ``M`` for ``new_token_only``; logits float
     ``(B, S, V)``, or ``(B, 1, V)`` with ``prefill_logits: last`` (then ``last_token_index`` int64 ``(B,)`` is an
     input).
@@ -255,6 +268,13 @@ class DecodeContract(BaseModel):
         description="Window W the graph applies (mask: cache_position): a query at p sees slots p-W+1..p in the "
         "layers that have a window; None: no layer has one.",
     )
+    row_positions: bool = Field(
+        default=False,
+        description="cache_position is int64 (B, S): each batch row writes and masks at its own positions (and "
+        "position_ids (B, S) are its own). Rows at different positions need mask: cache_position (mask_rewrite, or an "
+        "attention op masking by per-row length). An idle row is fed its next position and any token; its logits are "
+        "ignored and the slot it writes is rewritten by its next real call. contract_version >= 4.",
+    )
     cache_init: Literal["zeros"] = Field(
         default="zeros",
         description="The host fills every cache buffer with zeros once, when it allocates it. Masked slots get "
@@ -289,10 +309,9 @@ class DecodeContract(BaseModel):
         rings = any(e.cache_len is not None or e.slot_mapping != "position" for e in self.cache)
         if rings and self.contract_version < CACHE_POLICY_VERSION:
             raise ValueError(f"per-layer cache lengths need contract_version >= {CACHE_POLICY_VERSION}")
-        if self.cache_policy is not None and self.contract_version < CACHE_POLICY_VERSION:
-            raise ValueError(f"cache_policy needs contract_version >= {CACHE_POLICY_VERSION}")
-        if (self.part is not None or self.parts) and self.contract_version < PART_VERSION:
-            raise ValueError(f"parts need contract_version >= {PART_VERSION}, got {self.contract_version}")
+        for feature, version in FEATURE_VERSIONS.items():
+            if getattr(self, feature) and self.contract_version < version:
+                raise ValueError(f"{feature} needs contract_version >= {version}, got {self.contract_version}")
         needed = _LAYOUT_NAMES[self.kv_layout]
         for entry in self.cache:
             absent = [name for name in needed if not getattr(entry, name)]
@@ -400,8 +419,8 @@ class DecodeContract(BaseModel):
         return (self.batch, self.step_len)
 
     def cache_position_shape(self) -> Shape:
-        """Shape of ``cache_position`` (int64): ``(step_len,)``."""
-        return (self.step_len,)
+        """Shape of ``cache_position`` (int64): ``(step_len,)``, or ``(B, step_len)`` with ``row_positions``."""
+        return (self.batch, self.step_len) if self.row_positions else (self.step_len,)
 
     def position_ids_shape(self) -> Shape:
         """Shape of ``position_ids`` (int64): ``(B, step_len)``."""

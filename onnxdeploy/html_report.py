@@ -131,6 +131,9 @@ def render_html(report: RunReport, *, max_rows: int = 200) -> str:
         parts += ["<h2>Verification</h2>", "<p><b>Skipped</b> (<code>verify: null</code>): not compared.</p>"]
     parts += _html_runtimes(report)
     parts += _html_accuracy(report)
+    from onnxdeploy.sdk_report import sdk_html  # noqa: PLC0415  (the SDK stage's section: sdk_report)
+
+    parts += sdk_html(report.sdk)
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"
 

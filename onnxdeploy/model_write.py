@@ -33,6 +33,7 @@ from onnxdeploy.inline_weights import (
     streamed_size,
     write_streamed,
 )
+from onnxdeploy.run_scratch import STAGING_PREFIX, owner_tag
 
 __all__ = [
     "StagedArtifacts",
@@ -244,7 +245,8 @@ def stage_artifacts(
         OutputError: a graph is over the protobuf limit inline, or the folder cannot be written.
     """
     try:
-        staging = Path(tempfile.mkdtemp(prefix=".onnxdeploy-", dir=out_dir))
+        # the owner in the name: a run killed by SIGKILL leaves it, the next run removes it (run_scratch.py)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + owner_tag(), dir=out_dir))
     except OSError as exc:
         raise OutputError(f"cannot write to output_dir {out_dir}: {exc.strerror or exc}") from exc
     staged = StagedArtifacts(out_dir=out_dir, staging=staging)

@@ -190,6 +190,8 @@ def rknn_build_for(
         float_layers=tuple(quantization.float_layers),
         auto_hybrid=quantization.auto_hybrid,
         auto_hybrid_cos=quantization.auto_hybrid_cos,
+        hybrid_min_cosine=quantization.hybrid_min_cosine,
+        hybrid_samples=quantization.hybrid_samples,
     )
 
 

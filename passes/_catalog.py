@@ -110,6 +110,17 @@ class StaticKVConfig(PassConfig):
         "matrix defaults.cache_write, else scatter_elements.",
     )
 
+    row_positions: bool = Field(
+        False,
+        description="cache_position (B, S): each batch row writes and masks at its own positions (continuous "
+        "batching; rows at different positions need mask_rewrite after static_kv). Contract version 4.",
+    )
+    prefill_batch: int | None = Field(
+        None,
+        ge=1,
+        description="Batch of the step_len > 1 graphs of the set (1: a request is prefilled alone and its cache "
+        "copied into a free row of the decode buffers); default: batch.",
+    )
     window_cache: bool = Field(
         False,
         description="Layers with a sliding window W (read off the graph, confirmed by running) get ring buffers of "

@@ -116,7 +116,9 @@ def _find_tensor(
         raise PreconditionError(who, f"'{past_name}' is read before its write by {others[:3]}; expected only the write")
     new = write.inputs[1] if write.op_type == "Where" else write.inputs[2]
     producer = new.producer() if new is not None else None
-    if write.op_type == "Where" and producer is not None and producer.op_type == "Gather":  # the S > 1 select
+    if (
+        write.op_type == "Where" and producer is not None and producer.op_type in ("Gather", "GatherElements")
+    ):  # S > 1 select
         new = producer.inputs[0]
     want = (contract.batch, contract.num_kv_heads, contract.step_len, contract.head_dim)
     if new is None or new.shape is None or tuple(new.shape) != want:

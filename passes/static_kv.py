@@ -266,6 +266,7 @@ class StaticKVCachePass(Pass):
         head_dim = genai_head_size(context.model_path)
         kv = self._find(original, head_dim)
         self._check_inputs(original.graph, kv)
+        self._refuse_rows(original, kv)
         self._resolve_cache_write(kv, context, report)
         query_positions = self._query_positions(original, kv, context, report)
         self._ring = self._ring_length(original, query_positions, head_dim, context, report)
@@ -413,6 +414,32 @@ class StaticKVCachePass(Pass):
         if kv.attention_op is None:
             report.changes.append(f"cache write: {self._cache_write} ({source if write else 'default'}), {update}")
 
+    def _batch(self, S: int) -> int:
+        """The batch of the step-``S`` graphs: ``prefill_batch`` for a prefill graph (S > 1) if set, else ``batch``."""
+        cfg = self.config
+        return cfg.prefill_batch if S > 1 and cfg.prefill_batch is not None else cfg.batch
+
+    def _refuse_rows(self, model: ir.Model, kv: KVCache) -> None:
+        """``row_positions`` needs a ``position_ids`` input (each row's RoPE) and a cache written at Concats.
+
+        Raises:
+            PreconditionError: no ``position_ids`` input, or the cache is held by an attention op.
+        """
+        if not self.config.row_positions:
+            return
+        if kv.attention_op is not None:
+            raise PreconditionError(
+                self.name,
+                f"row_positions: the cache is held by {kv.attention_op}, whose lengths static_kv feeds "
+                "from one row; use the decomposed export",
+            )
+        if "position_ids" not in {v.name for v in model.graph.inputs}:
+            raise PreconditionError(
+                self.name,
+                "row_positions: the export has no position_ids input, so its rows could not take their "
+                "own positions; re-export with position_ids",
+            )
+
     def _rewrite(
         self,
         model: ir.Model,
@@ -440,7 +467,7 @@ class StaticKVCachePass(Pass):
         folded = self._fold(model, report)
         contract = self._contract(folded, kv, S, L, report)
         report.changes.append(
-            f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={self.config.batch}, "
+            f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={self._batch(S)}, "
             f"step_len={S}, max_cache_len={L}, {self._cache_update}"
         )
         return folded, contract
@@ -449,10 +476,11 @@ class StaticKVCachePass(Pass):
         self, model: ir.Model, kv: KVCache, query_positions: list[str], S: int, L: int, report: PassReport
     ) -> None:
         """Add ``cache_position``, write the cache there (at the op, or instead of each Concat), fix the input dims."""
-        B = self.config.batch
+        B = self._batch(S)
+        rows = self.config.row_positions
         graph = model.graph
-        cache_position = add_cache_position(graph, S, who=self.name)
-        report.changes.append(f"added input {CACHE_POSITION} int64 [{S}]")
+        cache_position = add_cache_position(graph, S, who=self.name, rows=B if rows else None)
+        report.changes.append(f"added input {CACHE_POSITION} int64 [{f'{B}, ' if rows else ''}{S}]")
         if kv.attention_op is not None:  # GroupQueryAttention holds the cache: rewrite its length inputs
             report.changes += rewrite_gqa_cache(
                 model,
@@ -477,7 +505,7 @@ class StaticKVCachePass(Pass):
                 cache_write=self._cache_write,
                 batch=B,
             )
-            feed_query_positions(graph, query_positions, cache_position)
+            feed_query_positions(graph, query_positions, cache_position, rows=rows)
         ring = getattr(self, "_ring", None)
         report.dims_fixed += fix_io_dims(graph, kv, batch=B, step_len=S, max_cache_len=L if ring is None else ring)
 
@@ -496,11 +524,15 @@ class StaticKVCachePass(Pass):
     def _contract(self, folded: ir.Model, kv: KVCache, S: int, L: int, report: PassReport) -> DecodeContract:
         """The graph's contract; a prefill graph's LM head gathered to the last token, the cache cast to kv_dtype."""
         cfg = self.config
-        B = cfg.batch
+        B = self._batch(S)
         ring = getattr(self, "_ring", None)
         contract = build_contract(
             folded, kv, batch=B, step_len=S, max_cache_len=L, cache_update=self._cache_update, who=self.name
         )
+        if cfg.row_positions:
+            contract = contract.model_copy(
+                update={"row_positions": True, "contract_version": max(contract.contract_version, 4)}
+            )
         if ring is not None:  # every layer a ring; max_cache_len stays the bound on positions
             cache = [e.model_copy(update={"cache_len": ring, "slot_mapping": "ring"}) for e in contract.cache]
             contract = contract.model_copy(update={"cache": cache, "contract_version": 5})

@@ -131,22 +131,28 @@ def step_feeds(contract: DecodeContract, inputs: StepInputs) -> dict[str, np.nda
     """The non-cache inputs of one call by graph input name (int64 all; shapes from the contract).
 
     Without ``row_positions`` the graph's ``cache_position`` is ``(S,)``: every row must then write the same slots
-    (row 0's are fed).
+    (row 0's are fed). With it but ``mask: attention_mask`` (``static_kv`` without ``mask_rewrite``) the exporter's
+    mask reads row 0's positions, so rows must still be at the same positions.
 
     Raises:
-        ContractError: rows at different slots for a graph without ``row_positions``.
+        ContractError: rows at different slots for a graph without ``row_positions`` or without ``mask:
+            cache_position``.
     """
     names = {role: name for role, name in contract.inputs.model_dump().items() if name is not None}
     feeds: dict[str, np.ndarray] = {}
     if "input_ids" in names:  # a split model's later parts take a hidden state instead (runner/parts.py)
         feeds[names["input_ids"]] = np.ascontiguousarray(inputs.tokens, dtype=np.int64)
     if "cache_position" in names:
-        if getattr(contract, "row_positions", False):
+        if contract.row_positions and contract.mask == "cache_position":
             feeds[names["cache_position"]] = np.ascontiguousarray(inputs.slots, dtype=np.int64)
         else:
             if inputs.slots.shape[0] > 1 and not (inputs.slots == inputs.slots[:1]).all():
-                raise ContractError("rows at different slots need a row_positions graph (cache_position (B, S))")
-            feeds[names["cache_position"]] = inputs.slots[0].reshape(contract.cache_position_shape()).copy()
+                raise ContractError(
+                    "rows at different slots need a row_positions graph (cache_position (B, S)) masked from "
+                    "cache_position (mask_rewrite)"
+                )
+            shape = contract.cache_position_shape()
+            feeds[names["cache_position"]] = np.broadcast_to(inputs.slots[0], shape).copy()
     if "position_ids" in names:
         feeds[names["position_ids"]] = np.ascontiguousarray(inputs.positions, dtype=np.int64)
     if "attention_mask" in names:

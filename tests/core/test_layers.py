@@ -22,6 +22,8 @@ BOTTOM = {
     "artifacts",
     "settings",
     "report",
+    "report_verify",
+    "run_scratch",
     "resources",
     "token_ids",
     "text",

@@ -186,6 +186,11 @@ def test_the_sdk_builds_every_graph_of_a_set_as_fp16_and_w8a8(tmp_path):
         reports = sdk.rknn_build_reports([step1, step4], builds=builds)
         assert all(r.built for r in reports), [r.error for r in reports]
         assert all(sdk_stage.Path(b.export).stat().st_size > 0 for b in builds)
+        if quantization is not None:  # the per-layer analysis ran and each sensitive tensor is built float16
+            analyses = [r.hybrid["layer_errors"] for r in reports]
+            assert all(a["layers"] > 0 and a["min_cosine"] == 0.98 for a in analyses), analyses
+            for analysis, report in zip(analyses, reports, strict=True):
+                assert set(analysis["sensitive"]) <= set(report.hybrid.get("float_layers", []))
 
 
 def test_check_flags_weight_only_qdq_on_rk3588(tmp_path):

@@ -341,6 +341,13 @@ class SplitConfig(PassConfig):
         "context's limit); a layer larger than it is refused.",
     )
 
+    weights: Literal["shared", "per_part"] = Field(
+        "shared",
+        description="shared: every part reads the run's one weights file; per_part: each part's weights go to a "
+        "data file of its own (<stem>.part<i>.data), a tensor two parts read (a tied embedding/LM head) stored in "
+        "both, and the report names it.",
+    )
+
     @model_validator(mode="after")
     def _one_way(self) -> Self:
         if (self.parts is None) == (self.max_part_bytes is None):

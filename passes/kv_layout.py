@@ -415,6 +415,8 @@ def _relayout(
     method, update_mode = _write_method(found, c, cfg)
     Dp = padded_head_dim(c.head_dim, cfg.pad_head_dim_to)
     rings = {e.cache_len for e in c.cache if e.slot_mapping == "ring"}  # window_cache: one ring, slot = p mod it
+    if rings and (len(rings) > 1 or any(e.slot_mapping != "ring" for e in c.cache)):
+        raise PreconditionError(who, "window_cache with mixed local and global layers keeps the BHSD layout today")
     view, slots = c, cache_position
     if rings:
         view = c.model_copy(update={"max_cache_len": next(iter(rings))})

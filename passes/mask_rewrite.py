@@ -268,7 +268,8 @@ class MaskRewritePass(Pass):
         decomposed = decompose_attention(g, who=self.name)  # opset-23 Attention: its scores become reachable
         infer_shapes(model)  # the sites are told apart by their static shapes; an earlier pass may have dropped them
         ring = {e.cache_len for e in contract.cache if e.slot_mapping == "ring"}  # window_cache: one ring length
-        view = contract.model_copy(update={"max_cache_len": ring.pop()}) if ring else contract  # the buffers' slots
+        every = all(e.slot_mapping == "ring" for e in contract.cache) and len(ring) == 1  # else rings read by a view
+        view = contract.model_copy(update={"max_cache_len": ring.pop()}) if every else contract  # the buffers' slots
         sites = _static_sites(g, view, source, self.name)
         cache_position, attention_mask = self._mask_inputs(g, view)
         padding = attention_mask if self.config.padding else None

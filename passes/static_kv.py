@@ -64,7 +64,7 @@ from onnxdeploy.passes._last_position import LAST_TOKEN_INDEX, gather_last_posit
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._query_positions import export_batch, feed_query_positions, find_query_positions
-from onnxdeploy.passes._window_cache import probe_windows, ring_length, ring_slots
+from onnxdeploy.passes._window_cache import probe_layer_windows, probe_windows, ring_length, ring_slots, ring_views
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes
 from onnxdeploy.settings import PipelineSettings, SettingsConflict
@@ -320,10 +320,25 @@ class StaticKVCachePass(Pass):
         cfg = self.config
         if not cfg.window_cache:
             return None
-        self._ring = None
+        self._ring, self._layer_rings = None, {}
         S, L = cfg.steps()[0], cfg.caches()[-1]
         probe, contract = self._rewrite(clone(original), query_positions, S, L, PassReport(name=self.name), head_dim)
         write_contract(probe, contract)
+        windows = probe_layer_windows(
+            probe, contract, self._find(original, head_dim), context, source="the primary graph", who=self.name
+        )
+        if None in windows and any(w is not None for w in windows):  # mixed local/global layers: rings by view
+            self._layer_rings = {i: ring_length(w, cfg.steps()) for i, w in enumerate(windows) if w is not None}
+            if max(self._layer_rings.values()) >= cfg.caches()[0]:
+                raise ConfigError(
+                    f"window_cache: a window + max(step_lens) - 1 ({max(self._layer_rings.values())} slots) is not "
+                    f"smaller than max_cache_len {cfg.caches()[0]}; raise max_cache_len or drop window_cache"
+                )
+            report.changes.append(
+                f"window_cache: layer windows {windows} (None: global, confirmed by running): windowed layers are "
+                f"rings of {sorted(set(self._layer_rings.values()))} slots read through a view of max_cache_len"
+            )
+            return None
         window = probe_windows(probe, contract, context, source="the primary graph", who=self.name)
         length = ring_length(window, cfg.steps())
         if length >= cfg.caches()[0]:
@@ -508,6 +523,9 @@ class StaticKVCachePass(Pass):
             feed_query_positions(graph, query_positions, cache_position, rows=rows)
         ring = getattr(self, "_ring", None)
         report.dims_fixed += fix_io_dims(graph, kv, batch=B, step_len=S, max_cache_len=L if ring is None else ring)
+        rings = getattr(self, "_layer_rings", None)
+        if rings and kv.attention_op is None:  # mixed layers: the windowed ones are rings read through a view
+            report.changes += ring_views(graph, kv, rings, cache_position, L=L, S=S, B=B)
 
     def _fold(self, model: ir.Model, report: PassReport) -> ir.Model:
         """Fold the shape arithmetic (a new model), ``-inf`` constants made finite before and after."""
@@ -533,8 +551,14 @@ class StaticKVCachePass(Pass):
             contract = contract.model_copy(
                 update={"row_positions": True, "contract_version": max(contract.contract_version, 4)}
             )
+        rings = getattr(self, "_layer_rings", None) or {}
         if ring is not None:  # every layer a ring; max_cache_len stays the bound on positions
-            cache = [e.model_copy(update={"cache_len": ring, "slot_mapping": "ring"}) for e in contract.cache]
+            rings = dict.fromkeys(range(len(contract.cache)), ring)
+        if rings:
+            cache = [
+                e.model_copy(update={"cache_len": rings[e.layer], "slot_mapping": "ring"}) if e.layer in rings else e
+                for e in contract.cache
+            ]
             contract = contract.model_copy(update={"cache": cache, "contract_version": 5})
         if kv.attention_op is not None:  # the op masks by seqlens_k, computed from cache_position
             contract = contract.model_copy(update={"mask": "cache_position"})

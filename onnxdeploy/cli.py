@@ -5,7 +5,8 @@ Domain errors are caught at each command, printed once, and turned into ``typer.
 
 Here: the app, ``run`` and ``passes``, the root options and :func:`main`. The other commands live beside it,
 one module per concept: ``cli_model`` (``inspect``, ``check``, ``sdk``), ``cli_verify`` (``verify``),
-``cli_matrix`` (``matrix``); ``cli_common`` holds what they share (consoles, options, errors, progress).
+``cli_matrix`` (``matrix``), ``plan_cli`` (``plan``); ``cli_common`` holds what they share (consoles, options,
+errors, progress).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from onnxdeploy.cli_matrix import matrix_app
 from onnxdeploy.cli_model import check_cmd, inspect, sdk_app
 from onnxdeploy.cli_verify import verify_cmd
 from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError, OnnxDeployError
+from onnxdeploy.plan_cli import plan_cmd
 
 if TYPE_CHECKING:  # the commands import the library lazily: `onnxdeploy --help` stays fast
     from onnxdeploy.config import PipelineConfig
@@ -168,6 +170,7 @@ app.command("verify")(verify_cmd)
 app.command("check")(check_cmd)
 app.add_typer(matrix_app, name="matrix")
 app.add_typer(sdk_app, name="sdk")
+app.command("plan")(plan_cmd)
 
 
 @app.callback(invoke_without_command=True)

@@ -140,6 +140,17 @@ class CacheBinding(BaseModel):
     value_out: str | None = Field(default=None, description="Present value output name (BHSD layout).")
     kv_in: str | None = Field(default=None, description="Packed past K/V input (BSH2D layout).")
     kv_out: str | None = Field(default=None, description="Packed present K/V output (BSH2D layout).")
+    cache_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="Slots of this layer's buffers; None: max_cache_len (window_cache: W + max(step_lens) - 1 for a "
+        "windowed layer, the same in every graph of the set; contract_version >= 5).",
+    )
+    slot_mapping: Literal["position", "ring"] = Field(
+        default="position",
+        description="Where position p is written: position: slot p; ring: slot p mod cache_len (the graph computes "
+        "it from cache_position, which stays the position; the host never re-slots a ring buffer).",
+    )
 
 
 class ContractInputs(BaseModel):
@@ -295,6 +306,9 @@ class DecodeContract(BaseModel):
                 f"kv_layout {self.kv_layout} needs contract_version >= {LAYOUT_VERSIONS[self.kv_layout]}, "
                 f"got {self.contract_version}"
             )
+        rings = any(e.cache_len is not None or e.slot_mapping != "position" for e in self.cache)
+        if rings and self.contract_version < CACHE_POLICY_VERSION:
+            raise ValueError(f"per-layer cache lengths need contract_version >= {CACHE_POLICY_VERSION}")
         for feature, version in FEATURE_VERSIONS.items():
             if getattr(self, feature) and self.contract_version < version:
                 raise ValueError(f"{feature} needs contract_version >= {version}, got {self.contract_version}")
@@ -355,14 +369,23 @@ class DecodeContract(BaseModel):
             return [1] * len(self.cache)
         return [3 if kind == "key" and self.kv_layout == "BHDS_K" else 2 for kind in self._pair_kinds()]
 
+    def layer_cache_len(self, entry: CacheBinding) -> int:
+        """Slots of one layer's buffers: its ``cache_len`` (a ring), else ``max_cache_len``."""
+        return entry.cache_len if entry.cache_len is not None else self.max_cache_len
+
+    def _pair_lens(self) -> list[int]:
+        per = 1 if self.kv_layout == "BSH2D" else 2
+        return [self.layer_cache_len(e) for e in self.cache for _ in range(per)]
+
     def pair_input_shapes(self) -> list[Shape]:
-        """The past input shape of each :meth:`cache_pairs` entry (K and V differ for BHDS_K)."""
-        return [self._cache_shape(self.max_cache_len, kind) for kind in self._pair_kinds()]
+        """The past input shape of each :meth:`cache_pairs` entry (K and V differ for BHDS_K; per-layer lengths)."""
+        return [self._cache_shape(n, kind) for n, kind in zip(self._pair_lens(), self._pair_kinds(), strict=True)]
 
     def pair_output_shapes(self) -> list[Shape]:
         """The present output shape of each :meth:`cache_pairs` entry (``step_len`` slots for ``new_token_only``)."""
-        slots = self.step_len if self.cache_update == "new_token_only" else self.max_cache_len
-        return [self._cache_shape(slots, kind) for kind in self._pair_kinds()]
+        if self.cache_update == "new_token_only":
+            return [self._cache_shape(self.step_len, kind) for kind in self._pair_kinds()]
+        return [self._cache_shape(n, kind) for n, kind in zip(self._pair_lens(), self._pair_kinds(), strict=True)]
 
     def cache_input_shape(self) -> Shape:
         """Shape of every past cache input (one shape for all: BHSD or BSH2D).

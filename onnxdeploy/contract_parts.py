@@ -47,3 +47,8 @@ class PartInfo(BaseModel):
     hidden_out: str | None = Field(
         default=None, description="Graph output with the hidden state for the next part; None for the last part."
     )
+    weights_file: str | None = Field(
+        default=None,
+        description="The data file of this part's weights (split weights: per_part; every graph's part of this "
+        "index shares it); None: the run's one weights file.",
+    )

@@ -121,6 +121,12 @@ class StaticKVConfig(PassConfig):
         description="Batch of the step_len > 1 graphs of the set (1: a request is prefilled alone and its cache "
         "copied into a free row of the decode buffers); default: batch.",
     )
+    window_cache: bool = Field(
+        False,
+        description="Layers with a sliding window W (read off the graph, confirmed by running) get ring buffers of "
+        "W + max(step_lens) - 1 slots, slot = position mod that length (every layer windowed today; needs "
+        "mask_rewrite after, and full_buffer).",
+    )
     cache_policy: CachePolicy | None = Field(
         None,
         description="{sinks: N, recent: R}: past max_cache_len the host keeps the first N positions and a ring of "
@@ -132,6 +138,8 @@ class StaticKVConfig(PassConfig):
     def _one_form_each(self) -> Self:
         if (self.max_cache_len is None) == (self.max_cache_lens is None):
             raise ValueError("give exactly one of max_cache_len and max_cache_lens")
+        if self.window_cache and (self.cache_update != "full_buffer" or self.cache_policy is not None):
+            raise ValueError("window_cache needs cache_update full_buffer and no cache_policy")
         policy = self.cache_policy
         if policy is not None and policy.sinks + policy.recent > max(self.caches()):
             raise ValueError(
@@ -331,6 +339,13 @@ class SplitConfig(PassConfig):
         ge=1,
         description="Instead of parts: the fewest parts whose weights each fit this many bytes (e.g. an NPU "
         "context's limit); a layer larger than it is refused.",
+    )
+
+    weights: Literal["shared", "per_part"] = Field(
+        "shared",
+        description="shared: every part reads the run's one weights file; per_part: each part's weights go to a "
+        "data file of its own (<stem>.part<i>.data), a tensor two parts read (a tied embedding/LM head) stored in "
+        "both, and the report names it.",
     )
 
     @model_validator(mode="after")

@@ -17,8 +17,10 @@ The layers are shared out once, for the primary graph, and every graph of the se
 a host's per-part buffers move between graphs as they do for a whole graph. ``parts: K`` shares them out so the
 largest part's weight bytes are as small as they can be; ``max_part_bytes`` takes the fewest parts whose weights
 each fit. Part 0 of a graph keeps its file name (``model.onnx``, ``model.s16.c64.onnx``); part ``i`` is
-``<stem>.part<i>.onnx``. All parts share the run's one weights file; a tensor several parts read (a tied
-embedding/LM head) is stored once there and the report names it.
+``<stem>.part<i>.onnx``. All parts share the run's one weights file (``weights: shared``), or each part index has a
+data file of its own (``weights: per_part``: ``<stem>.part<i>.data``, named in the part's contract, which the
+writer follows); a tensor several parts read (a tied embedding/LM head) is stored once, or once in each of their
+files, and the report names it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 from onnxdeploy.settings import PipelineSettings
 
-__all__ = ["SplitConfig", "SplitPass", "hidden_name", "part_file_name", "share_layers"]
+__all__ = ["SplitConfig", "SplitPass", "hidden_name", "part_data_name", "part_file_name", "share_layers"]
 
 
 def part_file_name(graph: str, index: int) -> str:
@@ -50,6 +52,11 @@ def part_file_name(graph: str, index: int) -> str:
         return graph
     path = PurePath(graph)
     return f"{path.stem}.part{index}{path.suffix}"
+
+
+def part_data_name(primary: str, index: int) -> str:
+    """Data file of part ``index`` with ``weights: per_part``: ``model.onnx`` → ``model.part0.data``."""
+    return f"{PurePath(primary).stem}.part{index}.data"
 
 
 def hidden_name(layer: int) -> str:
@@ -168,6 +175,7 @@ class SplitPass(Pass):
         starts = share_layers(layer_bytes, parts=self.config.parts, max_bytes=self.config.max_part_bytes)
         bounds = [*zip(starts, [*starts[1:], first.num_layers], strict=True)]
         out: list[Artifact] = []
+        self._primary = contracts[0][0].name
         for i, (artifact, contract) in enumerate(contracts):
             graph_cuts = cuts if i == 0 else find_layer_cuts(artifact.model.graph, contract, who=self.name)
             out += self._cut(artifact, contract, graph_cuts, bounds)
@@ -203,6 +211,7 @@ class SplitPass(Pass):
                 hidden_size=hidden_size,
                 hidden_in=hidden_name(a) if a > 0 else None,
                 hidden_out=hidden_name(b) if b < contract.num_layers else None,
+                weights_file=part_data_name(self._primary, p) if self.config.weights == "per_part" else None,
             )
             own = contract.model_copy(
                 update={
@@ -267,10 +276,15 @@ class SplitPass(Pass):
             for key, ps in readers.items()
             if len(ps) > 1 and names[key][1] > 1024
         ]
+        stored = (
+            "stored in each of their data files (weights: per_part)"
+            if self.config.weights == "per_part"
+            else "stored once in the shared weights file"
+        )
         for entry in shared:
             report.changes.append(
                 f"'{entry['tensor']}' ({entry['bytes']} bytes) is read by parts {entry['parts']} (e.g. a tied "
-                "embedding/LM head): stored once in the shared weights file"
+                f"embedding/LM head): {stored}"
             )
         report.details["parts"] = rows
         report.details["shared_tensors"] = shared

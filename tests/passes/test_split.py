@@ -7,10 +7,12 @@ of split graphs is driven as a set through its buckets and cache lengths; bad co
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 import yaml
 
@@ -147,3 +149,54 @@ def test_a_cache_pass_after_split_is_refused_before_any_pass(tmp_path: Path) -> 
         load_pipeline(_pipeline(tmp_path, passes))
     with pytest.raises(ConfigError, match="exactly one of parts and max_part_bytes"):
         load_pipeline(_pipeline(tmp_path, [{"static_kv": {"max_cache_len": 16}}, {"split": {}}]))
+
+
+def test_per_part_weights_files_are_written_checked_and_verified(tmp_path: Path) -> None:
+    name = "gpt2_optimum"
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": str(fixture_entry(name)["model_path"]),
+                "output_dir": str(tmp_path / "out"),
+                "target": "ort-cpu",
+                "passes": [
+                    {"static_kv": {"step_lens": [1, 4], "max_cache_len": 32}},
+                    {"mask_rewrite": {}},
+                    {"split": {"parts": 2, "weights": "per_part"}},
+                ],
+                "verify": {"prompt": _prompt(name, 7), "steps": 20},
+            }
+        )
+    )
+    outcome = run_pipeline(load_pipeline(path))
+    assert outcome.exit_code == 0, outcome.report.failures
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("*.data")) == ["model.part0.data", "model.part1.data"]
+    for graph, data in [("model.onnx", "model.part0.data"), ("model.s4.c32.part1.onnx", "model.part1.data")]:
+        header = onnx.load(str(out / graph), load_external_data=False)
+        assert {kv.value for t in header.graph.initializer for kv in t.external_data if kv.key == "location"} == {data}
+    report = json.loads(outcome.report_json.read_text())
+    assert {f["file"] for f in report["graphs"]} >= {"model.onnx", "model.part1.onnx", "model.s4.c32.part1.onnx"}
+
+
+def test_a_tensor_two_parts_read_is_stored_in_both_part_files(tmp_path: Path) -> None:
+    """The writer half of ``weights: per_part``: a tied embedding/LM head is in each file that needs it."""
+    primary, _ = _split("llama_gqa_optimum", tmp_path / "a", {"parts": 2}, max_cache_len=16)
+    first = load_model(primary).model
+    last = load_model(primary.with_name("model.part1.onnx")).model
+    tied = first.graph.initializers["model.embed_tokens.weight"]
+    last.graph.initializers["model.embed_tokens.weight"] = ir.Value(
+        name="model.embed_tokens.weight", shape=tied.shape, type=tied.type, const_value=tied.const_value
+    )  # the same tensor object in both graphs, as a tied embedding/LM head is
+    out = tmp_path / "b"
+    out.mkdir()
+    names = {"model.onnx": "model.part0.data", "model.part1.onnx": "model.part1.data"}
+    stage_artifacts(
+        [("model.onnx", first), ("model.part1.onnx", last)], out, external=True, data_name="x", data_names=names
+    ).commit()
+    for graph, data in names.items():
+        header = onnx.load(str(out / graph), load_external_data=False)
+        where = {t.name: kv.value for t in header.graph.initializer for kv in t.external_data if kv.key == "location"}
+        assert where["model.embed_tokens.weight"] == data and set(where.values()) == {data}
+        assert onnx.load(str(out / graph)).graph.initializer  # every reference resolves in its own file

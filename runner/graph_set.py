@@ -33,6 +33,7 @@ from onnxdeploy.contract import DecodeContract, GraphSetEntry, read_contract
 from onnxdeploy.errors import CacheOverflowError, ContractError
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decode_state import CallRecord
+from onnxdeploy.runner.parts import open_part_chain
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_session
 
 __all__ = ["REMAINDER_POLICIES", "GraphSetDecoder", "Remainder", "open_graph_set"]
@@ -344,21 +345,21 @@ def open_graph_set(
     if threads is None:
         threads = opened.threads if opened is not None else 1
     members: list[ContractDecoder] = []
+
+    def open_file(file: Path) -> ModelSession:
+        if opener is not None:
+            return opener(file)
+        return open_session(  # one map of the set's weights file for all graphs (and parts)
+            file, providers=providers, config_entries=config_entries, threads=threads, share_weights=True
+        )
+
     try:
         for entry in entries:
             if opened is not None and entry.file == path.name:
                 model_session, opened = opened, None  # owned by its member from here
-            elif opener is not None:
-                model_session = opener(path.with_name(entry.file))
             else:
-                model_session = open_session(  # one map of the set's weights file for all graphs
-                    path.with_name(entry.file),
-                    providers=providers,
-                    config_entries=config_entries,
-                    threads=threads,
-                    share_weights=True,
-                )
-            members.append(_member(model_session, entry, path.name, bind_buffers))
+                model_session = open_file(path.with_name(entry.file))
+            members.append(_member(model_session, entry, path.name, bind_buffers, open_file))
         return GraphSetDecoder(members, remainder=remainder)
     except BaseException:
         for member in members:
@@ -368,8 +369,17 @@ def open_graph_set(
         raise
 
 
-def _member(model_session: ModelSession, entry: GraphSetEntry, primary: str, bind_buffers: bool) -> ContractDecoder:
+def _member(
+    model_session: ModelSession,
+    entry: GraphSetEntry,
+    primary: str,
+    bind_buffers: bool,
+    open_file: Callable[[Path], ModelSession],
+) -> ContractDecoder:
     """The decoder of one graph of the set, once its own contract agrees with its ``graph_set`` entry.
+
+    A split graph (its contract names a ``part``) is the chain of its parts
+    (:class:`~onnxdeploy.runner.parts.PartChain`, the other parts opened by ``open_file``), driven as one member.
 
     Raises:
         ContractError: the graph carries no contract, or its lengths disagree with ``entry`` (the session is
@@ -386,6 +396,10 @@ def _member(model_session: ModelSession, entry: GraphSetEntry, primary: str, bin
                 f"{sibling}: its contract says step_len {own.step_len}, max_cache_len {own.max_cache_len}, "
                 f"prefill_logits {own.prefill_logits}; {primary}'s graph_set says {said}"
             )
+        if own.part is not None:
+            if bind_buffers:
+                raise ContractError(f"{sibling}: a split graph's parts are not driven on bound buffers")
+            return open_part_chain(model_session, own, open_file)  # type: ignore[return-value]
         return ContractDecoder(model_session, own, bind_buffers=bind_buffers)
     except BaseException:
         model_session.close()

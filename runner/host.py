@@ -71,12 +71,15 @@ class StepInputs:
         slots: int64 ``(B, S)``: the cache slot each token's K/V is written to (``cache_position``); equal to
             ``positions`` for a linear cache.
         real: int64 ``(B,)``: real tokens of each row (1..S); the rest of the row is trailing padding.
+        slot_positions: int64 ``(max_cache_len,)``: the position each slot holds (``mask: slot_positions``, a ring
+            host: :mod:`onnxdeploy.runner.cache_policy`), or None for a graph that masks from slot indices.
     """
 
     tokens: np.ndarray
     positions: np.ndarray
     slots: np.ndarray
     real: np.ndarray
+    slot_positions: np.ndarray | None = None
 
     @classmethod
     def uniform(cls, contract: DecodeContract, chunk: Sequence[int], position: int) -> StepInputs:
@@ -136,7 +139,9 @@ def step_feeds(contract: DecodeContract, inputs: StepInputs) -> dict[str, np.nda
             cache_position``.
     """
     names = {role: name for role, name in contract.inputs.model_dump().items() if name is not None}
-    feeds = {names["input_ids"]: np.ascontiguousarray(inputs.tokens, dtype=np.int64)}
+    feeds: dict[str, np.ndarray] = {}
+    if "input_ids" in names:  # a split model's later parts take a hidden state instead (runner/parts.py)
+        feeds[names["input_ids"]] = np.ascontiguousarray(inputs.tokens, dtype=np.int64)
     if "cache_position" in names:
         if contract.row_positions and contract.mask == "cache_position":
             feeds[names["cache_position"]] = np.ascontiguousarray(inputs.slots, dtype=np.int64)
@@ -154,6 +159,10 @@ def step_feeds(contract: DecodeContract, inputs: StepInputs) -> dict[str, np.nda
         last = inputs.positions[np.arange(len(inputs.real)), inputs.real - 1]
         slots = np.arange(contract.max_cache_len, dtype=np.int64)
         feeds[names["attention_mask"]] = (slots[None, :] <= last[:, None]).astype(np.int64)
+    if "slot_positions" in names:
+        if inputs.slot_positions is None:
+            raise ContractError("this graph masks from slot_positions; the host must say what each slot holds")
+        feeds[names["slot_positions"]] = np.ascontiguousarray(inputs.slot_positions, dtype=np.int64)
     if "last_token_index" in names:
         feeds[names["last_token_index"]] = (inputs.real - 1).astype(np.int64).reshape(contract.last_token_index_shape())
     return feeds

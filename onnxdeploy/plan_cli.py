@@ -59,7 +59,7 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Size a batch, cache lengths, prefill buckets and KV dtype for a device; print a pipeline snippet."""
-    from onnxdeploy.cli_common import consoles, fail  # noqa: PLC0415  (what every command shares; cli.py split)
+    from onnxdeploy.cli_common import consoles, fail  # noqa: PLC0415
     from onnxdeploy.plan import DEFAULT_BANDWIDTH, make_plan, model_facts, pipeline_snippet, read_prompt_lengths
 
     out, err = consoles(as_json)

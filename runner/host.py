@@ -104,8 +104,8 @@ class StepInputs:
 
         Args:
             contract: the graph's contract (``batch`` rows, ``step_len`` S).
-            chunks: one token chunk per row; an idle row is fed ``[0]`` at its next position (see
-                :mod:`onnxdeploy.runner.batching`).
+            chunks: one token chunk per row; an idle row is fed ``[0]`` at a position whose slot it may overwrite
+                (its next position keeps its cache; :mod:`onnxdeploy.runner.batching` feeds a free row at 0).
             positions: each row's first position.
 
         Raises:

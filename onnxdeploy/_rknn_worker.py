@@ -67,7 +67,7 @@ _ANALYSIS_ROW = re.compile(r"^\[(\S+)\]\s+(\S+)\s+([\d.]+)\s*\|\s*[\d.]+\s+([\d.
 """A row of ``accuracy_analysis``'s ``error_analysis.txt``: ``[Op] tensor  entire-cos | euc  single-cos | euc``."""
 
 _WEIGHTED_OPS = {"Conv", "Gather", "exMatMul", "MatMul", "Gemm"}
-"""SDK ops that stop the walk back from a sensitive layer (their own output is kept float, not their inputs)."""
+"""SDK ops not taken in as siblings of a float chain (a weighted layer re-quantizing its input costs little)."""
 
 
 def _layer_errors(rknn, dataset, samples):
@@ -100,8 +100,9 @@ def _float_region(sdk_model, sensitive, quantized):
     A layer whose output is sensitive to its input's precision (``Sin``/``Cos`` of the rotary angle
     ``position * inv_freq``, an int8 tensor with a step of ~0.6 rad at 160 positions) gains nothing from float16
     while its input stays int8; so the walk goes back through each producer with one quantized activation input
-    (constants and integer tensors are not ``quantized``) until a graph input, a weighted op, or a producer with
-    several activation inputs. The other single-input consumers of the chain's tensors (``Cos`` beside ``Sin``,
+    (constants and integer tensors are not ``quantized``; weights are constants) until a graph input or a producer
+    with several activation inputs: optimum's rotary angle is ``MatMul(inv_freq, position)``, whose float position
+    input matters as much as the angle. The other single-input consumers of the chain's tensors (``Cos`` beside ``Sin``,
     both of the angle) join it, so none of them re-quantizes a float input. ``sdk_model`` is step 1's ``.model``
     file (an ONNX graph of the SDK's own tensors).
     """
@@ -120,7 +121,7 @@ def _float_region(sdk_model, sensitive, quantized):
         while tensor in quantized and tensor not in chosen and tensor not in chain:
             chain.append(tensor)
             node = producer.get(tensor)
-            if node is None or node.op_type in _WEIGHTED_OPS or len(feeds(node)) != 1:
+            if node is None or len(feeds(node)) != 1:
                 break
             tensor = next(iter(feeds(node)))
         inner = set(chain[1:])  # the chain's tensors below the sensitive one

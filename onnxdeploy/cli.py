@@ -5,7 +5,8 @@ Domain errors are caught at each command, printed once, and turned into ``typer.
 
 Here: the app, ``run`` and ``passes``, the root options and :func:`main`. The other commands live beside it,
 one module per concept: ``cli_model`` (``inspect``, ``check``, ``sdk``), ``cli_verify`` (``verify``),
-``cli_matrix`` (``matrix``); ``cli_common`` holds what they share (consoles, options, errors, progress).
+``cli_matrix`` (``matrix``), ``plan_cli`` (``plan``); ``cli_common`` holds what they share (consoles, options,
+errors, progress).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from onnxdeploy import __version__
 from onnxdeploy.cli_common import (
     STATE,
     JsonOpt,
@@ -35,6 +35,7 @@ from onnxdeploy.cli_matrix import matrix_app
 from onnxdeploy.cli_model import check_cmd, inspect, sdk_app
 from onnxdeploy.cli_verify import verify_cmd
 from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError, OnnxDeployError
+from onnxdeploy.plan_cli import plan_cmd
 
 if TYPE_CHECKING:  # the commands import the library lazily: `onnxdeploy --help` stays fast
     from onnxdeploy.config import PipelineConfig
@@ -141,12 +142,13 @@ app.command()(inspect)
 
 @app.command("passes")
 def list_passes(*, as_json: JsonOpt = False) -> None:
-    """List every pass with its config fields, types, defaults (YAML) and descriptions."""
-    from onnxdeploy.passes import CATALOG, describe_config  # the catalogue: no pass module (onnx) is imported
+    """List every pass with its config keys (nested ones as budget.max_mean_kl), types, defaults and descriptions."""
+    from onnxdeploy.pass_listing import config_rows
+    from onnxdeploy.passes import CATALOG  # the catalogue: no pass module (onnx) is imported
     from onnxdeploy.render import yaml_inline
 
     rows = [
-        {"name": name, "summary": info.summary, "config": describe_config(info.config_model)}
+        {"name": name, "summary": info.summary, "config": config_rows(info.config_model)}
         for name, info in sorted(CATALOG.items())
     ]
     if as_json:
@@ -168,6 +170,7 @@ app.command("verify")(verify_cmd)
 app.command("check")(check_cmd)
 app.add_typer(matrix_app, name="matrix")
 app.add_typer(sdk_app, name="sdk")
+app.command("plan")(plan_cmd)
 
 
 @app.callback(invoke_without_command=True)
@@ -179,6 +182,8 @@ def _root(
 ) -> None:
     STATE.debug = debug
     if version:
+        from onnxdeploy import __version__  # noqa: PLC0415  (importlib.metadata: ~25 ms, only for --version)
+
         typer.echo(f"onnxdeploy {__version__}")
         raise typer.Exit(EXIT_OK)
 
@@ -187,12 +192,8 @@ def main() -> None:
     """Console-script entry point (``onnxdeploy``).
 
     Usage errors (bad options, missing arguments) exit 2 with typer's message on stderr; with ``--json``
-    a JSON error object is also written to stdout, so CI parsers always get JSON. sympy, which onnx_ir imports
-    at start-up, loads on first use (:mod:`onnxdeploy.deferred_imports`): ``inspect`` and ``check`` never use it.
+    a JSON error object is also written to stdout, so CI parsers always get JSON.
     """
-    from onnxdeploy.deferred_imports import defer_sympy  # noqa: PLC0415
-
-    defer_sympy()
     try:
         app()
     except SystemExit as exc:

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxdeploy.cli_common import JsonOpt, consoles, fail
+from onnxdeploy.deferred_imports import defer_sympy
 from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, OnnxDeployError
 
 __all__ = ["check_cmd", "inspect", "sdk_app"]
@@ -23,6 +24,7 @@ def inspect(
     as_json: JsonOpt = False,
 ) -> None:
     """Show a model's inputs/outputs (symbolic dims), opsets, op histogram, size, external data and contract."""
+    defer_sympy()  # onnx_ir imports it; reading a model never uses it
     from onnxdeploy.inspect import inspect_model
 
     out, err = consoles(as_json)
@@ -85,6 +87,7 @@ def check_cmd(
 
     Exit 0 when no finding is an error (and, with --sdk, the SDK builds the model), 1 otherwise, 2 for bad input.
     """
+    defer_sympy()
     from onnxdeploy.model_check import check_model_file
 
     out, err = consoles(as_json)

@@ -136,7 +136,33 @@ def _verify_args(
 
     original, prompt_text, tokenizer, chat = text
     tokens, found = text_prompt(original, tokens, prompt_text, tokenizer, chat=chat)
+    if prompt_text is not None and found is not None:
+        _check_text_vocab(original, tokens, found)
     return tokens, requested, found
+
+
+def _check_text_vocab(original: Path, tokens: list[int], tokenizer: Path) -> None:
+    """Refuse ``--prompt-text`` ids outside the original's vocabulary, naming the tokenizer and both sizes.
+
+    Raises:
+        ConfigError: ``max(tokens) >=`` the original's logits' last dim (a tokenizer that is not the model's).
+    """
+    from onnxdeploy.errors import ContractError, ModelLoadError  # noqa: PLC0415
+    from onnxdeploy.runner.verify import logits_vocab  # noqa: PLC0415  (onnx: once the options are valid)
+    from onnxdeploy.text import load_codec  # noqa: PLC0415
+
+    try:
+        vocab = logits_vocab(original)
+    except (ContractError, ModelLoadError):
+        return  # the runner refuses the model with its own message
+    if vocab is None or max(tokens) < vocab:
+        return
+    size = load_codec(tokenizer, key="--tokenizer").vocab_size()
+    raise ConfigError(
+        f"--prompt-text: the tokenizer {tokenizer} ({size} tokens) encodes it to id {max(tokens)}, outside the "
+        f"vocabulary of {original} (its logits have {vocab} entries: ids 0..{vocab - 1}): the tokenizer is not "
+        "this model's; pass the model's tokenizer.json or its folder with --tokenizer"
+    )
 
 
 def _write_verify_report(report: Path, payload: str, original: Path, candidate: Path) -> None:

@@ -10,8 +10,10 @@ No onnx_ir submodule avoids it: importing any of them runs ``onnx_ir/__init__`` 
 :func:`defer_sympy` therefore makes the first import of ``sympy`` and of ``onnx_ir._symbolic_shapes`` return
 modules that execute on first attribute access (the standard library's ``importlib.util.LazyLoader``, the
 recipe of the ``importlib`` documentation, "Implementing lazy imports"). Behaviour is unchanged: the first
-use loads the real module in full. Only the command-line entry point installs it (library users keep plain
-imports).
+use loads the real module in full. Only the ``inspect`` and ``check`` commands install it, which read models in
+one thread: Python 3.11's ``LazyLoader`` takes no lock, so a first use from two threads at once could see a
+half-loaded module, and ``run``/``verify`` (thread pools; start-up small against their work) keep plain imports,
+as library users do.
 """
 
 from __future__ import annotations

@@ -152,6 +152,13 @@ def _html_summary(report: RunReport) -> list[str]:
             f"onnxdeploy {report.onnxdeploy_version}; " + ", ".join(f"{k} {v}" for k, v in report.versions.items()),
         ),
     ]
+    peak = report.peak_memory()
+    if peak is not None:
+        rows.append(("peak memory", f"{format_bytes(peak[0])} RSS (reached in phase {peak[1]})"))
+    if report.removed_files:
+        rows.append(
+            ("removed", ", ".join(report.removed_files) + " (an earlier run's outputs this run does not replace)")
+        )
     if report.verify is not None:
         v = report.verify
         verdicts = ", ".join(f"{m.mode} {'passed' if m.passed else 'FAILED'}" for m in v.modes.values())

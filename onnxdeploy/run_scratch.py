@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["RUN_TEMP_PREFIX", "STAGING_PREFIX", "owner_tag", "remove_stale", "run_temp_root"]
+__all__ = ["RUN_TEMP_PREFIX", "STAGING_PREFIX", "host_name", "owner_tag", "remove_stale", "run_temp_root"]
 
 STAGING_PREFIX = ".onnxdeploy-"
 """Prefix of a staging folder (in ``output_dir`` or the pass cache), before :func:`owner_tag`."""
@@ -38,14 +38,14 @@ _RANDOM = r"[a-z0-9_]+"
 """``tempfile.mkdtemp``'s random suffix: lower-case letters, digits and ``_`` (no ``-``)."""
 
 
-def _host() -> str:
+def host_name() -> str:
     """This host's name with every character but letters, digits and ``.`` replaced by ``_`` (no ``-``)."""
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "localhost"
 
 
 def owner_tag() -> str:
     """``p<pid>-<host>-``: what goes between a temporary folder's prefix and ``mkdtemp``'s random suffix."""
-    return f"p{os.getpid()}-{_host()}-"
+    return f"p{os.getpid()}-{host_name()}-"
 
 
 def _alive(pid: int) -> bool:
@@ -70,7 +70,7 @@ def remove_stale(folder: Path, prefix: str) -> list[Path]:
         The folders removed. One that cannot be removed (permissions, a race with another run) is skipped.
     """
     pattern = re.compile(re.escape(prefix) + r"p(\d+)-([A-Za-z0-9._]+)-" + _RANDOM)
-    host = _host()
+    host = host_name()
     removed = []
     try:
         entries = list(os.scandir(folder))

@@ -54,7 +54,7 @@ class Quantized:
         tensors: the tensors, in the op's input order.
         nk: the ``dq`` tensors are laid out ``(N, K)``.
         bits: 4 or 8.
-        block_size: input channels per block (``K`` rounded up to a power of two for INT8 MatMulNBits).
+        block_size: input channels per block (INT8 MatMulNBits: :func:`int8_nbits_block`).
         n: output channels ``N``.
         k: input channels ``K``.
     """

@@ -43,8 +43,10 @@ Remainder = Literal["padded", "buckets"]
 
 REMAINDER_POLICIES: tuple[Remainder, ...] = ("padded", "buckets")
 
-_SHARED_FIELDS = ("batch", "num_layers", "num_kv_heads", "head_dim", "head_dim_padded", "kv_layout", "kv_dtype")
-"""Contract fields every graph of a set must agree on (the buffers move between them)."""
+_SHARED_FIELDS = ("num_layers", "num_kv_heads", "head_dim", "head_dim_padded", "kv_layout", "kv_dtype")
+"""Contract fields every graph of a set must agree on (the buffers move between them); ``batch`` too, except that a
+graph of batch 1 (``static_kv prefill_batch: 1``) joins graphs of B rows (:func:`~onnxdeploy.runner.host.move_slots`
+broadcasts its row)."""
 
 
 class GraphSetDecoder:
@@ -76,6 +78,8 @@ class GraphSetDecoder:
         for member in members[1:]:
             c = member.contract
             differ = [f for f in _SHARED_FIELDS if getattr(c, f) != getattr(first, f)]
+            if c.batch != first.batch and 1 not in (c.batch, first.batch):  # prefill_batch 1: rows broadcast
+                differ.append("batch")
             if differ or [past for past, _ in c.cache_pairs()] != names:
                 raise ContractError(
                     f"{member.source}: its contract differs from {self.source}'s in "

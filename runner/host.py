@@ -188,10 +188,13 @@ def move_slots(buffers: Mapping[str, np.ndarray], contract: DecodeContract, coun
     """``contract``'s buffers holding slots ``[0, count)`` of ``buffers`` (every row); the rest zero.
 
     A buffer already of ``contract``'s shape is taken as it is (no copy). Slots from ``count`` on are never read
-    before they are written, so they are not carried over.
+    before they are written, so they are not carried over. Between a batch-1 graph and a B-row one (a set made with
+    ``prefill_batch: 1``) the one row is broadcast to every row, or row 0 is taken: a host that feeds every row
+    the same sequence (:class:`~onnxdeploy.runner.graph_set.GraphSetDecoder`) holds it in every row.
 
     Args:
-        buffers: past-input name → buffer of a graph with the same cache names, layout, dtype and batch.
+        buffers: past-input name → buffer of a graph with the same cache names, layout and dtype (batch the same,
+            or 1 on either side).
         contract: the graph the buffers move to.
         count: tokens already in the cache (the next call's first position).
         source: the graph moved to, for messages.
@@ -211,14 +214,20 @@ def move_slots(buffers: Mapping[str, np.ndarray], contract: DecodeContract, coun
         if old.shape == shape:
             moved[past] = old
             continue
-        if [d for i, d in enumerate(old.shape) if i != axis] != [d for i, d in enumerate(shape) if i != axis]:
+        rows_differ = old.shape[0] != shape[0] and 1 in (old.shape[0], shape[0])
+        if [d for i, d in enumerate(old.shape) if i not in (axis, 0 if rows_differ else -1)] != [
+            d for i, d in enumerate(shape) if i not in (axis, 0 if rows_differ else -1)
+        ]:
             raise ContractError(
                 f"{source}: cannot continue from a '{past}' buffer of shape {list(old.shape)}; this graph's is "
                 f"{list(shape)}"
             )
         new = np.zeros(shape, dtype=contract.kv_numpy_dtype)
         index = _slot_index(new.ndim, axis, count)
-        new[index] = old[index]
+        if rows_differ and shape[0] == 1:
+            new[index] = old[_slot_index(old.ndim, axis, count, 0)]
+        else:
+            new[index] = old[index]  # same rows, or one row broadcast to every row
         moved[past] = new
     return moved
 

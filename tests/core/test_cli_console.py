@@ -88,7 +88,7 @@ def test_pass_warnings_are_on_the_console_and_counted(tmp_path):
 
 
 def test_the_console_shows_accuracy_and_peak_memory_and_report_md_the_removed_files(tmp_path):
-    """Accuracy figures with their thresholds and the peak RSS on the console; report.md: peak and removed files."""
+    """Accuracy figures with their thresholds and the peak RSS on the console; report.md|html: peak, removed files."""
     import numpy as np  # noqa: PLC0415
 
     np.save(tmp_path / "held_out.npy", np.arange(3, 3 + 30, dtype=np.int64) * 7 % 500)
@@ -116,3 +116,6 @@ def test_the_console_shows_accuracy_and_peak_memory_and_report_md_the_removed_fi
     assert f"- peak memory: {peak / 2**20:.1f} MiB RSS (reached in phase " in md
     assert report["removed_files"] == [str(out / "first.onnx")]
     assert f"- removed (an earlier run's outputs this run does not replace): `{out / 'first.onnx'}`" in md
+    html = (out / "report.html").read_text()
+    assert f"<dt>peak memory</dt><dd>{peak / 2**20:.1f} MiB RSS" in html
+    assert f"<dt>removed</dt><dd>{out / 'first.onnx'} (an earlier run" in html

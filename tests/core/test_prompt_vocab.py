@@ -54,3 +54,13 @@ def test_prompt_ids_outside_the_vocabulary_name_the_key_once(tmp_path):
     assert "key 'verify.prompt': token id 300 is outside the vocabulary of the model" in line, line
     assert "verify: " not in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_verify_prompt_text_from_another_models_tokenizer_names_it_too(tmp_path):
+    tokenizer = _wide_tokenizer(tmp_path)
+    args = ["verify", str(MODEL), str(MODEL), "--steps", "1", "--prompt-text", "hello", "--tokenizer", str(tokenizer)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    line = " ".join(result.output.split())
+    assert f"--prompt-text: the tokenizer {tokenizer} (1001 tokens) encodes it to id 1000" in line, line
+    assert "its logits have 256 entries" in line and "--tokenizer" in line, line

@@ -60,38 +60,46 @@ def test_layer_errors_keep_each_tensors_worst_single_cosine_over_the_samples(tmp
     }  # the single-layer column, min over samples; Input rows left out
 
 
-@pytest.fixture(scope="module")
-def trained_step1(tmp_path_factory) -> onnx.ModelProto:
-    """The trained fixture's static decode graph, with shapes (what the SDK loads)."""
-    tmp = tmp_path_factory.mktemp("hybrid")
-    (tmp / "p.yaml").write_text(
-        f"model: {fixture_entry('llama_bytes_torchscript')['model_path']}\noutput_dir: {tmp / 'out'}\n"
+def _static_step1(tmp_path, fixture: str) -> str:
+    """A fixture's static decode graph (what the SDK loads, before its own rewrites)."""
+    (tmp_path / "p.yaml").write_text(
+        f"model: {fixture_entry(fixture)['model_path']}\noutput_dir: {tmp_path / 'out'}\n"
         "target: ort-cpu\npasses:\n  - static_kv: {max_cache_len: 32}\n  - mask_rewrite: {}\nverify: null\n"
     )
-    outcome = run_pipeline(load_pipeline(str(tmp / "p.yaml")))
+    outcome = run_pipeline(load_pipeline(str(tmp_path / "p.yaml")))
     assert outcome.exit_code == 0, outcome.report.failures
     return str(outcome.model_path)
 
 
-def test_the_float_region_of_the_rotary_sin_takes_its_angle_chain_and_the_cos_beside_it(trained_step1):
-    """A sensitive Sin gains nothing in fp16 while its angle stays int8 (measured on llama_bytes w8a8: Sin and
-    Cos alone in fp16 leave the held-out KL at 0.113; the chain takes it to 0.006): the region walks back the
-    single-input chain and adds the Cos that reads the same angle; a two-input op ends the walk."""
-    model = onnx.shape_inference.infer_shapes(onnx.load(trained_step1, load_external_data=False))
+def _float_tensors(model: onnx.ModelProto) -> set[str]:
+    """The float activations (the tensors the SDK would quantize): constants left out, as the SDK folds them."""
     constants = {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     values = [*model.graph.value_info, *model.graph.output]
-    floats = {v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT} - constants
+    return {v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT} - constants
+
+
+_ROTARY = {
+    # torch.onnx.export: angle = Cast(position) * inv_freq
+    "llama_bytes_torchscript": ("/m/model/rotary_emb/", ["Sin", "Concat", "Mul", "Cast", "Cos"]),
+    # optimum: angle = MatMul(inv_freq, Cast(Cast(position))), transposed; the walk goes through the MatMul
+    "llama_gqa_optimum": ("/model/rotary_emb/", ["Sin", "Concat_1", "Transpose", "MatMul", "Cast_3", "Cast_1", "Cos"]),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(_ROTARY))
+def test_the_float_region_of_the_rotary_sin_takes_its_angle_chain_and_the_cos_beside_it(tmp_path, fixture):
+    """A sensitive Sin gains nothing in fp16 while its angle stays int8 (measured on llama_bytes w8a8: Sin and
+    Cos alone in fp16 leave the held-out KL at 0.113; the chain takes it to 0.006): the region walks back the
+    single-input chain to the position input and adds the Cos that reads the same angle; a two-input op ends
+    the walk."""
+    step1 = _static_step1(tmp_path, fixture)
+    model = onnx.shape_inference.infer_shapes(onnx.load(step1, load_external_data=False))
+    floats = _float_tensors(model)
     (sin,) = [n.output[0] for n in model.graph.node if n.op_type == "Sin"]
-    region = worker._float_region(trained_step1, [sin], floats)
-    assert region == [
-        "/m/model/rotary_emb/Sin_output_0",
-        "/m/model/rotary_emb/Concat_output_0",
-        "/m/model/rotary_emb/Mul_output_0",
-        "/m/model/rotary_emb/Cast_output_0",
-        "/m/model/rotary_emb/Cos_output_0",
-    ]
-    (gated,) = [n for n in model.graph.node if n.name == "/m/model/layers.0/mlp/Mul"]  # act(gate) * up: two inputs
-    assert worker._float_region(trained_step1, [gated.output[0]], floats) == [gated.output[0]]
+    prefix, layers = _ROTARY[fixture]
+    assert worker._float_region(step1, [sin], floats) == [f"{prefix}{op}_output_0" for op in layers]
+    (gated,) = [n for n in model.graph.node if n.name.endswith("layers.0/mlp/Mul")]  # act(gate) * up: two inputs
+    assert worker._float_region(step1, [gated.output[0]], floats) == [gated.output[0]]
 
 
 def test_hybrid_options_reach_the_worker_and_the_label():

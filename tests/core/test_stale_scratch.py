@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from onnxdeploy.run_scratch import RUN_TEMP_PREFIX, STAGING_PREFIX, _host, owner_tag, remove_stale, run_temp_root
+from onnxdeploy.run_scratch import RUN_TEMP_PREFIX, STAGING_PREFIX, host_name, owner_tag, remove_stale, run_temp_root
 from tests.conftest import PROMPT, REPO, fixture_entry
 
 
@@ -24,7 +24,7 @@ def _dead_pid() -> int:
 
 
 def test_only_folders_of_dead_processes_on_this_host_are_removed(tmp_path):
-    dead, host = _dead_pid(), _host()
+    dead, host = _dead_pid(), host_name()
     names = {
         "dead": f"{STAGING_PREFIX}p{dead}-{host}-abc123_x",
         "alive": f"{STAGING_PREFIX}{owner_tag()}zz9",
@@ -47,7 +47,7 @@ def test_only_folders_of_dead_processes_on_this_host_are_removed(tmp_path):
 
 def test_the_run_temp_root_holds_the_runs_temporary_folders_and_goes_with_it(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    stale = tmp_path / f"{RUN_TEMP_PREFIX}p{_dead_pid()}-{_host()}-old1"
+    stale = tmp_path / f"{RUN_TEMP_PREFIX}p{_dead_pid()}-{host_name()}-old1"
     (stale / "onnxdeploy-scratch-x").mkdir(parents=True)
     with run_temp_root() as root:
         assert not stale.exists()

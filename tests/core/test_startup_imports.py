@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import fixture_entry
+from tests.conftest import REPO, fixture_entry
 
 PROBE = ("onnxruntime", "onnx_ir", "onnx", "numpy", "sympy.core")
 """Modules whose presence in ``sys.modules`` after a command says what it paid for (``sympy.core``: sympy executed)."""
@@ -58,3 +58,14 @@ def test_deferred_sympy_still_does_symbolic_arithmetic():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "past", "+", "1", "sympy.core.add"], done.stdout
+
+
+def test_version_is_read_only_when_asked_for():
+    """``--version`` prints the installed version; other commands never read package metadata for it."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from onnxdeploy.cli import app  # noqa: PLC0415
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.startswith("onnxdeploy "), result.output
+    assert "__version__" not in (REPO / "onnxdeploy" / "cli.py").read_text().split("def _root")[0]

@@ -27,6 +27,7 @@ from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.pipeline import run_pipeline
 from onnxdeploy.runner import open_decoder, verify
 from onnxdeploy.runner.graph_set import GraphSetDecoder
+from onnxdeploy.runner.host import StepInputs, allocate_buffers
 from onnxdeploy.runner.parts import PartChain
 from tests.conftest import ALL_FIXTURE_NAMES, BF16_FIXTURE_NAMES, REPO, fixture_entry, fixture_expectations
 
@@ -221,3 +222,18 @@ def test_the_mixed_layer_model_with_ring_caches_split_in_three_decodes_as_the_ex
     assert last is not None and [(e.layer, e.slot_mapping) for e in last.cache] == [(4, "ring"), (5, "position")]
     report = verify(mixed, folder / "model.onnx", prompt=_prompt("llama_gqa_optimum", 11), steps=40)
     assert report.passed, report.failures
+
+
+def test_a_host_drives_a_split_member_through_the_host_api(tmp_path: Path) -> None:
+    """``GraphSetDecoder.member`` of a split set is a chain a host calls on its own buffers, as any graph."""
+    name = "llama_gqa_optimum"
+    primary, _ = _split(name, tmp_path / "out", {"parts": 2}, step_lens=[1, 4], max_cache_lens=[16, 32])
+    tokens = _prompt(name, 9)
+    with open_decoder(primary) as decoder:
+        assert isinstance(decoder, GraphSetDecoder)
+        want = [x for x, _ in decoder.feed(tokens)]
+        member = decoder.member(1, 32)
+        assert isinstance(member, PartChain) and member.contract.num_layers == 2
+        buffers = allocate_buffers(member.contract)  # every layer's buffers: the host owns them
+        got = [member.call(buffers, StepInputs.uniform(member.contract, [t], p))[0][0, 0] for p, t in enumerate(tokens)]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(got, want, strict=True) if b is not None) < 1e-5

@@ -102,3 +102,15 @@ def test_an_export_without_position_ids_is_refused_naming_the_input(tmp_path: Pa
     with pytest.raises(ConfigError, match="no 'position_ids' input") as err:
         run_pipeline(load_pipeline(path))
     assert err.value.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+def test_a_policy_graph_set_verifies_within_the_cache_and_decodes_past_it(tmp_path: Path) -> None:
+    """verify drives the set as any (slot j holds position j while it fits); the host goes on past the cache."""
+    name = "llama_gqa_optimum"
+    static = {"step_lens": [1, 4], "max_cache_lens": [16, 32], "cache_policy": {"sinks": 4, "recent": 12}}
+    path = _pipeline(tmp_path, name, static)
+    outcome = run_pipeline(load_pipeline(path))
+    assert outcome.exit_code == 0, outcome.report.failures
+    tokens = np.random.default_rng(1).integers(1, 512, size=4 * 32).tolist()
+    result = compare_with_cut_past(fixture_entry(name)["model_path"], tmp_path / "out" / "model.onnx", tokens)
+    assert result.top1_agreement == 1.0 and result.max_abs_logit_diff <= 1e-5

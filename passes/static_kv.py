@@ -136,7 +136,7 @@ class StaticKVCachePass(Pass):
         """
         cfg = self.config
         positions, largest = settings.verify_positions, cfg.caches()[-1]
-        if positions is not None and positions > largest:
+        if positions is not None and positions > largest and cfg.cache_policy is None:  # a policy decodes on
             prompt = settings.verify_prompt_len or 0
             key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
             text = f", or shorten {settings.prompt_key}" if settings.prompt_key != "verify.prompt" else ""

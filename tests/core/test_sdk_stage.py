@@ -74,6 +74,7 @@ def test_off_and_other_targets_skip_the_stage(tmp_path, monkeypatch):
         "ran": False,
         "note": "sdk: off",
     }
+    assert config_module.SdkConfig.model_validate({"mode": False}).mode == "off"  # YAML 1.1: `mode: off` is false
     other = run_pipeline(load_pipeline(_pipeline(tmp_path, "", target="ort-cpu")))
     assert other.report.sdk is None and other.exit_code == 0
 

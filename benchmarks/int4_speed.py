@@ -62,6 +62,7 @@ from onnxdeploy.runner.exporter_decoder import ExporterDecoder
 from onnxdeploy.runner.graph_set import GraphSetDecoder
 from onnxdeploy.runner.session import ACCURACY_LEVEL_KEY, PREPACKING_KEY, open_session, session_options
 from onnxdeploy.runner.verify import logits_vocab
+from onnxdeploy.text import load_codec, text_token_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import SIZE, interleave  # noqa: E402  (benchmarks/ is not a package)
@@ -80,12 +81,16 @@ INT4 = ("quantize_weights", {"bits": 4, "block_size": 32, "format": "matmulnbits
 LEVEL = {0: WEIGHT_ONLY_ENTRIES, 4: {ACCURACY_LEVEL_KEY: "4"}}
 
 
-def build_set(model: Path, out: Path, passes: list[tuple[str, dict]]) -> Path:
-    """Run ``passes`` on ``model`` and write the set into ``out`` (reused when its primary graph exists)."""
+def build_set(model: Path, out: Path, passes: list[tuple[str, dict]], calibration: list[int] | None = None) -> Path:
+    """Run ``passes`` on ``model`` and write the set into ``out`` (reused when its primary graph exists).
+
+    ``calibration``: token ids the passes calibrate on (GPTQ, act-order, scale search), or None.
+    """
     if (out / "model.onnx").exists():
         return out / "model.onnx"
     artifacts = ArtifactSet([Artifact("model.onnx", load_model(model).model)], input_was_external=True)
-    context = make_pass_context()  # alive until written: passes keep new weights in its scratch folder
+    # alive until written: passes keep new weights in its scratch folder
+    context = make_pass_context(calibration=[calibration] if calibration else [])
     for name, cfg in passes:
         cls = get_pass(name)
         start = time.perf_counter()
@@ -272,6 +277,13 @@ def measure_steps(original: Path, float_set: Path, int4: Path, rounds: int, roun
     return {"median_ms": med, "ratio": ratio}
 
 
+def _license_tokens(model: Path, count: int) -> list[int]:
+    """The first ``count`` tokens of numpy's shipped license files (``benchmarks/quantize.py``'s calibration)."""
+    licenses = sorted((Path(np.__file__).parent.parent / f"numpy-{np.__version__}.dist-info").rglob("LICENSE*"))
+    text = "\n\n".join(p.read_text(errors="replace") for p in licenses)
+    return load_codec(model.parent / "tokenizer.json", key="tokenizer").encode(text)[:count]
+
+
 def main() -> int:
     """Build (or reuse) the sets, measure, print; returns the exit status."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -285,6 +297,16 @@ def main() -> int:
     ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--quant", type=json.loads, help="the INT4 set's quantize_weights config as JSON (default: INT4)")
+    ap.add_argument(
+        "--quant-before-fuse", action="store_true", help="quantize_weights before fuse_matmuls (per-projection rules)"
+    )
+    ap.add_argument("--tag", default="int4", help="the quantized set's folder name under WORK/<model>/")
+    ap.add_argument("--prefill-logits", choices=["last", "all"], default="last", help="static_kv prefill_logits")
+    ap.add_argument(
+        "--calibration-tokens", type=int, default=0, help="calibration: numpy's license files' first N tokens"
+    )
+    ap.add_argument("--text-file", type=Path, help="accuracy phase: held-out text (tokenizer.json beside --model)")
     ap.add_argument("--no-steps", action="store_true", help="skip the step timings and profiles")
     args = ap.parse_args()
     if args.rss_child:
@@ -295,8 +317,15 @@ def main() -> int:
         args.model = args.decode_work_dir.resolve() / "models" / SIZE.name / "model.onnx"
     name = args.model.parent.name
     work = args.work_dir.resolve() / name
-    float_set = build_set(args.model, work / "float", STATIC)
-    int4 = build_set(args.model, work / "int4", [*STATIC, INT4])
+    static = [(n, c | {"prefill_logits": args.prefill_logits} if n == "static_kv" else c) for n, c in STATIC]
+    suffix = "" if args.prefill_logits == "last" else "-all"
+    quant = INT4 if args.quant is None else ("quantize_weights", args.quant)
+    calibration = _license_tokens(args.model, args.calibration_tokens) if args.calibration_tokens else None
+    float_set = build_set(args.model, work / "float", STATIC)  # its decode step only: prefill_logits is moot
+    # Rules naming q/k/v or gate/up apart need them unfused: quantize before fuse_matmuls (it fuses float MatMuls).
+    chain = [*static[:3], quant, *static[3:]] if args.quant_before_fuse else [*static, quant]
+    int4 = build_set(args.model, work / f"{args.tag}{suffix}", chain, calibration)
+    print(f"[{args.tag}] {json.dumps(quant[1])}, prefill_logits {args.prefill_logits}", flush=True)
     print(f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; model {args.model}; context {CTX}, L={CACHE_LEN}")
     results: dict[str, Any] = {"model": str(args.model), "context": CTX, "max_cache_len": CACHE_LEN}
     if not args.no_steps:
@@ -329,8 +358,12 @@ def main() -> int:
                         f"({grown / nbytes:.2f}x its {nbytes / 2**20:.0f} MiB of weights)"
                     )
     if args.tokens:
-        vocab = logits_vocab(int4) or SIZE.vocab_size()
-        tokens = np.random.default_rng(0).integers(3, vocab, size=args.tokens).tolist()
+        if args.text_file:
+            codec = load_codec(args.model.parent / "tokenizer.json", key="tokenizer")
+            tokens = text_token_ids(args.text_file, codec, args.tokens, key="text_file")
+        else:
+            vocab = logits_vocab(int4) or SIZE.vocab_size()
+            tokens = np.random.default_rng(0).integers(3, vocab, size=args.tokens).tolist()
         results["accuracy_phase"] = phase = accuracy_phase(args.model, int4, tokens)
         print(f"\n== accuracy phase, {args.tokens} tokens ==")
         print(

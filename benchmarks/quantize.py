@@ -50,7 +50,11 @@ import scale  # noqa: E402  (benchmarks/scale.py: process-tree RSS, cached expor
 REPO = Path(__file__).resolve().parents[1]
 BYTES_MODEL = REPO / "fixtures" / "llama_bytes" / "torchscript" / "model.onnx"
 SMOLLM2_DIR = Path.home() / ".cache" / "onnxdeploy" / "real" / "smollm2-135m-instruct"
-TORCH_PYTHON = Path("/tmp/onnxdeploy-fixture-venvs/torchscript/bin/python")
+TORCH_VENVS = ("torchscript", "real-torch")  # the fixtures' torch venvs (make_fixtures.py, _export_real.py)
+TORCH_PYTHON = next(
+    (p for v in TORCH_VENVS if (p := Path(f"/tmp/onnxdeploy-fixture-venvs/{v}/bin/python")).is_file()),
+    Path(f"/tmp/onnxdeploy-fixture-venvs/{TORCH_VENVS[0]}/bin/python"),
+)
 SIZE_125M = scale.ModelSize(
     "125m", hidden=768, layers=12, heads=12, kv_heads=4, head_dim=64, intermediate=2048, vocab=32000
 )
@@ -138,7 +142,7 @@ if spec["side"] == "ort":
     elif algo == "hqq":
         cfg = mnq.HQQWeightOnlyQuantConfig(block_size=block, bits=4)
     else:
-        cfg = mnq.GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), percdamp=0.01, block_size=128)
+        cfg = mnq.GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), percdamp=0.01, block_size=block)
     quant = mnq.MatMulNBitsQuantizer(model, bits=spec.get("bits", 4), block_size=block, is_symmetric=sym,
                                      accuracy_level=level, algo_config=cfg)
     quant.process()
@@ -284,24 +288,30 @@ def print_result(name: str, r: dict[str, Any]) -> None:
             continue
         print(f"{q:24s}{v['bits_per_weight']:8.3f}{v['mean_kl']:10.5f}{v['top1']:8.4f}{v['ppl_ratio']:8.4f}"
               f"{v['wall_s']:8.1f}{v['peak_rss_bytes'] / 1e6:8.0f}")  # fmt: skip
-    for block in sorted({int(k.rsplit("@", 1)[1]) for k in rows}):
-        at = {k.rsplit("@", 1)[0]: v for k, v in rows.items() if k.endswith(f"@{block}") and "error" not in v}
-        best = at.get("od-best")
-        if not best or "ort-default-sym" not in at:
+    ok = {k: v for k, v in rows.items() if "error" not in v}
+    ort_rows = {k: v for k, v in ok.items() if k.startswith("ort-")}
+    for name_at, od in ok.items():
+        if not name_at.startswith("od-") or "int8" in name_at:
             continue
-        ort = {
-            k: v
-            for k, v in at.items()
-            if k.startswith("ort-") and v["bits_per_weight"] >= best["bits_per_weight"] - 1e-9
-        }
-        best_ort = min(ort.items(), key=lambda kv: kv[1]["mean_kl"]) if ort else None
-        ratio = best["mean_kl"] / at["ort-default-sym"]["mean_kl"]
-        print(f"block {block}: od-best KL / ORT symmetric RTN KL = {ratio:.3f}"
-              + (f"; / best ORT at >= its bpw ({best_ort[0]}, {best_ort[1]['bits_per_weight']:.3f} bpw) = "
-                 f"{best['mean_kl'] / best_ort[1]['mean_kl']:.3f}" if best_ort else ""))  # fmt: skip
-        if "ort-gptq" in at and "od-best" in at:
-            print(f"block {block}: od-best wall / ORT GPTQ wall = {best['wall_s'] / at['ort-gptq']['wall_s']:.3f}, "
-                  f"peak RSS ratio {best['peak_rss_bytes'] / at['ort-gptq']['peak_rss_bytes']:.3f}")  # fmt: skip
+        q, block = name_at.rsplit("@", 1)
+        line = f"{name_at} ({od['bits_per_weight']:.3f} bpw):"
+        sym = ok.get(f"ort-default-sym@{block}")
+        if sym:
+            line += f" KL / ORT symmetric RTN at block {block} = {od['mean_kl'] / sym['mean_kl']:.3f};"
+        # The fair comparison at equal bits: every ORT row (any block) storing at least as many bits per weight.
+        richer = {k: v for k, v in ort_rows.items() if v["bits_per_weight"] >= od["bits_per_weight"] - 1e-9}
+        if richer:
+            k, v = min(richer.items(), key=lambda kv: kv[1]["mean_kl"])
+            line += (
+                f" / best ORT at >= its bpw ({k}, {v['bits_per_weight']:.3f} bpw) = {od['mean_kl'] / v['mean_kl']:.3f}"
+            )
+        gptq = ok.get(f"ort-gptq@{block}")
+        if gptq:
+            line += (
+                f"; wall / ORT GPTQ {od['wall_s'] / gptq['wall_s']:.3f}, "
+                f"peak RSS / ORT GPTQ {od['peak_rss_bytes'] / gptq['peak_rss_bytes']:.3f}"
+            )
+        print(line)
 
 
 def _model_and_text(name: str, args: argparse.Namespace, work: Path) -> tuple[Path, list[int], np.ndarray]:
@@ -352,6 +362,14 @@ def main() -> int:
     ap.add_argument("--od-extra", type=json.loads, default={},
                     help="JSON merged into every quantize_weights config, e.g. '{\"lm_head\": false}' (ORT leaves "
                     "a tied LM head, read through a Transpose of the embedding, in float)")  # fmt: skip
+    ap.add_argument(
+        "--od-config",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="another calibrated quantize_weights candidate, e.g. "
+        '\'od-mixed={"method": "gptq", "rules": [{"nodes": "*/v_proj/*", "bits": 8}]}\' (repeat)',
+    )
     ap.add_argument("--eval-tokens", type=int, default=1024, help="held-out tokens (positions + 1)")
     ap.add_argument("--calibration-tokens", type=int, default=1024)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/onnxdeploy-quantize"))
@@ -363,6 +381,9 @@ def main() -> int:
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     only = [q for q in args.only.split(",") if q]
+    for item in args.od_config:
+        name, _, text = item.partition("=")
+        QUANTIZERS[name] = {"side": "onnxdeploy", "config": json.loads(text), "calibrated": True}
     results: dict[str, Any] = {}
     for name in args.models.split(","):
         model, eval_tokens, calib_ids = _model_and_text(name, args, work)

@@ -16,6 +16,12 @@ runner's sessions set one thread and spinning off). Sections (``--only``):
   weights), the pass's own ``details``, pass wall time and peak RSS, the accuracy phase's time, step p50.
 * ``ort``    — ONNX Runtime's own ``MatMulNBitsQuantizer`` (``DefaultWeightOnlyQuantConfig``, symmetric and not, block
   32 and 128, ``--accuracy-level``) on a scratch copy, evaluated by ``runner.accuracy`` on the same tokens.
+* ``ort_all`` — every ORT weight-only quantizer (``DefaultWeightOnlyQuantConfig`` symmetric and not, RTN, k-quant,
+  HQQ, GPTQ with a past-cache calibration reader) at block 32 and 128 through ``benchmarks/quantize.py --models
+  smollm2`` (its held-out text CPython's ``LICENSE.txt``, calibration numpy's license files).
+* ``accuracy_phase`` — the wall time of verify's accuracy phase (``runner.accuracy.evaluate_accuracy`` on the same
+  arguments) for ``--candidate`` (a run's written ``model.onnx``; with ``--chain-quant`` the quant section writes
+  the fast chain then ``quantize_weights``, the deployed form whose accuracy phase the issue bounds).
 * ``accuracy_baseline`` — the yardstick for the accuracy phase: one ORT call of the original over the held-out
   tokens with an empty past, plus one step-1 decode of them (issue: the phase must take ≤ 3× this).
 
@@ -25,7 +31,8 @@ come from Q4_1 blocks of 32, so block-32 INT4 figures measure alignment with tha
 Figures are printed and saved to ``WORK_DIR/real_results.json``; nothing is asserted. Usage::
 
     python3 fixtures/_export_real.py                      # once (~10 min): the exports
-    nice -n 10 .venv/bin/python benchmarks/real.py [--only chain,quant,ort,accuracy_baseline] [--model optimum|dynamo]
+    nice -n 10 .venv/bin/python benchmarks/real.py [--only chain,quant,ort,ort_all,accuracy_phase,accuracy_baseline]
+        [--model optimum|dynamo]
         [--quant '{"bits": 4, "block_size": 128, "format": "matmulnbits"}' ...] [--positions 300]
 """
 
@@ -79,13 +86,17 @@ def model_bytes(model: Path) -> int:
     return model.stat().st_size + sum(p.stat().st_size for p in model.parent.glob("*.data"))
 
 
-def run_pipeline(work: Path, tag: str, model: Path, passes: list[dict], verify: dict) -> dict[str, Any]:
-    """``onnxdeploy run --json`` on a pipeline under RSS sampling; the report plus wall time and peak RSS."""
+def run_pipeline(
+    work: Path, tag: str, model: Path, passes: list[dict], verify: dict, extra: dict | None = None
+) -> dict[str, Any]:
+    """``onnxdeploy run --json`` on a pipeline (``extra``: more top-level keys) under RSS sampling; the report plus
+    wall time and peak RSS."""
     run_dir = work / tag
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     pipeline = run_dir / "pipeline.yaml"
     cfg = {"model": str(model), "output_dir": str(run_dir / "out"), "passes": passes, "cache": None, "verify": verify}
+    cfg |= extra or {}
     pipeline.write_text(yaml.safe_dump(cfg, sort_keys=False))
     exe = Path(sys.executable).parent / "onnxdeploy"
     m = scale.measure([str(exe), "run", str(pipeline), "--json"], run_dir, "run", env=ENV)
@@ -199,8 +210,36 @@ def chain(work: Path, model: Path, tokenizer: Path) -> dict[str, Any]:
     return _figures(run_pipeline(work, "chain", model, FAST_CHAIN, verify))
 
 
-def quant(work: Path, model: Path, tokenizer: Path, text: Path, positions: int, configs: list[dict]) -> list[dict]:
-    """Each quantize_weights config alone, with the held-out text's accuracy (see the module docstring)."""
+def calibration_ids(work: Path, tokenizer: Path, tokens: int) -> Path:
+    """The calibration tokens of ``benchmarks/quantize.py`` (numpy's shipped license files) as a ``.npy`` file."""
+    import numpy as np  # noqa: PLC0415
+
+    from onnxdeploy.text import load_codec  # noqa: PLC0415
+
+    licenses = sorted((Path(np.__file__).parent.parent / f"numpy-{np.__version__}.dist-info").rglob("LICENSE*"))
+    text = "\n\n".join(p.read_text(errors="replace") for p in licenses)
+    out = work / "calibration.npy"
+    np.save(out, np.array(load_codec(tokenizer, key="tokenizer").encode(text)[:tokens], dtype=np.int64))
+    return out
+
+
+def quant(
+    work: Path,
+    model: Path,
+    tokenizer: Path,
+    text: Path,
+    positions: int,
+    configs: list[dict],
+    *,
+    chain: bool = False,
+    calibration: Path | None = None,
+) -> list[dict]:
+    """Each quantize_weights config (after the fast chain with ``chain``), with the held-out text's accuracy.
+
+    ``calibration``: a token-ids file for the pipeline's ``calibration`` section (GPTQ, act-order, searches).
+    The accuracy phase's wall time is ``phases_s["verify"]``' share reported by the run as
+    ``accuracy_phase_s`` when the report has it (see the module docstring).
+    """
     results = []
     for i, cfg in enumerate(configs):
         verify = {
@@ -211,7 +250,9 @@ def quant(work: Path, model: Path, tokenizer: Path, text: Path, positions: int, 
             "min_top1_agreement": 0.0,
             "accuracy": {"text_file": str(text), "max_tokens": positions + 1},
         }
-        r = run_pipeline(work, f"quant{i}", model, [{"quantize_weights": cfg}], verify)
+        passes = [*(FAST_CHAIN if chain else []), {"quantize_weights": cfg}]
+        extra = {"calibration": {"token_ids_file": str(calibration)}} if calibration else {}
+        r = run_pipeline(work, f"{'chain' if chain else ''}quant{i}", model, passes, verify, extra)
         fig = _figures(r)
         out_model = Path(r["output"]) / "model.onnx"
         fig["config"] = cfg
@@ -301,6 +342,24 @@ def ort_baselines(work: Path, model: Path, tokenizer: Path, text: Path, position
     return results
 
 
+ORT_ALL = "ort-default-sym,ort-default-asym,ort-rtn,ort-kquant,ort-hqq,ort-gptq"
+
+
+def ort_all(work: Path, blocks: str, calibration_tokens: int) -> dict[str, Any]:
+    """Every ORT weight-only quantizer of ``benchmarks/quantize.py`` on SmolLM2 (its held-out text and calibration).
+
+    Runs ``quantize.py --models smollm2 --only ORT_ALL`` (HQQ and GPTQ in the fixtures' torch venv) in a subprocess
+    and returns its ``quantize_results.json`` entry.
+    """
+    out = work / "quantize"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "quantize.py"), "--models", "smollm2", "--blocks", blocks]
+    cmd += ["--only", ORT_ALL, "--calibration-tokens", str(calibration_tokens), "--work-dir", str(out)]
+    import subprocess  # noqa: PLC0415
+
+    subprocess.run(cmd, check=True, env=ENV)
+    return json.loads((out / "quantize_results.json").read_text())["smollm2"]
+
+
 def accuracy_baseline(model: Path, tokenizer: Path, text: Path, positions: int) -> dict[str, float]:
     """One ORT call of the original over the held-out tokens (empty past) + one step-1 decode of them, in ms."""
     import time  # noqa: PLC0415
@@ -344,6 +403,30 @@ def accuracy_baseline(model: Path, tokenizer: Path, text: Path, positions: int) 
     }
 
 
+def accuracy_phase(model: Path, candidate: Path, tokenizer: Path, text: Path, positions: int) -> dict[str, Any]:
+    """Wall time of verify's accuracy phase (``runner.accuracy.evaluate_accuracy``, what ``verify.accuracy`` calls,
+    on the same arguments) for a written ``candidate`` (a run's output ``model.onnx``, a graph set's primary)."""
+    import time  # noqa: PLC0415
+
+    from onnxdeploy.runner.accuracy import evaluate_accuracy  # noqa: PLC0415
+    from onnxdeploy.text import load_codec, text_token_ids  # noqa: PLC0415
+
+    ids = text_token_ids(text, load_codec(tokenizer, key="tokenizer"), positions + 1, key="text")
+    t = time.perf_counter()
+    acc = evaluate_accuracy(str(model), str(candidate), ids)
+    wall = time.perf_counter() - t
+    figs = {
+        kind: {
+            "mean_kl": getattr(acc, kind).mean_kl,
+            "top1": getattr(acc, kind).top1_agreement,
+            "ppl_ratio": getattr(acc, kind).ppl_ratio,
+            "session": getattr(acc, kind).session.model_dump(mode="json") if getattr(acc, kind).session else None,
+        }
+        for kind in ("weight_only", "default_optimized")
+    }
+    return {"tokens": len(ids), "wall_s": round(wall, 1), "default_is_weight_only": acc.default_is_weight_only} | figs
+
+
 def main() -> int:
     """Run the chosen sections; print and save the figures."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -353,6 +436,9 @@ def main() -> int:
     ap.add_argument("--quant", action="append", type=json.loads, help="a quantize_weights config as JSON (repeat)")
     ap.add_argument("--positions", type=int, default=300, help="held-out positions (tokens fed: one more)")
     ap.add_argument("--accuracy-level", type=int, default=0, help="ORT baselines' MatMulNBits accuracy_level")
+    ap.add_argument("--candidate", type=Path, help="accuracy_phase: a written candidate (a run's out/model.onnx)")
+    ap.add_argument("--chain-quant", action="store_true", help="quant: the fast chain, then each quantize_weights")
+    ap.add_argument("--calibration-tokens", type=int, default=0, help="quant: calibration tokens (0: none)")
     args = ap.parse_args()
     model = REAL_MODEL_DIR / args.model / "model.onnx"
     if not model.is_file():
@@ -366,11 +452,20 @@ def main() -> int:
     if "accuracy_baseline" in only:
         results["accuracy_baseline"] = accuracy_baseline(model, tokenizer, text, args.positions)
         print(f"[accuracy_baseline] {json.dumps(results['accuracy_baseline'])}", flush=True)
+    if "accuracy_phase" in only and args.candidate:
+        results["accuracy_phase"] = accuracy_phase(model, args.candidate, tokenizer, text, args.positions)
+        print(f"[accuracy_phase] {json.dumps(results['accuracy_phase'])}", flush=True)
     if "chain" in only:
         results["chain"] = chain(work, model, tokenizer)
         print(f"[chain] {json.dumps(results['chain'], indent=1)}", flush=True)
     if "quant" in only:
-        results["quant"] = quant(work, model, tokenizer, text, args.positions, args.quant or DEFAULT_QUANT)
+        calib = calibration_ids(work, tokenizer, args.calibration_tokens) if args.calibration_tokens else None
+        configs = args.quant or DEFAULT_QUANT
+        results["quant"] = quant(
+            work, model, tokenizer, text, args.positions, configs, chain=args.chain_quant, calibration=calib
+        )
+    if "ort_all" in only:
+        results["ort_all"] = ort_all(work, "32,128", args.calibration_tokens or 2048)
     if "ort" in only:
         results["ort"] = ort_baselines(work, model, tokenizer, text, args.positions, args.accuracy_level)
     (work / "real_results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -343,10 +343,21 @@ def write_stage(config: PipelineConfig, artifacts: ArtifactSet, say: Say) -> Wri
         external=external,
         data_name=f"{config.output_name}.data",
         size_threshold_bytes=artifacts.weights.size_threshold_bytes,
+        data_names=part_data_files(artifacts),
     )
     for model in artifacts.models():
         release_weights(model)  # the input's pages leave memory before ONNX Runtime maps the outputs
     return Written(staged=staged, removes=stale_outputs(config, staged))
+
+
+def part_data_files(artifacts: ArtifactSet) -> dict[str, str]:
+    """Graph file → data file of the parts whose contract names one (``split {weights: per_part}``)."""
+    found = {}
+    for artifact in artifacts.artifacts:
+        contract = read_contract(artifact.model, source=artifact.name)
+        if contract is not None and contract.part is not None and contract.part.weights_file:
+            found[artifact.name] = contract.part.weights_file
+    return found
 
 
 def write_nothing(config: PipelineConfig) -> Written:

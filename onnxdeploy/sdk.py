@@ -82,6 +82,12 @@ class RknnBuild:
             a layer whose quantized output's cosine to the float one falls below ``auto_hybrid_cos_thresh`` is kept
             in fp16; RKNN-Toolkit2 2.5.0 ``rknn.config``/``rknn.build`` docstrings).
         auto_hybrid_cos: that threshold (``rknn.config(auto_hybrid_cos_thresh=...)``, SDK default 0.98).
+        hybrid_min_cosine: None, or onnxdeploy's own choice of fp16 layers from per-layer error: the worker builds
+            plainly, runs ``accuracy_analysis`` on ``hybrid_samples`` dataset lines, and keeps in float16 every
+            tensor whose single-layer cosine (quantized vs float, the layer fed float inputs) falls below this,
+            with the single-input chain feeding it (the rotary ``Sin``/``Cos`` need their angle in float too),
+            then builds with ``hybrid_quantization_step1/2`` (``onnxdeploy/_rknn_worker.py``).
+        hybrid_samples: dataset lines that analysis runs on (spread over the file).
     """
 
     quantized_dtype: str | None = None
@@ -91,6 +97,8 @@ class RknnBuild:
     export: str | None = None
     auto_hybrid: bool = False
     auto_hybrid_cos: float = 0.98
+    hybrid_min_cosine: float | None = None
+    hybrid_samples: int = 3
 
     def __post_init__(self) -> None:
         if self.quantized_dtype is not None and self.quantized_dtype not in QUANTIZED_DTYPES:
@@ -114,6 +122,8 @@ class RknnBuild:
         hybrid = f", {len(self.float_layers)} layers fp16 (hybrid)" if self.float_layers else ""
         if self.auto_hybrid:
             hybrid = f", auto hybrid (layers below cosine {self.auto_hybrid_cos:g} kept fp16)"
+        if self.hybrid_min_cosine is not None:
+            hybrid += f", hybrid: layers below single-layer cosine {self.hybrid_min_cosine:g} fp16"
         return f"{self.quantized_dtype} ({self.quantized_algorithm}{hybrid})"
 
     def to_json(self) -> str:
@@ -127,6 +137,8 @@ class RknnBuild:
                 "export": self.export,
                 "auto_hybrid": self.auto_hybrid,
                 "auto_hybrid_cos": self.auto_hybrid_cos,
+                "hybrid_min_cosine": self.hybrid_min_cosine,
+                "hybrid_samples": self.hybrid_samples,
             }
         )
 
@@ -241,6 +253,9 @@ class SdkReport:
     seconds: float
     error: str = ""
     nodes: list[SdkNodeVerdict] = field(default_factory=list)
+    hybrid: dict = field(default_factory=dict)
+    """Hybrid quantization's choice: ``float_layers`` (SDK tensors built float16) and, when chosen from per-layer
+    error, ``layer_errors`` (``min_cosine``, ``samples``, ``layers``, ``sensitive``, ``worst``: [tensor, cosine])."""
 
     def by_verdict(self, verdict: str) -> list[SdkNodeVerdict]:
         """The nodes with ``verdict``."""
@@ -346,6 +361,7 @@ def rknn_build_reports(
             seconds=round(float(result["seconds"]), 3),
             error=result.get("error", ""),
             nodes=parse_build_log(log, nodes) if result["ok"] else [],
+            hybrid={k: result[k] for k in ("float_layers", "layer_errors") if k in result},
         )
         for result, log, nodes in zip(results, logs, graphs, strict=True)
     ]
@@ -407,4 +423,5 @@ def beside_matrix(report: SdkReport, findings) -> dict:
         "nodes": nodes,
         "disagreements": disagreements,
         "cpu_placed": cpu_placed,
+        **({"hybrid": report.hybrid} if report.hybrid else {}),
     }

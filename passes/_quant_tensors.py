@@ -33,7 +33,7 @@ from onnxdeploy.passes._weight_quant import (
 if TYPE_CHECKING:
     from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig
 
-__all__ = ["QTYPES", "Quantized", "WeightQuantizer"]
+__all__ = ["QTYPES", "Quantized", "WeightQuantizer", "int8_nbits_block"]
 
 QTYPES = {
     (4, True): ir.DataType.INT4,
@@ -54,7 +54,7 @@ class Quantized:
         tensors: the tensors, in the op's input order.
         nk: the ``dq`` tensors are laid out ``(N, K)``.
         bits: 4 or 8.
-        block_size: input channels per block (``K`` rounded up to a power of two for INT8 MatMulNBits).
+        block_size: input channels per block (INT8 MatMulNBits: :func:`int8_nbits_block`).
         n: output channels ``N``.
         k: input channels ``K``.
     """
@@ -66,6 +66,26 @@ class Quantized:
     block_size: int
     n: int
     k: int
+
+
+def int8_nbits_block(k: int, *, asymmetric: bool = False, scale_bits: int = 32) -> int:
+    """The block size of an INT8 ``MatMulNBits`` weight with ``K`` input channels that stores the fewest bits.
+
+    ``MatMulNBits`` takes a power-of-two ``block_size`` of at least 16 (com.microsoft contrib op schema) and pads
+    ``K`` to whole blocks, so one block spanning ``K`` costs ``8 · 2^ceil(log2 K) / K`` bits a weight (14.2 for
+    ``K = 576``). Per output channel each block stores ``8 · block`` bits of values (padding included),
+    ``scale_bits`` of scale and, when ``asymmetric``, 8 of zero point; this returns the block in
+    ``[16, next power of two >= K]`` with the fewest, the larger on a tie (so a power-of-two ``K`` keeps one
+    block: per channel). ``K = 576`` → 64 (8.5 bits a weight, symmetric float32 scales); ``K = 1536`` → 512.
+    """
+    top = max(16, 1 << (k - 1).bit_length())
+    sizes = [1 << e for e in range(4, top.bit_length())]
+
+    def cost(b: int) -> int:
+        n = -(-k // b)
+        return n * (8 * b + scale_bits + (8 if asymmetric else 0))
+
+    return min(sizes, key=lambda b: (cost(b), -b))
 
 
 def _error_weights(h: np.ndarray | None) -> np.ndarray:
@@ -104,13 +124,15 @@ class WeightQuantizer:
         self._bits, self._block_size = 4, 32  # the weight being quantized's (its target's, from the rules)
 
     def _block(self, k: int, nbits: bool) -> int:
-        """Input channels per block: ``block_size`` for INT4; one block spanning ``K`` for INT8.
+        """Input channels per block: ``block_size`` for INT4; for INT8 one block spanning ``K`` (QDQ per channel).
 
-        INT8 MatMulNBits takes the next power of two >= ``K`` (at least 16), which ORT runs exactly.
+        INT8 MatMulNBits needs a power-of-two block (at least 16): :func:`int8_nbits_block`, the one storing
+        the fewest bytes (``K`` itself when ``K`` is a power of two; 64 for ``K = 576``: 8.5 bits a weight where
+        the next power of two, 1024, padded it to 14.2).
         """
         if self._bits == 4:
             return self._block_size
-        return max(16, 1 << (k - 1).bit_length()) if nbits else k
+        return int8_nbits_block(k, asymmetric=not self.config.symmetric) if nbits else k
 
     def quantize(
         self,

@@ -20,8 +20,9 @@ What the pass does (README, "Passes" → ``quantize_weights``):
   (19 for float16/bfloat16 weights, whose scales keep that dtype),
   blocked INT4 opset ≥ 21 and IR ≥ 10: with ``raise_opset: true`` the graph is converted first (``pin_opset``'s
   converter), otherwise the pass refuses; no ``block_size`` attribute is ever written below opset 21.
-  ``matmulnbits``: ``com.microsoft::MatMulNBits`` (INT8 as one block spanning ``K``: the next power of two
-  ≥ ``K``, which ORT runs exactly), with ``accuracy_level``; the ``com.microsoft`` import is added. Embedding
+  ``matmulnbits``: ``com.microsoft::MatMulNBits`` (INT8 in the power-of-two block storing the fewest bits,
+  ``_quant_tensors.int8_nbits_block``: per channel when ``K`` is a power of two), with ``accuracy_level``; the
+  ``com.microsoft`` import is added. Embedding
   tables are always dequantized by ``DequantizeLinear`` (ORT's ``MatMulNBits`` has no Gather form).
 * **Act-order** (``act_order: true``, needs ``calibration`` in the pipeline): input-channel importance
   ``diag(X^T X)`` is collected on the calibration tokens by running the model through the runner's decode

@@ -64,6 +64,7 @@ from onnxdeploy.passes._last_position import LAST_TOKEN_INDEX, gather_last_posit
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._query_positions import export_batch, feed_query_positions, find_query_positions
+from onnxdeploy.passes._window_cache import probe_layer_windows, probe_windows, ring_length, ring_slots, ring_views
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes
 from onnxdeploy.settings import PipelineSettings, SettingsConflict
@@ -169,6 +170,11 @@ class StaticKVCachePass(Pass):
         self._refuse_contract(model)
         if (why := causal_refusal(model.graph)) is not None:
             raise PreconditionError(self.name, why)
+        if self.config.cache_policy is not None and "position_ids" not in {v.name for v in model.graph.inputs}:
+            raise ConfigError(
+                "cache_policy: the export has no 'position_ids' input, so kept tokens cannot be fed their true "
+                "positions with a cut past (neither on the device nor in verification); re-export with position_ids"
+            )
         kv = self._find(model)
         available = available_memory_bytes()
         if available is None:
@@ -260,8 +266,10 @@ class StaticKVCachePass(Pass):
         head_dim = genai_head_size(context.model_path)
         kv = self._find(original, head_dim)
         self._check_inputs(original.graph, kv)
+        self._refuse_rows(original, kv)
         self._resolve_cache_write(kv, context, report)
         query_positions = self._query_positions(original, kv, context, report)
+        self._ring = self._ring_length(original, query_positions, head_dim, context, report)
         built = self._build_set(original, artifacts.artifacts[0].name, query_positions, report, head_dim)
         self._write_contracts(built, report)
         out = ArtifactSet(
@@ -299,6 +307,50 @@ class StaticKVCachePass(Pass):
                 "step_len 1 without sliding window)"
             )
         return query_positions
+
+    def _ring_length(
+        self, original: ir.Model, query_positions: list[str], head_dim: int | None, context: PassContext, report
+    ) -> int | None:
+        """With ``window_cache``: the ring length of every layer (:mod:`~onnxdeploy.passes._window_cache`), else None.
+
+        Raises:
+            PreconditionError: layers without one common window (``probe_windows``).
+            ConfigError: the ring is not shorter than the smallest ``max_cache_len`` (the window is too large).
+        """
+        cfg = self.config
+        if not cfg.window_cache:
+            return None
+        self._ring, self._layer_rings = None, {}
+        S, L = cfg.steps()[0], cfg.caches()[-1]
+        probe, contract = self._rewrite(clone(original), query_positions, S, L, PassReport(name=self.name), head_dim)
+        write_contract(probe, contract)
+        windows = probe_layer_windows(
+            probe, contract, self._find(original, head_dim), context, source="the primary graph", who=self.name
+        )
+        if None in windows and any(w is not None for w in windows):  # mixed local/global layers: rings by view
+            self._layer_rings = {i: ring_length(w, cfg.steps()) for i, w in enumerate(windows) if w is not None}
+            if max(self._layer_rings.values()) >= cfg.caches()[0]:
+                raise ConfigError(
+                    f"window_cache: a window + max(step_lens) - 1 ({max(self._layer_rings.values())} slots) is not "
+                    f"smaller than max_cache_len {cfg.caches()[0]}; raise max_cache_len or drop window_cache"
+                )
+            report.changes.append(
+                f"window_cache: layer windows {windows} (None: global, confirmed by running): windowed layers are "
+                f"rings of {sorted(set(self._layer_rings.values()))} slots read through a view of max_cache_len"
+            )
+            return None
+        window = probe_windows(probe, contract, context, source="the primary graph", who=self.name)
+        length = ring_length(window, cfg.steps())
+        if length >= cfg.caches()[0]:
+            raise ConfigError(
+                f"window_cache: the window {window} + max(step_lens) - 1 = {length} slots is not smaller than "
+                f"max_cache_len {cfg.caches()[0]}; raise max_cache_len or drop window_cache"
+            )
+        report.changes.append(
+            f"window_cache: every layer has sliding window {window} (confirmed by running): ring buffers of {length} "
+            f"slots (W + max(step_lens) - 1), slot = position mod {length}"
+        )
+        return length
 
     def _build_set(
         self,
@@ -377,6 +429,32 @@ class StaticKVCachePass(Pass):
         if kv.attention_op is None:
             report.changes.append(f"cache write: {self._cache_write} ({source if write else 'default'}), {update}")
 
+    def _batch(self, S: int) -> int:
+        """The batch of the step-``S`` graphs: ``prefill_batch`` for a prefill graph (S > 1) if set, else ``batch``."""
+        cfg = self.config
+        return cfg.prefill_batch if S > 1 and cfg.prefill_batch is not None else cfg.batch
+
+    def _refuse_rows(self, model: ir.Model, kv: KVCache) -> None:
+        """``row_positions`` needs a ``position_ids`` input (each row's RoPE) and a cache written at Concats.
+
+        Raises:
+            PreconditionError: no ``position_ids`` input, or the cache is held by an attention op.
+        """
+        if not self.config.row_positions:
+            return
+        if kv.attention_op is not None:
+            raise PreconditionError(
+                self.name,
+                f"row_positions: the cache is held by {kv.attention_op}, whose lengths static_kv feeds "
+                "from one row; use the decomposed export",
+            )
+        if "position_ids" not in {v.name for v in model.graph.inputs}:
+            raise PreconditionError(
+                self.name,
+                "row_positions: the export has no position_ids input, so its rows could not take their "
+                "own positions; re-export with position_ids",
+            )
+
     def _rewrite(
         self,
         model: ir.Model,
@@ -404,7 +482,7 @@ class StaticKVCachePass(Pass):
         folded = self._fold(model, report)
         contract = self._contract(folded, kv, S, L, report)
         report.changes.append(
-            f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={self.config.batch}, "
+            f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={self._batch(S)}, "
             f"step_len={S}, max_cache_len={L}, {self._cache_update}"
         )
         return folded, contract
@@ -413,10 +491,11 @@ class StaticKVCachePass(Pass):
         self, model: ir.Model, kv: KVCache, query_positions: list[str], S: int, L: int, report: PassReport
     ) -> None:
         """Add ``cache_position``, write the cache there (at the op, or instead of each Concat), fix the input dims."""
-        B = self.config.batch
+        B = self._batch(S)
+        rows = self.config.row_positions
         graph = model.graph
-        cache_position = add_cache_position(graph, S, who=self.name)
-        report.changes.append(f"added input {CACHE_POSITION} int64 [{S}]")
+        cache_position = add_cache_position(graph, S, who=self.name, rows=B if rows else None)
+        report.changes.append(f"added input {CACHE_POSITION} int64 [{f'{B}, ' if rows else ''}{S}]")
         if kv.attention_op is not None:  # GroupQueryAttention holds the cache: rewrite its length inputs
             report.changes += rewrite_gqa_cache(
                 model,
@@ -429,19 +508,24 @@ class StaticKVCachePass(Pass):
                 who=self.name,
             )
         else:
+            ring = getattr(self, "_ring", None)  # window_cache: every layer a ring of this many slots
             report.changes += rewrite_cache_writes(
                 graph,
                 kv,
-                cache_position=cache_position,
+                cache_position=cache_position if ring is None else ring_slots(graph, cache_position, ring, S),
                 seq_axis=kv.seq_axis,
                 cache_update=self._cache_update,
-                max_cache_len=L,
+                max_cache_len=L if ring is None else ring,
                 step_len=S,
                 cache_write=self._cache_write,
                 batch=B,
             )
-            feed_query_positions(graph, query_positions, cache_position)
-        report.dims_fixed += fix_io_dims(graph, kv, batch=B, step_len=S, max_cache_len=L)
+            feed_query_positions(graph, query_positions, cache_position, rows=rows)
+        ring = getattr(self, "_ring", None)
+        report.dims_fixed += fix_io_dims(graph, kv, batch=B, step_len=S, max_cache_len=L if ring is None else ring)
+        rings = getattr(self, "_layer_rings", None)
+        if rings and kv.attention_op is None:  # mixed layers: the windowed ones are rings read through a view
+            report.changes += ring_views(graph, kv, rings, cache_position, L=L, S=S, B=B)
 
     def _fold(self, model: ir.Model, report: PassReport) -> ir.Model:
         """Fold the shape arithmetic (a new model), ``-inf`` constants made finite before and after."""
@@ -458,10 +542,24 @@ class StaticKVCachePass(Pass):
     def _contract(self, folded: ir.Model, kv: KVCache, S: int, L: int, report: PassReport) -> DecodeContract:
         """The graph's contract; a prefill graph's LM head gathered to the last token, the cache cast to kv_dtype."""
         cfg = self.config
-        B = cfg.batch
+        B = self._batch(S)
+        ring = getattr(self, "_ring", None)
         contract = build_contract(
             folded, kv, batch=B, step_len=S, max_cache_len=L, cache_update=self._cache_update, who=self.name
         )
+        if cfg.row_positions:
+            contract = contract.model_copy(
+                update={"row_positions": True, "contract_version": max(contract.contract_version, 4)}
+            )
+        rings = getattr(self, "_layer_rings", None) or {}
+        if ring is not None:  # every layer a ring; max_cache_len stays the bound on positions
+            rings = dict.fromkeys(range(len(contract.cache)), ring)
+        if rings:
+            cache = [
+                e.model_copy(update={"cache_len": rings[e.layer], "slot_mapping": "ring"}) if e.layer in rings else e
+                for e in contract.cache
+            ]
+            contract = contract.model_copy(update={"cache": cache, "contract_version": 5})
         if kv.attention_op is not None:  # the op masks by seqlens_k, computed from cache_position
             contract = contract.model_copy(update={"mask": "cache_position"})
         if S > 1:
@@ -475,6 +573,10 @@ class StaticKVCachePass(Pass):
                 update["prefill_logits"] = "last"
                 update["inputs"] = contract.inputs.model_copy(update={"last_token_index": LAST_TOKEN_INDEX})
             contract = contract.model_copy(update=update)
+        if cfg.cache_policy is not None:  # mask_rewrite then masks from slot_positions (contract_version 5)
+            contract = contract.model_copy(
+                update={"cache_policy": cfg.cache_policy, "contract_version": max(contract.contract_version, 5)}
+            )
         if cfg.kv_dtype is not None and cfg.kv_dtype != contract.kv_dtype:
             report.changes.append(cast_cache_boundary(folded, contract, cfg.kv_dtype, who=self.name))
             contract = contract.model_copy(update={"kv_dtype": cfg.kv_dtype})

@@ -19,6 +19,7 @@ from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.model_io import write_for_ort
 from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes import PipelineSettings
+from onnxdeploy.passes._quant_tensors import int8_nbits_block
 from onnxdeploy.passes._weight_quant import pack_matmulnbits, quantize_rtn, quantize_rtn_stored
 from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
 from onnxdeploy.runner.accuracy import WEIGHT_ONLY_ENTRIES
@@ -52,7 +53,7 @@ def _ops(model: ir.Model) -> list[str]:
 
 def _dequantized(w_nk: np.ndarray, bits: int, block_size: int, symmetric: bool = True, nbits: bool = False):
     k = w_nk.shape[1]
-    block = block_size if bits == 4 else (max(16, 1 << (k - 1).bit_length()) if nbits else k)
+    block = block_size if bits == 4 else (int8_nbits_block(k, asymmetric=not symmetric) if nbits else k)
     return quantize_rtn(w_nk, bits=bits, block_size=block, symmetric=symmetric).dequantize()
 
 
@@ -234,6 +235,26 @@ def test_check_settings_needs_calibration_for_act_order_and_gptq() -> None:
         with pytest.raises(ConfigError, match="needs calibration data"):
             QuantizeWeightsPass(QuantizeWeightsConfig(**config)).check_settings(PipelineSettings())
         QuantizeWeightsPass(QuantizeWeightsConfig(**config)).check_settings(PipelineSettings(calibration_tokens=64))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int8_matmulnbits_takes_the_block_storing_the_fewest_bytes(symmetric: bool, tmp_path: Path) -> None:
+    """K = 96: one power-of-two block (128) would pad a third; blocks of 32 store the fewest bits and run."""
+    k, n = 96, 24
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    model = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, n])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    quantized, _ = _quantize(model, tmp_path, bits=8, format="matmulnbits", symmetric=symmetric)
+    (node,) = [nd for nd in quantized.graph if nd.op_type == "MatMulNBits"]
+    assert node.attributes.get_int("block_size") == 32 == int8_nbits_block(k, asymmetric=not symmetric)
+    assert int8_nbits_block(576) == 64 and int8_nbits_block(1536) == 512 and int8_nbits_block(128) == 128
+    x = RNG.standard_normal((3, k)).astype(np.float32)
+    want = x @ _dequantized(w.T, 8, 0, symmetric, nbits=True).T
+    np.testing.assert_allclose(_run(quantized, {"x": x}, tmp_path), want, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

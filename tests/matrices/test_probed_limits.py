@@ -127,3 +127,24 @@ def test_openvino_resize_modes_and_ops_no_one_node_probe_builds_follow_what_open
     assert entry.via == "listed" and entry.source == "ov-onnx-fe"
     # sequence values: the frontend lists the ops, the CPU plugin compiles none, the matrix lists none
     assert not matrix.ops_for("ai.onnx", "SequenceInsert", 11)
+
+
+def test_ort_cpu_conv_integer_runs_a_per_tensor_weight_zero_point_only_and_the_matrix_says_so():
+    """ORT's ConvInteger opens with a per-channel w_zero_point and fails at its first run (conv_integer.cc)."""
+    import numpy as np
+
+    from onnxdeploy.matrices._ort_probes import _conv_integer
+
+    def runs(model: onnx.ModelProto) -> bool:
+        try:
+            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            session.run(None, {"x": np.ones((1, 1, 3, 3), np.uint8)})
+        except Exception:  # noqa: BLE001 - any refusal or run error
+            return False
+        return True
+
+    per_tensor, per_channel = _conv_integer(10, 1), _conv_integer(10, 2)
+    assert runs(per_tensor) and _opens(per_channel) and not runs(per_channel)
+    assert predict_supported(per_tensor, "ort-cpu")[0]
+    accepted, errors = predict_supported(per_channel, "ort-cpu")
+    assert not accepted and errors[0].code == "OD518" and "'wz' (w_zero_point) has 2 elements" in errors[0].message

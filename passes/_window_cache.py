@@ -35,10 +35,10 @@ from onnxdeploy.passes._attention_decompose import decompose_attention
 from onnxdeploy.passes._attention_sites import find_attention_sites, key_cache_inputs
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node
-from onnxdeploy.passes._mask_windows import choose_windows
+from onnxdeploy.passes._mask_windows import choose_windows, window_candidates
 from onnxdeploy.passes._position_mask import PositionMaskBuilder
 
-__all__ = ["plan_rings", "probe_layer_windows", "ring_length", "ring_slots", "ring_views"]
+__all__ = ["plan_rings", "probe_layer_windows", "refuse_oversized_window", "ring_length", "ring_slots", "ring_views"]
 
 
 def ring_length(window: int, step_lens: list[int]) -> int:
@@ -93,6 +93,38 @@ def plan_rings(
             f"{sorted(set(rings.values()))} slots read through a view of max_cache_len"
         ),
     )
+
+
+def refuse_oversized_window(graph: ir.Graph, step_lens: list[int], smallest_cache: int, key: str) -> None:
+    """Refuse, before any pass, a ring not smaller than the cache whatever window the graph turns out to have.
+
+    Read off the input graph without running it (no weight read): per attention Softmax, the exporter's window
+    constants (:func:`~onnxdeploy.passes._mask_windows.window_candidates`, the ones ``mask_rewrite`` and
+    :func:`probe_layer_windows` try). A layer's window is one of its candidates or none (global), so the smallest
+    candidate of the graph bounds every window from below: when even its ring (:func:`ring_length`) is not smaller
+    than ``smallest_cache``, :func:`plan_rings` would refuse after the probe. A window above that bound, or one held
+    by an attention op's attribute, is still refused by :func:`plan_rings` inside the pass.
+
+    Args:
+        graph: the input export.
+        step_lens: the set's step lengths.
+        smallest_cache: the smallest ``max_cache_len`` of the set.
+        key: the config key naming it (``max_cache_len=8``), for the message.
+
+    Raises:
+        ConfigError: naming the Softmax node, its window and the ring's arithmetic.
+    """
+    found = [(min(c), str(n.name)) for n in graph if n.op_type == "Softmax" and (c := window_candidates(n.inputs[0]))]
+    if not found:
+        return
+    window, node = min(found)
+    length = ring_length(window, step_lens)
+    if length >= smallest_cache:
+        raise ConfigError(
+            f"{key}: window_cache: the smallest sliding window in the graph is {window} (the mask Softmax '{node}' "
+            f"reads), so a ring needs at least {window} + max(step_lens) {max(step_lens)} - 1 = {length} slots, not "
+            f"smaller than max_cache_len {smallest_cache}; raise max_cache_len above {length} or drop window_cache"
+        )
 
 
 def ring_slots(graph: ir.Graph, cache_position: ir.Value, length: int, step_len: int) -> ir.Value:

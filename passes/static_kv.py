@@ -64,7 +64,13 @@ from onnxdeploy.passes._last_position import LAST_TOKEN_INDEX, gather_last_posit
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._query_positions import export_batch, feed_query_positions, find_query_positions
-from onnxdeploy.passes._window_cache import plan_rings, probe_layer_windows, ring_slots, ring_views
+from onnxdeploy.passes._window_cache import (
+    plan_rings,
+    probe_layer_windows,
+    refuse_oversized_window,
+    ring_slots,
+    ring_views,
+)
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes
 from onnxdeploy.settings import PipelineSettings, SettingsConflict
@@ -163,8 +169,9 @@ class StaticKVCachePass(Pass):
         Raises:
             PreconditionError: no KV cache, no single logits output, a batch other than the export's, or an
                 ``is_causal`` Attention with q_len != kv_len (``causal_refusal``, naming the node).
-            ConfigError: ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × 3 copies`` plus the
-                folded constants, or the peak of folding, exceed
+            ConfigError: with ``window_cache``, a ring not smaller than the smallest cache even at the graph's
+                smallest window constant (``refuse_oversized_window``); ``2 × layers × B × H_kv × max_cache_len × D
+                × dtype bytes × 3 copies`` plus the folded constants, or the peak of folding, exceed
                 :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
         self._refuse_contract(model)
@@ -176,6 +183,14 @@ class StaticKVCachePass(Pass):
                 "positions with a cut past (neither on the device nor in verification); re-export with position_ids"
             )
         kv = self._find(model)
+        cfg = self.config
+        if cfg.window_cache:
+            key = (
+                f"max_cache_len={cfg.caches()[0]}"
+                if cfg.max_cache_lens is None
+                else f"max_cache_lens={cfg.max_cache_lens}"
+            )
+            refuse_oversized_window(model.graph, cfg.steps(), cfg.caches()[0], key)
         available = available_memory_bytes()
         if available is None:
             return

@@ -25,6 +25,7 @@ __all__ = [
     "VerifyReport",
     "AccuracyFigures",
     "AccuracyReport",
+    "PolicyQualityFigures",
     "spike_threshold_ms",
     "summarise_steps",
     "summarise_verify",
@@ -340,6 +341,34 @@ class AccuracyFigures(BaseModel):
     )
 
 
+class PolicyQualityFigures(BaseModel):
+    """``cache_policy``'s quality cost: its sinks + recent decode against the full-context original (held-out text).
+
+    Measured by :func:`onnxdeploy.runner.cache_policy.evaluate_policy_accuracy` on ``verify.accuracy``'s tokens, over
+    the positions at or past ``max_cache_len`` (where the policy evicts; before, both see the whole text).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    sinks: int = Field(description="The contract's cache_policy.sinks (slots kept from the start).")
+    recent: int = Field(description="The contract's cache_policy.recent (last positions kept).")
+    max_cache_len: int = Field(description="The cache length the policy acts past (a set's largest).")
+    tokens: int = Field(description="Held-out tokens fed to both, teacher-forced.")
+    evicting_positions: int = Field(description="Positions at or past max_cache_len: the ones compared.")
+    mean_kl: float | None = Field(None, description="Mean KL(full context || policy) over them, nats; None: none.")
+    top1_agreement: float | None = Field(None, description="Argmax agreement over them; None: none compared.")
+
+    def text(self) -> str:
+        """One console line: the policy, the figures and over what they were taken."""
+        policy = f"cache_policy sinks {self.sinks} + recent {self.recent} past max_cache_len {self.max_cache_len}"
+        if self.mean_kl is None or self.top1_agreement is None:
+            return f"{policy}: quality not measured: the {self.tokens} held-out tokens never pass max_cache_len"
+        return (
+            f"{policy}: KL(full context || policy) {self.mean_kl:.3g} nats, top-1 {self.top1_agreement:.3f} over the "
+            f"{self.evicting_positions} evicting positions of {self.tokens} held-out tokens"
+        )
+
+
 class AccuracyReport(BaseModel):
     """``verify.accuracy``: the candidate's teacher-forced accuracy on held-out tokens (runner/accuracy.py).
 
@@ -366,6 +395,11 @@ class AccuracyReport(BaseModel):
     min_top1_agreement: float | None = None
     max_ppl_ratio: float | None = None
     failures: list[str] = Field(default_factory=list)
+    policy_quality: PolicyQualityFigures | None = Field(
+        None,
+        description="A cache_policy candidate: what the policy costs against the full context on all the held-out "
+        "tokens (the figures above are then taken on the first max_cache_len of them, where nothing is evicted).",
+    )
 
 
 def spike_threshold_ms(mode: ModeResult) -> float:

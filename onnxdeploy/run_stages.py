@@ -48,6 +48,7 @@ from onnxdeploy.report import (
 )
 from onnxdeploy.runner import check_header, verify
 from onnxdeploy.runner.accuracy import evaluate_accuracy
+from onnxdeploy.runner.cache_policy import evaluate_policy_accuracy
 from onnxdeploy.runner.thresholds import LogitThresholds
 from onnxdeploy.sdk_stage import other_runtimes
 from onnxdeploy.text import generations_with
@@ -532,15 +533,15 @@ def _accuracy(
     if acc is None or tokens is None:
         return None
     say(f"accuracy: {len(tokens)} held-out tokens, teacher-forced")
-    report = evaluate_accuracy(
-        str(config.model),
-        str(candidate),
-        tokens,
-        providers=tuple(config.verify.providers),
-        max_mean_kl=acc.max_mean_kl,
-        min_top1_agreement=acc.min_top1_agreement,
-        max_ppl_ratio=acc.max_ppl_ratio,
-    )
+    thresholds = {"max_mean_kl": acc.max_mean_kl, "min_top1_agreement": acc.min_top1_agreement}
+    thresholds["max_ppl_ratio"] = acc.max_ppl_ratio
+    providers = tuple(config.verify.providers)
+    # a cache_policy candidate: figures within its cache, and the policy's cost against the full context (issue 18)
+    report = evaluate_policy_accuracy(str(config.model), str(candidate), tokens, providers=providers, **thresholds)
+    if report is None:
+        report = evaluate_accuracy(str(config.model), str(candidate), tokens, providers=providers, **thresholds)
+    elif report.policy_quality is not None:
+        say(report.policy_quality.text())
     return report.model_copy(update={"candidate": str(final)})
 
 

@@ -138,7 +138,8 @@ class StaticKVCachePass(Pass):
             ConfigError: ``len(prompt) + steps`` above the largest cache length. The message starts with the key
                 below ``passes[i].static_kv`` (``max_cache_len=…`` or ``max_cache_lens=…``).
             SettingsConflict: under ``verify.accuracy.max_tokens``, more held-out tokens than the largest cache
-                length. (Every ``verify.runtimes`` entry drives graph sets and ``step_len > 1`` graphs, issue 19.)
+                length (allowed with ``cache_policy``: its quality cost is measured past the cache). (Every
+                ``verify.runtimes`` entry drives graph sets and ``step_len > 1`` graphs, issue 19.)
         """
         cfg = self.config
         positions, largest = settings.verify_positions, cfg.caches()[-1]
@@ -151,7 +152,7 @@ class StaticKVCachePass(Pass):
                 f"positions verification decodes; lower verify.steps or raise the largest cache length{text}"
             )
         held_out = settings.accuracy_tokens
-        if held_out is not None and held_out > largest:
+        if held_out is not None and held_out > largest and cfg.cache_policy is None:  # a policy's cost needs more
             raise SettingsConflict(
                 "verify.accuracy.max_tokens",
                 f"the {held_out} held-out tokens are decoded as one teacher-forced sequence, but {{pass_key}} makes "

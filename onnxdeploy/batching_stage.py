@@ -4,7 +4,9 @@ Before any pass (:func:`check_batching`, exit 2 naming the key): the pipeline mu
 host can drive (a ``static_kv {row_positions: true}`` pass with a prefill step length > 1 at batch 1, and
 ``mask_rewrite`` after it when ``batch > 1``), the trace file must exist and parse, and every request must fit the
 set's largest ``max_cache_len`` (``prompt + max_new_tokens - 1`` slots: the last token is never fed, as the host
-counts in :meth:`~onnxdeploy.runner.batching.BatchingHost.run`). In the verify stage (:func:`batching_report`) the
+counts in :meth:`~onnxdeploy.runner.batching.BatchingHost.run`) and its prompt a prefill graph of the set, padding
+included (the host's own :meth:`~onnxdeploy.runner.batching.BatchingHost.prefill_plan`, run on the pass's
+``(step_len, max_cache_len)`` pairs). In the verify stage (:func:`batching_report`) the
 candidate serves the trace (:func:`~onnxdeploy.runner.batching_verify.verify_batching`) and every request is
 compared with its own batch-1 decode of the original; a failing request fails the run (exit 1).
 """
@@ -12,6 +14,7 @@ compared with its own batch-1 decode of the original; a failing request fails th
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from onnxdeploy.errors import ConfigError
@@ -96,15 +99,26 @@ def check_batching(config: PipelineConfig, vocab: int | None) -> None:
     """
     if config.verify is None or config.verify.batching is None:
         return
+    from onnxdeploy.runner.batching import BatchingHost  # noqa: PLC0415  (numpy, ORT)
+
     i, kv = _row_set(config)
-    limit = max(kv.caches())
+    limit, where = max(kv.caches()), f"{_where(config)}: key '{KEY}'"
+    # the host's own prefill plan, on the (step_len, max_cache_len) pairs the pass will build (no graph yet)
+    graphs = [SimpleNamespace(contract=SimpleNamespace(step_len=s, max_cache_len=c)) for s, c in kv.graphs() if s > 1]
+    planner = SimpleNamespace(prefill=graphs)
     for r in batching_requests(config, vocab):
         if len(r.prompt) + r.max_new_tokens - 1 > limit:
             raise ConfigError(
-                f"{_where(config)}: key '{KEY}': request {r.id}: {len(r.prompt)} prompt + {r.max_new_tokens} new "
-                f"tokens need {len(r.prompt) + r.max_new_tokens - 1} cache slots, more than max_cache_len {limit} of "
+                f"{where}: request {r.id}: {len(r.prompt)} prompt + {r.max_new_tokens} new tokens need "
+                f"{len(r.prompt) + r.max_new_tokens - 1} cache slots, more than max_cache_len {limit} of "
                 f"passes[{i}].static_kv; shorten the request or raise max_cache_len(s)"
             )
+        try:
+            BatchingHost.prefill_plan(planner, len(r.prompt))  # type: ignore[arg-type]
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{where}: request {r.id}: {exc} (passes[{i}].static_kv step_lens {kv.steps()})"
+            ) from None
 
 
 def batching_report(config: PipelineConfig, candidate: Path, vocab: int | None) -> BatchingReport:

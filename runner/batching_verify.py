@@ -61,6 +61,7 @@ def trace_requests(spec: TraceSpec, *, vocab: int | None = None, where: str = "t
     if spec.requests is None:
         raise ConfigError(f"{where}: a trace lists requests or draws them (poisson)")
     size = spec.vocab if spec.vocab is not None else vocab
+    limit = vocab if vocab is not None else size  # ids the model takes: its own vocabulary when known
     rng = np.random.default_rng(spec.seed)
     requests = []
     for i, r in enumerate(spec.requests):
@@ -70,8 +71,8 @@ def trace_requests(spec: TraceSpec, *, vocab: int | None = None, where: str = "t
             raise ConfigError(f"{where}: requests[{i}].prompt_len: vocab is needed to draw its ids")
         else:
             prompt = tuple(rng.integers(1, size, size=r.prompt_len).tolist())
-        if size is not None and any(t >= size for t in (*prompt, r.stop_token or 0)):
-            raise ConfigError(f"{where}: requests[{i}]: a token id is outside the vocabulary of {size}")
+        if limit is not None and any(t >= limit for t in (*prompt, r.stop_token or 0)):
+            raise ConfigError(f"{where}: requests[{i}]: a token id is outside the vocabulary of {limit}")
         requests.append(Request(i, prompt, r.max_new_tokens, stop_token=r.stop_token, arrival=r.arrival))
     return requests
 

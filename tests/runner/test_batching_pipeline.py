@@ -4,8 +4,9 @@ Real runs (``onnxdeploy run`` in-process, ONNX Runtime) on the ``llama_gqa_optim
 ``static_kv {batch: 3, row_positions: true, prefill_batch: 1, step_lens: [1, 4], max_cache_lens: [32, 64]}`` +
 ``mask_rewrite``: a trace file next to the pipeline passes (exit 0, per-request figures in ``report.json``, one
 console line), a zero tolerance fails the run (exit 1, the request named), and what cannot be served is refused
-before any pass (exit 2, naming the key): no row-positions set, a missing trace file, a request past
-``max_cache_len``, two trace forms at once, a bad inline request.
+before any pass (exit 2, naming the key): no row-positions set (or no batch-1 prefill), a missing trace file, a
+request past ``max_cache_len`` or whose padded prefill chunk passes every prefill graph, two trace forms at once, a
+bad inline request, a prompt id outside the model's vocabulary.
 """
 
 from __future__ import annotations
@@ -120,8 +121,27 @@ def test_a_request_off_its_batch1_decode_fails_the_run(tmp_path: Path, monkeypat
             {"batch": 3, "row_positions": True, "step_lens": [1, 4], "max_cache_lens": [32, 64]},
             ["key 'verify.batching'", "prefill_batch: 1, got 3"],
         ),
+        (
+            {"requests": [{"prompt_len": 30, "max_new_tokens": 2}]},  # 12 + 12, then 6 padded to 12: slots 24..35
+            {**STATIC_KV, "step_lens": [1, 12], "max_cache_lens": [32]},
+            ["key 'verify.batching': request 0: a prompt of 30 tokens fits no prefill graph", "(needs 36 slots)"],
+        ),
+        (
+            {"requests": [{"prompt": [1, 99999], "max_new_tokens": 2}]},
+            None,
+            ["key 'verify.batching': requests[0]: a token id is outside the vocabulary of"],
+        ),
     ],
-    ids=["no_row_positions", "missing_trace", "past_max_cache_len", "two_traces", "bad_request", "prefill_batch"],
+    ids=[
+        "no_row_positions",
+        "missing_trace",
+        "past_max_cache_len",
+        "two_traces",
+        "bad_request",
+        "prefill_batch",
+        "prefill_padding",
+        "vocabulary",
+    ],
 )
 def test_what_cannot_be_served_is_refused_before_any_pass(
     tmp_path: Path, monkeypatch, batching: dict, static_kv: dict | None, needles: list[str]

@@ -3,10 +3,10 @@
 Real runs (``onnxdeploy run`` in-process, ONNX Runtime) on the ``llama_gqa_optimum`` fixture with a set of
 ``static_kv {batch: 3, row_positions: true, prefill_batch: 1, step_lens: [1, 4], max_cache_lens: [32, 64]}`` +
 ``mask_rewrite``: a trace file next to the pipeline passes (exit 0, per-request figures in ``report.json``, one
-console line), a zero tolerance fails the run (exit 1, the request named), and what cannot be served is refused
-before any pass (exit 2, naming the key): no row-positions set (or no batch-1 prefill), a missing trace file, a
-request past ``max_cache_len`` or whose padded prefill chunk passes every prefill graph, two trace forms at once, a
-bad inline request, a prompt id outside the model's vocabulary.
+console line), so does ``examples/llama_gqa_batching.yaml``; a zero tolerance fails the run (exit 1, the request
+named); and what cannot be served is refused before any pass (exit 2, naming the key): no row-positions set (or no
+batch-1 prefill), a missing trace file, a request past ``max_cache_len`` or whose padded prefill chunk passes every
+prefill graph, two trace forms at once, a bad inline request, a prompt id outside the model's vocabulary.
 """
 
 from __future__ import annotations
@@ -73,6 +73,15 @@ def test_a_trace_file_is_served_and_each_request_equals_its_batch1_decode(tmp_pa
         assert r["max_abs_logit_diff"] <= 1e-4
     assert {r["row"] for r in b["requests"]} == {0, 1, 2}  # every row used, one refilled mid-stream
     assert b["decode_steps"] < sum(r["new_tokens"] - 1 for r in b["requests"])  # calls carried several rows
+
+
+def test_the_example_pipeline_passes(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "llama_gqa_batching.yaml"
+    result = CliRunner().invoke(app, ["run", str(example), "--output-dir", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.stdout
+    b = json.loads(result.stdout)["verify"]["batching"]
+    assert b["passed"] and b["trace"] == "inline" and len(b["requests"]) == 7
+    assert all(r["equal_tokens"] == r["new_tokens"] for r in b["requests"])
 
 
 def test_a_request_off_its_batch1_decode_fails_the_run(tmp_path: Path, monkeypatch) -> None:

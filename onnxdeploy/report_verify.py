@@ -26,6 +26,8 @@ __all__ = [
     "AccuracyFigures",
     "AccuracyReport",
     "PolicyQualityFigures",
+    "BatchRequestReport",
+    "BatchingReport",
     "spike_threshold_ms",
     "summarise_steps",
     "summarise_verify",
@@ -266,6 +268,63 @@ class GenerationsReport(BaseModel):
     )
 
 
+class BatchRequestReport(BaseModel):
+    """One request of ``verify.batching``'s trace served on the candidate, against its batch-1 decode of the original.
+
+    Logit figures are over the float32 logits each generated token was chosen from (the prefill's last position,
+    then every decode step), the original decoding the request alone and greedily (runner/batching_verify.py).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int = Field(description="The request's index in the trace.")
+    prompt_len: int
+    new_tokens: int = Field(description="Tokens the host generated (max_new_tokens, or fewer at a stop token).")
+    equal_tokens: int = Field(description="Of those, how many from the first equal the original's greedy tokens.")
+    max_abs_logit_diff: float
+    top1_agreement: float
+    row: int = Field(description="The decode row it ran in.")
+    admitted: int = Field(description="The host's decode step at which it was prefilled.")
+    finished: int = Field(description="The decode step after which its row was free.")
+    passed: bool
+
+
+class BatchingReport(BaseModel):
+    """``verify.batching``: a trace served by the continuous-batching host on the candidate, request by request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    passed: bool
+    policy: str = Field(description="continuous or static.")
+    trace: str = Field(description="The trace file, or 'inline' (verify.batching's own requests / poisson).")
+    batch: int = Field(description="Rows of the candidate's decode graph.")
+    decode_steps: int = Field(description="Decode calls the host made over the trace.")
+    max_abs_logit_diff_threshold: float
+    requests: list[BatchRequestReport]
+
+    def summary(self) -> str:
+        """One line of the figures: requests equal, tokens, max |Δ|, lowest top-1, decode calls."""
+        ok = sum(r.passed for r in self.requests)
+        tokens = sum(r.new_tokens for r in self.requests)
+        worst = max((r.max_abs_logit_diff for r in self.requests), default=0.0)
+        top1 = min((r.top1_agreement for r in self.requests), default=1.0)
+        return (
+            f"batching ({self.policy}, B={self.batch}, trace {self.trace}): {ok}/{len(self.requests)} requests equal "
+            f"to their batch-1 decode, {tokens} tokens in {self.decode_steps} decode calls, max |Δ| {worst:.2g} "
+            f"(allowed {self.max_abs_logit_diff_threshold:.2g}), top-1 {top1:.3f}"
+        )
+
+    def failures(self) -> list[str]:
+        """One line per request that failed: tokens equal, max |Δ| against the tolerance, top-1."""
+        return [
+            f"verify batching: request {r.id} ({r.prompt_len} prompt, admitted at step {r.admitted}, row {r.row}): "
+            f"{r.equal_tokens}/{r.new_tokens} tokens equal, max |Δ| {r.max_abs_logit_diff:.3g} (allowed "
+            f"{self.max_abs_logit_diff_threshold:.3g}), top-1 {r.top1_agreement:.3f}"
+            for r in self.requests
+            if not r.passed
+        ]
+
+
 class VerifyReport(BaseModel):
     """Step-by-step verification of a candidate against the original on ONNX Runtime."""
 
@@ -310,6 +369,9 @@ class VerifyReport(BaseModel):
     )
     generations: GenerationsReport | None = Field(
         None, description="Both models' free-running generations as text, when a tokenizer is known (text.py)."
+    )
+    batching: BatchingReport | None = Field(
+        None, description="verify.batching: the trace served by continuous batching, per request (null: not set)."
     )
 
     def graphs_driven_text(self) -> str | None:

@@ -1,6 +1,6 @@
 """Verify a row-positions set under continuous batching against each request's batch-1 decode of the original.
 
-A trace (:class:`~onnxdeploy.verify_config.TraceSpec`; a file read by :func:`read_trace`, or ``verify.batching``'s
+A trace (:class:`~onnxdeploy.batching_trace.TraceSpec`; a file read by :func:`read_trace`, or ``verify.batching``'s
 inline keys, both turned into requests by :func:`trace_requests`) is listed request by request or drawn by
 :func:`~onnxdeploy.runner.batching.poisson_trace`::
 
@@ -31,11 +31,11 @@ import numpy as np
 import yaml
 from pydantic import ValidationError
 
+from onnxdeploy.batching_trace import TraceSpec
 from onnxdeploy.config_errors import format_validation_error
 from onnxdeploy.errors import ConfigError
 from onnxdeploy.runner.batching import BatchingHost, Policy, Request, poisson_trace
 from onnxdeploy.runner.graph_set import open_graph_set
-from onnxdeploy.verify_config import TraceSpec
 
 __all__ = ["BatchVerification", "RequestCheck", "read_trace", "trace_requests", "verify_batching"]
 
@@ -78,7 +78,7 @@ def trace_requests(spec: TraceSpec, *, vocab: int | None = None, where: str = "t
 
 
 def read_trace(path: str | Path, *, vocab: int | None = None) -> list[Request]:
-    """The requests of a trace file (module docstring; the schema :class:`~onnxdeploy.verify_config.TraceSpec`).
+    """The requests of a trace file (module docstring; the schema :class:`~onnxdeploy.batching_trace.TraceSpec`).
 
     Args:
         path: the YAML file.

@@ -272,8 +272,8 @@ class DecodeContract(BaseModel):
         default=False,
         description="cache_position is int64 (B, S): each batch row writes and masks at its own positions (and "
         "position_ids (B, S) are its own). Rows at different positions need mask: cache_position (mask_rewrite, or an "
-        "attention op masking by per-row length). An idle row is fed its next position and any token; its logits are "
-        "ignored and the slot it writes is rewritten by its next real call. contract_version >= 4.",
+        "attention op masking by per-row length). An idle row is fed any token at a position whose slot it may "
+        "overwrite (its next position keeps its cache; a free row: 0); its logits are ignored. contract_version >= 4.",
     )
     cache_init: Literal["zeros"] = Field(
         default="zeros",

@@ -105,6 +105,12 @@ class SdkConfig(BaseModel):
         None, description="null: fp16 build (no quantization); else the NPU's own quantization (w8a8)."
     )
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _bare_off(cls, v: Any) -> Any:
+        """YAML 1.1 reads ``mode: off`` as false, which means ``off`` (as the plain ``sdk: off`` does)."""
+        return "off" if v is False else v
+
 
 class ReportConfig(BaseModel):
     """How the run's reports are written (``report.json``, ``report.md``, ``report.html``)."""

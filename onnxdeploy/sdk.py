@@ -45,6 +45,7 @@ __all__ = [
     "rknn_env",
     "rknn_python",
     "rknn_worker_command",
+    "build_timeout",
     "sdk_home",
 ]
 
@@ -54,6 +55,28 @@ RKNN_PACKAGE = "rknn-toolkit2==2.5.0"
 _WORKER = Path(__file__).with_name("_rknn_worker.py")
 _WORKER_MARKER = "onnxdeploy-rknn-worker: model"  # the worker's stderr line before each build (``builds``)
 _TIMEOUT_S = 600
+"""Seconds a build may take per model, unless ``$ONNXDEPLOY_SDK_TIMEOUT_S`` says otherwise (:func:`build_timeout`)."""
+
+
+def build_timeout() -> float:
+    """Seconds one model's RKNN build may take: ``$ONNXDEPLOY_SDK_TIMEOUT_S``, else 600.
+
+    A fixture builds in 1-40 s (w8a8 with the per-layer analysis the longest); SmolLM2-135M's fp16 build took
+    more than 600 s of wall time on this 2-core machine under load (3 CPU-minutes), hence the override.
+
+    Raises:
+        ConfigError: the variable is not a positive number.
+    """
+    text = os.environ.get("ONNXDEPLOY_SDK_TIMEOUT_S")
+    if not text:
+        return float(_TIMEOUT_S)
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ConfigError(f"ONNXDEPLOY_SDK_TIMEOUT_S must be a positive number of seconds, got {text!r}")
+    return value
 
 
 QUANTIZED_DTYPES: tuple[str, ...] = ("w8a8", "w16a16i_dfp")
@@ -334,14 +357,14 @@ def rknn_build_reports(
     graphs = [[(n.name, n.op_type) for n in onnx.load(str(m), load_external_data=False).graph.node] for m in models]
     # the SDK dumps check*.onnx into its working folder: give it a temporary one, never the user's
     with tempfile.TemporaryDirectory(prefix="onnxdeploy-rknn-build-") as workdir:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=_TIMEOUT_S * max(1, len(models)),
-            check=False,
-            cwd=workdir,
-        )
+        timeout = build_timeout() * max(1, len(models))
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, cwd=workdir)
+        except subprocess.TimeoutExpired:
+            raise ModelLoadError(
+                f"{models[0]}: RKNN-Toolkit2 did not build {len(models)} model(s) within {timeout:.0f} s "
+                "(set ONNXDEPLOY_SDK_TIMEOUT_S, seconds per model, for a large model)"
+            ) from None
     try:
         results = [json.loads(line) for line in done.stdout.strip().splitlines()]
     except json.JSONDecodeError:

@@ -64,7 +64,7 @@ from onnxdeploy.passes._last_position import LAST_TOKEN_INDEX, gather_last_posit
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._query_positions import export_batch, feed_query_positions, find_query_positions
-from onnxdeploy.passes._window_cache import probe_layer_windows, probe_windows, ring_length, ring_slots, ring_views
+from onnxdeploy.passes._window_cache import plan_rings, probe_layer_windows, ring_slots, ring_views
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes
 from onnxdeploy.settings import PipelineSettings, SettingsConflict
@@ -136,7 +136,7 @@ class StaticKVCachePass(Pass):
         """
         cfg = self.config
         positions, largest = settings.verify_positions, cfg.caches()[-1]
-        if positions is not None and positions > largest:
+        if positions is not None and positions > largest and cfg.cache_policy is None:  # a policy decodes on
             prompt = settings.verify_prompt_len or 0
             key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
             text = f", or shorten {settings.prompt_key}" if settings.prompt_key != "verify.prompt" else ""
@@ -311,46 +311,27 @@ class StaticKVCachePass(Pass):
     def _ring_length(
         self, original: ir.Model, query_positions: list[str], head_dim: int | None, context: PassContext, report
     ) -> int | None:
-        """With ``window_cache``: the ring length of every layer (:mod:`~onnxdeploy.passes._window_cache`), else None.
+        """With ``window_cache``: the one ring length when every layer has it, else None (module ``_window_cache``).
+
+        Mixed layers set ``self._layer_rings`` (layer -> ring length), read through views in :meth:`_rewrite_cache`.
 
         Raises:
-            PreconditionError: layers without one common window (``probe_windows``).
-            ConfigError: the ring is not shorter than the smallest ``max_cache_len`` (the window is too large).
+            PreconditionError: no layer has a window.
+            ConfigError: a ring not shorter than the smallest ``max_cache_len`` (the window is too large).
         """
         cfg = self.config
+        self._ring, self._layer_rings = None, {}
         if not cfg.window_cache:
             return None
-        self._ring, self._layer_rings = None, {}
         S, L = cfg.steps()[0], cfg.caches()[-1]
         probe, contract = self._rewrite(clone(original), query_positions, S, L, PassReport(name=self.name), head_dim)
         write_contract(probe, contract)
         windows = probe_layer_windows(
             probe, contract, self._find(original, head_dim), context, source="the primary graph", who=self.name
         )
-        if None in windows and any(w is not None for w in windows):  # mixed local/global layers: rings by view
-            self._layer_rings = {i: ring_length(w, cfg.steps()) for i, w in enumerate(windows) if w is not None}
-            if max(self._layer_rings.values()) >= cfg.caches()[0]:
-                raise ConfigError(
-                    f"window_cache: a window + max(step_lens) - 1 ({max(self._layer_rings.values())} slots) is not "
-                    f"smaller than max_cache_len {cfg.caches()[0]}; raise max_cache_len or drop window_cache"
-                )
-            report.changes.append(
-                f"window_cache: layer windows {windows} (None: global, confirmed by running): windowed layers are "
-                f"rings of {sorted(set(self._layer_rings.values()))} slots read through a view of max_cache_len"
-            )
-            return None
-        window = probe_windows(probe, contract, context, source="the primary graph", who=self.name)
-        length = ring_length(window, cfg.steps())
-        if length >= cfg.caches()[0]:
-            raise ConfigError(
-                f"window_cache: the window {window} + max(step_lens) - 1 = {length} slots is not smaller than "
-                f"max_cache_len {cfg.caches()[0]}; raise max_cache_len or drop window_cache"
-            )
-        report.changes.append(
-            f"window_cache: every layer has sliding window {window} (confirmed by running): ring buffers of {length} "
-            f"slots (W + max(step_lens) - 1), slot = position mod {length}"
-        )
-        return length
+        uniform, self._layer_rings, line = plan_rings(windows, cfg.steps(), cfg.caches()[0], who=self.name)
+        report.changes.append(line)
+        return uniform
 
     def _build_set(
         self,

@@ -40,6 +40,7 @@ from onnxdeploy.runner.session import DEFAULT_PROVIDERS, open_session
 
 __all__ = [
     "CutPastReference",
+    "PolicyDecoder",
     "PolicyComparison",
     "PolicyQuality",
     "SinkRecentHost",
@@ -308,3 +309,70 @@ def policy_quality(
         mean_kl=float(kl.mean()),
         top1_agreement=float((want[M:].argmax(-1) == got[M:].argmax(-1)).mean()),
     )
+
+
+class PolicyDecoder:
+    """A :class:`SinkRecentHost` behind the runner's decoder interface, for ``verify`` past ``max_cache_len``.
+
+    Args:
+        decoder: the opened candidate (a step-1 graph, or a set whose largest step-1 graph the host drives);
+            closed by :meth:`close`.
+
+    Raises:
+        ContractError: as :class:`SinkRecentHost`.
+    """
+
+    def __init__(self, decoder: ContractDecoder | GraphSetDecoder):
+        if isinstance(decoder, GraphSetDecoder):
+            largest = max(c for _, s, c in decoder.graphs() if s == 1)
+            step = decoder.member(1, largest)
+        else:
+            step = decoder
+        self._decoder = decoder
+        self.host = SinkRecentHost(step)
+        self.source = step.source
+        self._records_from = 0
+
+    @property
+    def position(self) -> int:
+        """The next token's position."""
+        return self.host.position
+
+    @property
+    def model_session(self):  # noqa: ANN201 (ModelSession; the graph's)
+        """The step graph's session."""
+        return self.host.step.model_session
+
+    @property
+    def call_records(self) -> list:
+        """Every call since the last reset (the step graph's records)."""
+        return self.host.step.call_records[self._records_from :]
+
+    @property
+    def call_latencies_ms(self) -> list[float]:
+        """Wall time of every call since the last reset, in ms."""
+        return [c.ms for c in self.call_records]
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Requested execution providers that are not active."""
+        return list(self.model_session.fallbacks)
+
+    def reset(self) -> None:
+        """Empty cache; the next token is position 0."""
+        self.host.reset()
+        self._records_from = len(self.host.step.call_records)
+
+    def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray, float]]:
+        """Feed ``tokens`` one per call (:meth:`SinkRecentHost.feed`)."""
+        return self.host.feed(tokens)
+
+    def close(self) -> None:
+        """Close the candidate."""
+        self._decoder.close()
+
+    def __enter__(self) -> PolicyDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

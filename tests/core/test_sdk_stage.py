@@ -16,7 +16,7 @@ import pytest
 from onnxdeploy import config as config_module
 from onnxdeploy import sdk, sdk_stage
 from onnxdeploy.config import load_pipeline
-from onnxdeploy.errors import ConfigError
+from onnxdeploy.errors import ConfigError, ModelLoadError
 from onnxdeploy.pipeline import run_pipeline
 from onnxdeploy.sdk import RknnBuild, SdkNodeVerdict, SdkReport, rknn_python
 from onnxdeploy.sdk_stage import calibration_samples, read_calibration_dataset, write_calibration_dataset
@@ -74,6 +74,7 @@ def test_off_and_other_targets_skip_the_stage(tmp_path, monkeypatch):
         "ran": False,
         "note": "sdk: off",
     }
+    assert config_module.SdkConfig.model_validate({"mode": False}).mode == "off"  # YAML 1.1: `mode: off` is false
     other = run_pipeline(load_pipeline(_pipeline(tmp_path, "", target="ort-cpu")))
     assert other.report.sdk is None and other.exit_code == 0
 
@@ -218,3 +219,27 @@ def test_the_trained_fixtures_w8a8_build_meets_the_held_out_bounds_on_the_simula
     assert sim.accuracy["mean_kl"] <= 0.05 and sim.accuracy["top1_agreement"] >= 0.95, sim.accuracy
     for graph in outcome.report.sdk["graphs"]:
         assert graph["built"] and any("rotary_emb/Sin" in t for t in graph["hybrid"]["float_layers"]), graph["graph"]
+
+
+def test_a_build_past_its_timeout_is_a_one_line_error_and_the_timeout_is_settable(tmp_path, monkeypatch):
+    """SmolLM2-135M's fp16 build outlasted 2 x 600 s on this loaded machine: the run must say so, not trace back."""
+    step1, step4 = _static_set(tmp_path)
+    monkeypatch.setattr(sdk, "_require_python", lambda: "python")
+    seen = []
+
+    def slow(command, **kwargs):
+        seen.append(kwargs["timeout"])
+        raise sdk.subprocess.TimeoutExpired(command, kwargs["timeout"])
+
+    monkeypatch.setattr(sdk.subprocess, "run", slow)
+    monkeypatch.setenv("ONNXDEPLOY_SDK_TIMEOUT_S", "1800")
+    with pytest.raises(
+        ModelLoadError, match=r"did not build 2 model\(s\) within 3600 s \(set ONNXDEPLOY_SDK_TIMEOUT_S"
+    ):
+        sdk.rknn_build_reports([step1, step4])
+    assert seen == [3600.0]
+    monkeypatch.setenv("ONNXDEPLOY_SDK_TIMEOUT_S", "soon")
+    with pytest.raises(ConfigError, match="ONNXDEPLOY_SDK_TIMEOUT_S must be a positive number"):
+        sdk.build_timeout()
+    monkeypatch.delenv("ONNXDEPLOY_SDK_TIMEOUT_S")
+    assert sdk.build_timeout() == 600.0

@@ -309,6 +309,22 @@ def _doc_entries(unbuilt: list[str]) -> list[dict]:
     return keep
 
 
+def _gaps(entries: list[dict], unbuilt: list[str]) -> list[str]:
+    """The matrix's ``gaps``: what the compile probe does not see, and which versions follow the frontend's table."""
+    return [
+        "Each op is probed at the opset that introduced its schema version, with required inputs only (no "
+        "optional input), required attributes at plain values and a few input ranks; an attribute value or "
+        "optional input OpenVINO refuses is not seen.",
+        "Types are probed per element-type class, one type parameter at a time (the others at their "
+        "default), then on every parameter that allows the type; one allowed member stands for its class.",
+        f"Not probed (a subgraph attribute), kept from the frontend's table: {', '.join(unbuilt) or 'none'}.",
+        "Schema versions no one-node probe compiled (inputs a probe cannot build: Resize's scales, recurrent "
+        "weights of agreeing shapes, ...) follow the frontend's table (via: listed, no type constraint): "
+        + (", ".join(sorted({f"{e['op']}-{e['since']}" for e in entries if e.get("via") == "listed"})) or "none")
+        + ".",
+    ]
+
+
 def build_matrix(
     today: datetime.date | None = None, say=print, reuse: list[dict] | None = None, reprobe: frozenset = frozenset()
 ) -> dict:
@@ -375,18 +391,7 @@ def build_matrix(
             "on": read,
             "versions": {"openvino": version, "onnx": onnx.__version__},
         },
-        "gaps": [
-            "Each op is probed at the opset that introduced its schema version, with required inputs only (no "
-            "optional input), required attributes at plain values and a few input ranks; an attribute value or "
-            "optional input OpenVINO refuses is not seen.",
-            "Types are probed per element-type class, one type parameter at a time (the others at their "
-            "default), then on every parameter that allows the type; one allowed member stands for its class.",
-            f"Not probed (a subgraph attribute), kept from the frontend's table: {', '.join(unbuilt) or 'none'}.",
-            "Schema versions no one-node probe compiled (inputs a probe cannot build: Resize's scales, recurrent "
-            "weights of agreeing shapes, ...) follow the frontend's table (via: listed, no type constraint): "
-            + (", ".join(sorted({f"{e['op']}-{e['since']}" for e in entries if e.get("via") == "listed"})) or "none")
-            + ".",
-        ],
+        "gaps": _gaps(entries, unbuilt),
         "notes": ["The NPU plugin's facts are the target openvino-npu (hand-sourced)."],
     }
     Matrix.model_validate(data)

@@ -4,7 +4,9 @@ Every deterministic node test of the installed onnx wheel (``tests/conformance/n
 case script declares, is asked of two targets:
 
 - ``ort-cpu``: ``predict_supported(model, "ort-cpu")`` against ORT's CPU EP (session creation, every data set run
-  and compared with onnx's expected outputs at the case's tolerances): works / refused / fails / different;
+  and compared with onnx's expected outputs at the case's tolerances): works / imprecise / refused / fails /
+  different (``imprecise``: every difference within ``rtol`` of the output's largest magnitude, float rounding,
+  e.g. ORT's FFT on DFT/STFT; kept out of the goal figure, which is also printed with them counted);
 - ``openvino``: ``predict_supported(model, "openvino")`` against ``openvino.Core().compile_model(model, "CPU")``:
   compiles / refused.
 
@@ -34,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from tests.conformance.matrix_verdicts import openvino_verdict, ort_verdict, predicted  # noqa: E402
 from tests.conformance.node_cases import load_node_cases  # noqa: E402
 
-ORT_ACTUAL = ("works", "refused", "fails", "different", "untested")
+ORT_ACTUAL = ("works", "imprecise", "refused", "fails", "different", "untested")
 OV_ACTUAL = ("compiles", "refused")
 
 
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         a_ort = ort_verdict(case)
         ort_counts[(p_ort, a_ort)] += 1
         row["ort"] = [p_ort, a_ort]
-        if a_ort != "untested" and (p_ort == "supported") != (a_ort == "works"):
+        if a_ort not in ("untested", "imprecise") and (p_ort == "supported") != (a_ort == "works"):
             cells[f"ort {p_ort} / {a_ort}"].append(case.name)
         if not args.no_openvino:
             p_ov = "supported" if predicted(case.model, "openvino") else "unsupported"
@@ -85,10 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     baseline = ort_counts[("supported", "works")] + ort_counts[("unsupported", "works")]
     false_yes = sum(ort_counts[("supported", a)] for a in ("refused", "fails", "different"))
     false_no = ort_counts[("unsupported", "works")]
+    imprecise = ort_counts[("supported", "imprecise")]
     print(
         f"baseline (ORT runs correctly): {baseline}; predicted supported but refused/failing/different: "
         f"{false_yes} ({100 * false_yes / max(baseline, 1):.2f}% of the baseline; goal <= 0.5%); "
-        f"predicted unsupported but works: {false_no}\n"
+        f"predicted unsupported but works: {false_no}; imprecise (within rtol of the output's scale, not counted "
+        f"above; counted as different: {100 * (false_yes + imprecise) / max(baseline, 1):.2f}%): {imprecise}\n"
     )
     if not args.no_openvino:
         print(_table("openvino matrix vs OpenVINO CPU compile_model", ov_counts, OV_ACTUAL))

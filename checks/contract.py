@@ -89,8 +89,11 @@ class ContractCheck(Check):
                 f"num_layers is {contract.num_layers} but the cache lists {len(contract.cache)} layer(s)"
             )
         layers = [entry.layer for entry in contract.cache]
-        if sorted(layers) != list(range(len(layers))):
-            yield self._inconsistent(f"cache layers are {layers}, expected 0..{len(layers) - 1} once each")
+        first = contract.first_layer  # 0, or a split model's part's first layer
+        if sorted(layers) != list(range(first, first + len(layers))):
+            yield self._inconsistent(
+                f"cache layers are {layers}, expected {first}..{first + len(layers) - 1} once each"
+            )
         if contract.head_dim_padded < contract.head_dim:
             yield self._inconsistent(
                 f"head_dim_padded ({contract.head_dim_padded}) is smaller than head_dim ({contract.head_dim})"

@@ -36,6 +36,8 @@ class Types:
 
     elem: dict[str, int]
     dims: dict[str, tuple[int | str | None, ...] | None]
+    constants: frozenset[str] = frozenset()
+    """Names of initializers (not also graph inputs) and Constant nodes' outputs: values known when loading."""
 
 
 def value_types(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Types]:
@@ -46,7 +48,13 @@ def value_types(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Types]:
         inferred = model
     elem: dict[str, int] = {}
     dims: dict[str, tuple[int | str | None, ...] | None] = {}
+    constants: set[str] = set()
     for graph, _ in iter_graphs(inferred.graph):
+        fed = {v.name for v in graph.input}
+        constants |= {t.name for t in graph.initializer if t.name not in fed}
+        constants |= {
+            o for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") for o in n.output
+        }
         for value in (*graph.input, *graph.output, *graph.value_info):
             vt = value_type(value.type)
             if vt.elem_type:
@@ -61,7 +69,7 @@ def value_types(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Types]:
                     if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
                         elem[node.output[0]] = attr.t.data_type
                         dims[node.output[0]] = tuple(attr.t.dims)
-    return inferred, Types(elem, dims)
+    return inferred, Types(elem, dims, frozenset(constants))
 
 
 def _limit_scope(limit: Limit, model: onnx.ModelProto, types: Types) -> list[str] | None:

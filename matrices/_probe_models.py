@@ -241,9 +241,11 @@ def _default(allowed: list[str]) -> str:
 
 
 def probe_op(
-    schema: onnx.defs.OpSchema, prober
+    schema: onnx.defs.OpSchema, prober, chosen: list | None = None
 ) -> tuple[dict[str, list[str]], list[tuple[str, list[str], dict]]] | None:
     """The element types per type parameter that compile for ``schema``; None when no probe compiles.
+
+    ``chosen``: when given, the plan (:data:`PLANS`) the types were probed with is appended to it.
 
     Returns:
         ``({param: [type names]}, flipped)``: the types (``float``, ``int64``, ``seq(tensor(float))`` ...) that
@@ -265,6 +267,8 @@ def probe_op(
                 break
     if plan is None:
         return None
+    if chosen is not None:
+        chosen.append(plan)
     trials = [
         (param, group, {**base, param: base[param] if base[param] in group else group[0]})
         for param, allowed in params.items()

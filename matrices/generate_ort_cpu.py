@@ -39,6 +39,7 @@ import yaml
 from onnx import TensorProto, helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from onnxdeploy.matrices._ort_probes import opset_reach, probe_attributes, probe_zero_points
 from onnxdeploy.matrices._probe_models import PLANS, SequentialProber, probe_model, probe_op
 from onnxdeploy.matrices.schema import Matrix
 
@@ -83,6 +84,17 @@ def _open_error(model: onnx.ModelProto | None, *, optimize: bool = True) -> str 
     except Exception as exc:  # noqa: BLE001 - any refusal means "not accepted"
         return str(exc) or exc.__class__.__name__
     return None
+
+
+def _runs(model: onnx.ModelProto, feeds: dict) -> bool:
+    """Whether ORT's CPU EP opens ``model`` and runs it once on ``feeds`` (any error: False)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=[_PROVIDER]).run(None, feeds)
+    except Exception:  # noqa: BLE001 - any refusal or run error
+        return False
+    return True
 
 
 _NO_KERNEL = "Could not find an implementation"
@@ -222,6 +234,13 @@ def _kernel_entries() -> list[dict]:
         if io is not None:
             entry["inputs"], entry["outputs"] = io
         entry["source"] = "ort-registry"
+        values = probe_attributes(op, since, _opens) if domain == "ai.onnx" else None
+        if values is not None:  # attribute values the kernel refuses at session creation (_ort_probes)
+            entry["attributes"] = values
+            entry = {k: v for k, v in entry.items() if k != "source"} | {"source": "ort-attribute-probe"}
+        if domain == "ai.onnx" and probe_zero_points(op, since, _runs):  # a run-time refusal (_ort_probes)
+            entry = {k: v for k, v in entry.items() if k != "source"}
+            entry |= {"rules": ["per_tensor_zero_points"], "source": "ort-attribute-probe"}
         entries.append(entry)
     return entries
 
@@ -270,6 +289,9 @@ def _function_entries(kernels: list[dict], max_opset: int) -> list[dict]:
             entry["types"] = types
         entry["inputs"] = [i.type_str for i in schema.inputs]
         entry["outputs"] = [o.type_str for o in schema.outputs]
+        reach = opset_reach(schema, types, max_opset, _opens) if all(types.values()) else None
+        if reach is not None:  # the body needs, at later opsets, ops ORT lacks there (_ort_probes)
+            entry["opset_max"] = reach
         entry["source"] = "ort-function-probe"
         entries.append(entry)
     return entries
@@ -332,10 +354,26 @@ def _sources(version: str, read: str) -> dict[str, dict]:
             "address": f"{_INSERT_CAST}; onnxdeploy.matrices.generate_ort_cpu.probe_type_emulation",
             "read": read,
         },
+        "ort-attribute-probe": {
+            "doc": "Session-creation probe of the installed wheel on attribute values a CPU kernel refuses when "
+            "it is created",
+            "section": "one one-node model per candidate value (onnxdeploy.matrices._ort_probes.ATTRIBUTE_PROBES): "
+            "GRU/LSTM/RNN layout (deep_cpu_gru.h, lstm_base.h, rnn.h: 'Batchwise recurrent operations (layout == "
+            "1) are not supported'), StringNormalizer case_change_action (string_normalizer.cc constructs the "
+            "en_US.UTF-8 locale for LOWER/UPPER); ConvInteger run once with a per-channel w_zero_point "
+            "(conv_integer.cc: 'Non per-tensor quantization is not supported now': rule per_tensor_zero_points); "
+            "types and versions from the kernel registry",
+            "version": f"onnxruntime {version}",
+            "address": "onnxdeploy.matrices._ort_probes.probe_attributes",
+            "read": read,
+            "note": "StringNormalizer's LOWER/UPPER depend on the host's locales: this file records the host it "
+            "was generated on.",
+        },
         "ort-function-probe": {
             "doc": "Session-creation probe of the installed wheel on ops ORT inlines (ONNX function bodies)",
             "section": "one one-node model per element-type class of each type parameter, at the op's schema "
-            "version, for schema versions with a function body and no CPU kernel",
+            "version, for schema versions with a function body and no CPU kernel; then the same model at each "
+            "later opset until one is refused (opset_max)",
             "version": f"onnxruntime {version}; onnx {onnx.__version__}",
             "address": "onnxdeploy.matrices.generate_ort_cpu._function_entries",
             "read": read,

@@ -125,7 +125,8 @@ class OpEntry(_Strict):
     inputs and outputs are bound to type parameters through ``inputs``/``outputs``, or through the op's
     ONNX schema when those are absent), ``dtypes`` (allowed element types of every input and output, for
     documents that list dtypes per op without type parameters), ``max_rank``, ``attributes`` (allowed
-    values per attribute), ``rules`` (named shape rules, e.g. ``block_size_divides_axis``) and ``placement``
+    values per attribute), ``rules`` (named shape rules, e.g. ``block_size_divides_axis``), ``opset_max`` (the
+    highest model opset the entry holds at) and ``placement``
     (``cpu_fallback``: accepted but not run on the accelerator).
     ``constraints`` holds the rules stated in words that are not checked.
     """
@@ -150,11 +151,22 @@ class OpEntry(_Strict):
     attributes: dict[str, list[int | float | str]] | None = Field(
         None, description="Attribute name -> the only values accepted."
     )
-    rules: list[Literal["block_size_divides_axis"]] = Field(
+    rules: list[Literal["block_size_divides_axis", "constant_inputs", "per_tensor_zero_points"]] = Field(
         default_factory=list,
         description="Machine-checked rules beyond types and attribute values. block_size_divides_axis: a blocked "
         "DequantizeLinear (block_size > 0) is accepted only when its input's dim on `axis` is a multiple of "
-        "block_size (no partial last block; OpenVINO's CPU plugin refuses one, probed).",
+        "block_size (no partial last block; OpenVINO's CPU plugin refuses one, probed). constant_inputs: every "
+        "input after the first must be a constant (an initializer or a Constant node's output), as OpenVINO's "
+        "CPU plugin compiles Unsqueeze-13's axes only so (probed). per_tensor_zero_points: every input whose "
+        "formal name ends in 'zero_point' holds at most one element (ORT's CPU ConvInteger fails at run on a "
+        "per-channel w_zero_point, probed).",
+    )
+    opset_max: int | None = Field(
+        None,
+        ge=1,
+        description="Highest opset of the op's domain at which the entry holds (null: every opset that selects "
+        "the schema version). A function body is expanded at the model's opset, so ORT refuses an inlined op at "
+        "later opsets whose body ops it lacks there (Swish-24 at opset 25+, probed).",
     )
     placement: Literal["accelerator", "cpu_fallback"] = Field(
         "accelerator", description="cpu_fallback: accepted, but runs on the host CPU (no NPU lowering)."

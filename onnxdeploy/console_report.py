@@ -12,17 +12,21 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from onnxdeploy.resources import format_bytes
+
 if TYPE_CHECKING:
     from onnxdeploy.pipeline import RunOutcome
-    from onnxdeploy.report import PassReport, VerifyReport
+    from onnxdeploy.report import AccuracyFigures, AccuracyReport, PassReport, RunReport, VerifyReport
 
 __all__ = [
+    "accuracy_text",
     "ops_text",
     "passes_table",
     "print_first_divergent",
     "print_run",
     "print_sdk",
     "print_verify",
+    "resources_text",
     "runtimes_table",
     "verify_table",
 ]
@@ -104,10 +108,18 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
         if report.runtimes:
             out.print(runtimes_table(report.runtimes))
         print_first_divergent(out, report.verify)
+        if report.verify.batching is not None:  # verify.batching: one line of its figures
+            out.print(report.verify.batching.summary(), highlight=False, markup=False, soft_wrap=True)
         if report.verify.generations is not None:
             from onnxdeploy.text_report import generations_table  # noqa: PLC0415  (report models)
 
             out.print(generations_table(report.verify.generations))
+    if report.accuracy is not None:
+        out.print(accuracy_text(report.accuracy), highlight=False, markup=False, soft_wrap=True)
+    out.print(resources_text(report), highlight=False, markup=False)
+    from onnxdeploy.sdk_report import print_sdk_stage  # noqa: PLC0415  (the SDK stage's section: sdk_report)
+
+    print_sdk_stage(out, report.sdk)
     shown = 10
     for reason in report.failures[:shown]:
         out.print(f"[red]FAILED:[/] {escape(reason)}", soft_wrap=True)
@@ -115,6 +127,38 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
         out.print(f"[red]FAILED:[/] … and {len(report.failures) - shown} more (see {outcome.report_md})")
     colour = "green" if report.status == "passed" else "red"
     out.print(f"[bold {colour}]{report.status.upper()}[/]: {outcome.model_path}; report {outcome.report_html}")
+
+
+def _figures(fig: AccuracyFigures, a: AccuracyReport, *, bounds: bool) -> str:
+    """``mean KL …, top-1 …, ppl ratio …`` of one session, each with its threshold when ``bounds``."""
+
+    def bound(limit: float | None, word: str) -> str:
+        return f" ({word} {limit:g})" if bounds and limit is not None else ""
+
+    return (
+        f"mean KL {fig.mean_kl:.3g} nats{bound(a.max_mean_kl, 'max')}, "
+        f"top-1 {fig.top1_agreement:.3f}{bound(a.min_top1_agreement, 'min')}, "
+        f"ppl ratio {fig.ppl_ratio:.4f}{bound(a.max_ppl_ratio, 'max')}"
+    )
+
+
+def accuracy_text(a: AccuracyReport) -> str:
+    """One line: ``verify.accuracy``'s weight-only figures with their thresholds, then ORT's default levels'."""
+    verdict = "ok" if a.passed else "FAILED"
+    line = f"accuracy on {a.weight_only.positions} held-out positions ({verdict}): weight-only "
+    line += _figures(a.weight_only, a, bounds=True)
+    if not a.default_is_weight_only:
+        line += "; ORT default accuracy levels: " + _figures(a.default_optimized, a, bounds=False)
+    return line
+
+
+def resources_text(report: RunReport) -> str:
+    """One line: the run's wall time (from process start) and its peak memory (RSS) with the phase that reached it."""
+    line = f"wall time {report.wall_time_s:.2f} s"
+    peak = report.peak_memory()
+    if peak is not None:
+        line += f"; peak memory {format_bytes(peak[0])} RSS (reached in phase {peak[1]})"
+    return line
 
 
 def passes_table(passes: list[PassReport]) -> Table:

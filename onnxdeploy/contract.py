@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -19,6 +18,9 @@ import onnx
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from onnxdeploy.contract_cache import CACHE_POLICY_VERSION, EMPTY_SLOT, CachePolicy
+from onnxdeploy.contract_entries import CacheBinding, ContractInputs, ContractMismatch, GraphSetEntry, MismatchKind
+from onnxdeploy.contract_parts import PART_VERSION, PartEntry, PartInfo
 from onnxdeploy.contract_terms import CacheWrite
 from onnxdeploy.errors import ContractError
 from onnxdeploy.graph import FLOAT_ELEM_TYPES, dtype_name, format_dims, tensor_dims
@@ -27,14 +29,19 @@ __all__ = [
     "CACHE_WRITES",
     "CONTRACT_KEY",
     "CONTRACT_VERSION",
+    "FEATURE_VERSIONS",
     "KV_DTYPES",
     "LAYOUT_VERSIONS",
+    "EMPTY_SLOT",
     "CacheBinding",
+    "CachePolicy",
     "CacheWrite",
     "ContractInputs",
     "ContractMismatch",
     "GraphSetEntry",
     "DecodeContract",
+    "PartEntry",
+    "PartInfo",
     "KVDtype",
     "read_contract",
     "write_contract",
@@ -50,6 +57,18 @@ Contracts that need a later version say so themselves (:data:`LAYOUT_VERSIONS`).
 LAYOUT_VERSIONS: dict[str, int] = {"BHSD": 1, "BSH2D": 1, "BHDS_K": 3}
 """The lowest ``contract_version`` that knows each ``kv_layout`` (3 added ``BHDS_K``): a contract with that layout
 carries at least that version, so a host that knows fewer layouts refuses it instead of guessing."""
+
+FEATURE_VERSIONS: dict[str, int] = {
+    "row_positions": 4,
+    "cache_policy": CACHE_POLICY_VERSION,
+    "part": PART_VERSION,
+    "parts": PART_VERSION,
+}
+"""The lowest ``contract_version`` that knows each optional contract feature (a field that is on), as
+:data:`LAYOUT_VERSIONS` does for layouts: 4 added ``row_positions`` (``cache_position`` ``(B, S)``, each batch row at
+its own positions); 5 added ``cache_policy`` (sinks + recent past ``max_cache_len``) and ``part``/``parts`` (a
+decoder split into parts run in sequence). A contract using a feature carries at least its version; others keep
+theirs."""
 
 CACHE_WRITES: tuple[str, ...] = ("scatter_elements", "scatter_nd", "where", "host")
 
@@ -75,94 +94,18 @@ _LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
 
 Shape = tuple[int, ...]
 
-MismatchKind = Literal["missing", "dtype", "shape", "not_static", "unverified", "unnamed_input", "unnamed_output"]
-"""How a graph input/output disagrees with its contract (:class:`ContractMismatch`)."""
-
 _ANY = "V"
 """An expected dim that may be any static positive int (the vocabulary size of the logits)."""
-
-
-@dataclass(frozen=True)
-class ContractMismatch:
-    """One way a graph's inputs and outputs disagree with its contract (:meth:`DecodeContract.mismatches`).
-
-    Attributes:
-        kind: ``missing``: a tensor the contract names is not a graph input/output; ``dtype``: its element type
-            is not the contract's; ``shape``: its rank or a static dim differs from the contract's;
-            ``not_static``: the static dims agree but one the contract fixes is symbolic or unknown (or an input's
-            rank is unknown); ``unverified``: an output without any shape (its dtype is still compared);
-            ``unnamed_input``: a graph input the contract does not name and no initializer feeds (a host cannot
-            feed it); ``unnamed_output``: a graph output the contract does not name (a host ignores it).
-        name: the tensor.
-        role: what the contract calls it (``input_ids``, ``layer 0 past cache``, ``logits``); ``""`` when unnamed.
-        message: one line naming the tensor, what the graph has and what the contract requires.
-    """
-
-    kind: MismatchKind
-    name: str
-    role: str
-    message: str
-
-
-class CacheBinding(BaseModel):
-    """Names of one layer's cache tensors.
-
-    With ``kv_layout`` ``BHSD`` or ``BHDS_K`` the key/value names are set; with ``BSH2D`` one packed
-    ``kv_in``/``kv_out`` pair is used instead. :meth:`DecodeContract.cache_input_shape` and
-    :meth:`DecodeContract.cache_output_shape` give their shapes.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    layer: int = Field(description="0-based decoder layer index, in graph (data-flow) order.")
-    key_in: str | None = Field(default=None, description="Past key input name (BHSD layout).")
-    value_in: str | None = Field(default=None, description="Past value input name (BHSD layout).")
-    key_out: str | None = Field(default=None, description="Present key output name (BHSD layout).")
-    value_out: str | None = Field(default=None, description="Present value output name (BHSD layout).")
-    kv_in: str | None = Field(default=None, description="Packed past K/V input (BSH2D layout).")
-    kv_out: str | None = Field(default=None, description="Packed present K/V output (BSH2D layout).")
-
-
-class ContractInputs(BaseModel):
-    """Graph input names for the non-cache inputs; ``None`` where the graph has no such input."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    input_ids: str = Field(description="Token ids, int64 (B, step_len).")
-    cache_position: str | None = Field(default=None, description="Cache slots this call writes, int64 (step_len,).")
-    position_ids: str | None = Field(default=None, description="RoPE/learned positions, int64 (B, step_len).")
-    attention_mask: str | None = Field(
-        default=None, description="int64 (B, max_cache_len): 1 for slots <= the current position, else 0."
-    )
-    last_token_index: str | None = Field(
-        default=None,
-        description="int64 (B,): index inside the chunk (0..step_len-1) of the last real token; the graph "
-        "computes logits (B, 1, V) for that position only (prefill_logits: last).",
-    )
-
-
-class GraphSetEntry(BaseModel):
-    """One graph of a set that shares one weights file (a decode graph or a prefill bucket)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    file: str = Field(description="File name, relative to the folder of the graph carrying this contract.")
-    step_len: int = Field(ge=1, description="Tokens per call S of that graph.")
-    max_cache_len: int = Field(ge=1, description="Cache slots of that graph's buffers.")
-    prefill_logits: Literal["all", "last"] = Field(
-        default="all", description="all: logits (B, S, V); last: logits (B, 1, V) at last_token_index."
-    )
-    role: Literal["decode", "prefill"] = Field(description="decode: step_len 1; prefill: a bucket, step_len > 1.")
 
 
 class DecodeContract(BaseModel):
     """The I/O contract of a static decode graph (contract_version 2, 3 for BHDS_K; version 1 still reads).
 
     Shapes (``B`` = ``batch``, ``S`` = ``step_len``, ``M`` = ``max_cache_len``, ``H_kv`` = ``num_kv_heads``,
-    ``D`` = ``head_dim_padded``): ``input_ids`` int64 ``(B, S)``; ``cache_position`` int64 ``(S,)``;
-    ``position_ids`` int64 ``(B, S)``; ``attention_mask`` int64 ``(B, M)``; past cache of ``kv_dtype``
-    ``(B, H_kv, M, D)`` (BHSD), ``(B, M, H_kv, 2·D)`` (BSH2D, K and V packed on the last axis, K first, each
-    zero-padded from ``head_dim`` to ``D``), or K ``(B, H_kv, D, M)`` and V ``(B, H_kv, M, D)`` (BHDS_K: K
+    ``D`` = ``head_dim_padded``): ``input_ids`` int64 ``(B, S)``; ``cache_position`` int64 ``(S,)`` (``(B, S)`` with
+    ``row_positions``); ``position_ids`` int64 ``(B, S)``; ``attention_mask`` int64 ``(B, M)``; past cache of
+    ``kv_dtype`` ``(B, H_kv, M, D)`` (BHSD), ``(B, M, H_kv, 2·D)`` (BSH2D, K and V packed on the last axis, K first,
+    each zero-padded from ``head_dim`` to ``D``), or K ``(B, H_kv, D, M)`` and V ``(B, H_kv, M, D)`` (BHDS_K: K
     transposed); present cache the same with ``S`` in place of ``M`` for ``new_token_only``; logits float
     ``(B, S, V)``, or ``(B, 1, V)`` with ``prefill_logits: last`` (then ``last_token_index`` int64 ``(B,)`` is an
     input).
@@ -175,7 +118,7 @@ class DecodeContract(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    contract_version: Literal[1, 2, 3] = Field(
+    contract_version: Literal[1, 2, 3, 4, 5] = Field(
         default=CONTRACT_VERSION, description="Contract format version; a host refuses a version it does not know."
     )
     batch: int = Field(ge=1, description="Batch rows B of every input and output.")
@@ -196,8 +139,10 @@ class DecodeContract(BaseModel):
         description="full_buffer: present outputs are the updated buffers; new_token_only: only the step's K/V.",
     )
     inputs: ContractInputs
-    logits: str = Field(
-        default="logits", description="Logits output name, float (B, S, V), or (B, 1, V) with prefill_logits last."
+    logits: str | None = Field(
+        default="logits",
+        description="Logits output name, float (B, S, V), or (B, 1, V) with prefill_logits last; None in a part "
+        "that returns a hidden state (split).",
     )
     cache: list[CacheBinding]
     prefill_logits: Literal["all", "last"] = Field(
@@ -217,11 +162,13 @@ class DecodeContract(BaseModel):
         description="Every graph of the set sharing this graph's weights file, the primary decode graph first "
         "(this graph among them); empty for a graph made alone by an older version.",
     )
-    mask: Literal["attention_mask", "cache_position"] = Field(
+    mask: Literal["attention_mask", "cache_position", "slot_positions"] = Field(
         default="attention_mask",
         description="attention_mask: the exporter's mask, fed by inputs.attention_mask (1 for slots <= the current "
         "position). cache_position: computed in the graph (mask_rewrite): slot j is visible to the query at position "
-        "p iff j <= p (and p - j < sliding_window), ANDed with inputs.attention_mask when the graph keeps one.",
+        "p iff j <= p (and p - j < sliding_window), ANDed with inputs.attention_mask when the graph keeps one. "
+        "slot_positions: the same from the position each slot holds (inputs.slot_positions), the query's from "
+        "position_ids (a ring: cache_policy).",
     )
     sliding_window: int | None = Field(
         default=None,
@@ -229,10 +176,30 @@ class DecodeContract(BaseModel):
         description="Window W the graph applies (mask: cache_position): a query at p sees slots p-W+1..p in the "
         "layers that have a window; None: no layer has one.",
     )
+    row_positions: bool = Field(
+        default=False,
+        description="cache_position is int64 (B, S): each batch row writes and masks at its own positions (and "
+        "position_ids (B, S) are its own). Rows at different positions need mask: cache_position (mask_rewrite, or an "
+        "attention op masking by per-row length). An idle row is fed any token at a position whose slot it may "
+        "overwrite (its next position keeps its cache; a free row: 0); its logits are ignored. contract_version >= 4.",
+    )
     cache_init: Literal["zeros"] = Field(
         default="zeros",
         description="The host fills every cache buffer with zeros once, when it allocates it. Masked slots get "
         "probability exactly 0, but 0 x NaN is NaN: a V slot must never hold NaN/inf (stale finite values are fine).",
+    )
+
+    part: PartInfo | None = Field(
+        default=None, description="Which part of a split model this graph is (split; contract_version >= 5)."
+    )
+    cache_policy: CachePolicy | None = Field(
+        default=None,
+        description="What a host does once the cache is full: keep sinks, a ring of recent (contract_version >= 5).",
+    )
+    parts: list[PartEntry] = Field(
+        default_factory=list,
+        description="Every part of this graph's chain, in the order a host runs them (this graph among them); "
+        "empty for a whole model.",
     )
 
     @field_validator("kv_dtype", mode="before")
@@ -247,6 +214,12 @@ class DecodeContract(BaseModel):
                 f"kv_layout {self.kv_layout} needs contract_version >= {LAYOUT_VERSIONS[self.kv_layout]}, "
                 f"got {self.contract_version}"
             )
+        rings = any(e.cache_len is not None or e.slot_mapping != "position" for e in self.cache)
+        if rings and self.contract_version < CACHE_POLICY_VERSION:
+            raise ValueError(f"per-layer cache lengths need contract_version >= {CACHE_POLICY_VERSION}")
+        for feature, version in FEATURE_VERSIONS.items():
+            if getattr(self, feature) and self.contract_version < version:
+                raise ValueError(f"{feature} needs contract_version >= {version}, got {self.contract_version}")
         needed = _LAYOUT_NAMES[self.kv_layout]
         for entry in self.cache:
             absent = [name for name in needed if not getattr(entry, name)]
@@ -256,6 +229,11 @@ class DecodeContract(BaseModel):
                     f"{self.kv_layout}"
                 )
         return self
+
+    @property
+    def first_layer(self) -> int:
+        """Whole-model index of the first layer whose cache this graph holds: 0, or a part's first layer (split)."""
+        return self.parts[self.part.index].first_layer if self.part is not None and self.parts else 0
 
     # -- dtypes ------------------------------------------------------------------------------------
 
@@ -299,14 +277,23 @@ class DecodeContract(BaseModel):
             return [1] * len(self.cache)
         return [3 if kind == "key" and self.kv_layout == "BHDS_K" else 2 for kind in self._pair_kinds()]
 
+    def layer_cache_len(self, entry: CacheBinding) -> int:
+        """Slots of one layer's buffers: its ``cache_len`` (a ring), else ``max_cache_len``."""
+        return entry.cache_len if entry.cache_len is not None else self.max_cache_len
+
+    def _pair_lens(self) -> list[int]:
+        per = 1 if self.kv_layout == "BSH2D" else 2
+        return [self.layer_cache_len(e) for e in self.cache for _ in range(per)]
+
     def pair_input_shapes(self) -> list[Shape]:
-        """The past input shape of each :meth:`cache_pairs` entry (K and V differ for BHDS_K)."""
-        return [self._cache_shape(self.max_cache_len, kind) for kind in self._pair_kinds()]
+        """The past input shape of each :meth:`cache_pairs` entry (K and V differ for BHDS_K; per-layer lengths)."""
+        return [self._cache_shape(n, kind) for n, kind in zip(self._pair_lens(), self._pair_kinds(), strict=True)]
 
     def pair_output_shapes(self) -> list[Shape]:
         """The present output shape of each :meth:`cache_pairs` entry (``step_len`` slots for ``new_token_only``)."""
-        slots = self.step_len if self.cache_update == "new_token_only" else self.max_cache_len
-        return [self._cache_shape(slots, kind) for kind in self._pair_kinds()]
+        if self.cache_update == "new_token_only":
+            return [self._cache_shape(self.step_len, kind) for kind in self._pair_kinds()]
+        return [self._cache_shape(n, kind) for n, kind in zip(self._pair_lens(), self._pair_kinds(), strict=True)]
 
     def cache_input_shape(self) -> Shape:
         """Shape of every past cache input (one shape for all: BHSD or BSH2D).
@@ -340,8 +327,8 @@ class DecodeContract(BaseModel):
         return (self.batch, self.step_len)
 
     def cache_position_shape(self) -> Shape:
-        """Shape of ``cache_position`` (int64): ``(step_len,)``."""
-        return (self.step_len,)
+        """Shape of ``cache_position`` (int64): ``(step_len,)``, or ``(B, step_len)`` with ``row_positions``."""
+        return (self.batch, self.step_len) if self.row_positions else (self.step_len,)
 
     def position_ids_shape(self) -> Shape:
         """Shape of ``position_ids`` (int64): ``(B, step_len)``."""
@@ -367,6 +354,7 @@ class DecodeContract(BaseModel):
             "position_ids": self.position_ids_shape(),
             "attention_mask": self.attention_mask_shape(),
             "last_token_index": self.last_token_index_shape(),
+            "slot_positions": (self.max_cache_len,),
         }
         return {role: shapes[role] for role, name in self.inputs.model_dump().items() if name is not None}
 
@@ -391,7 +379,13 @@ class DecodeContract(BaseModel):
                 yield past, f"{role} past cache", True, kv, past_shape
             for (_, present), (_, present_shape) in pairs:
                 yield present, f"{role} present cache", False, kv, present_shape
-        yield self.logits, "logits", False, FLOAT_ELEM_TYPES, (self.batch, self.logits_positions(), _ANY)
+        hidden = (self.batch, self.step_len, self.part.hidden_size) if self.part is not None else ()
+        if self.part is not None and self.part.hidden_in:
+            yield self.part.hidden_in, "hidden state in", True, FLOAT_ELEM_TYPES, hidden
+        if self.part is not None and self.part.hidden_out:
+            yield self.part.hidden_out, "hidden state out", False, FLOAT_ELEM_TYPES, hidden
+        if self.logits is not None:
+            yield self.logits, "logits", False, FLOAT_ELEM_TYPES, (self.batch, self.logits_positions(), _ANY)
 
     def mismatches(
         self,
@@ -455,7 +449,7 @@ class DecodeContract(BaseModel):
     def tensor_names(self) -> list[str]:
         """Every tensor name the contract sets (inputs, logits, cache entries), in that order, repeats kept."""
         names = [name for name in self.inputs.model_dump().values() if name]
-        names.append(self.logits)
+        names += [n for n in (self.logits, *((self.part.hidden_in, self.part.hidden_out) if self.part else ())) if n]
         for entry in self.cache:
             names += [
                 n

@@ -131,6 +131,9 @@ def render_html(report: RunReport, *, max_rows: int = 200) -> str:
         parts += ["<h2>Verification</h2>", "<p><b>Skipped</b> (<code>verify: null</code>): not compared.</p>"]
     parts += _html_runtimes(report)
     parts += _html_accuracy(report)
+    from onnxdeploy.sdk_report import sdk_html  # noqa: PLC0415  (the SDK stage's section: sdk_report)
+
+    parts += sdk_html(report.sdk)
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"
 
@@ -149,6 +152,13 @@ def _html_summary(report: RunReport) -> list[str]:
             f"onnxdeploy {report.onnxdeploy_version}; " + ", ".join(f"{k} {v}" for k, v in report.versions.items()),
         ),
     ]
+    peak = report.peak_memory()
+    if peak is not None:
+        rows.append(("peak memory", f"{format_bytes(peak[0])} RSS (reached in phase {peak[1]})"))
+    if report.removed_files:
+        rows.append(
+            ("removed", ", ".join(report.removed_files) + " (an earlier run's outputs this run does not replace)")
+        )
     if report.verify is not None:
         v = report.verify
         verdicts = ", ".join(f"{m.mode} {'passed' if m.passed else 'FAILED'}" for m in v.modes.values())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from onnxdeploy.inline_weights import (
     streamed_size,
     write_streamed,
 )
+from onnxdeploy.run_scratch import STAGING_PREFIX, owner_tag
 
 __all__ = [
     "StagedArtifacts",
@@ -220,8 +221,12 @@ def stage_artifacts(
     external: bool,
     data_name: str,
     size_threshold_bytes: int = 1024,
+    data_names: Mapping[str, str] | None = None,
 ) -> StagedArtifacts:
     """Write graphs that may share weights into a staging folder inside ``out_dir``.
+
+    ``data_names`` sends a graph's external weights to a data file of its own instead (``split {weights:
+    per_part}``: one file per part); a tensor graphs of two files read is written into both.
 
     With ``external``, every initializer above ``size_threshold_bytes`` (but small integer ones, see
     :func:`_stays_inline`) goes to **one** new data file
@@ -236,6 +241,7 @@ def stage_artifacts(
         external: write large initializers to ``data_name``; else inline in each graph.
         data_name: file name of the shared data file.
         size_threshold_bytes: initializers above this go external.
+        data_names: graph file name → its data file name, for graphs that do not use ``data_name``.
 
     Returns:
         The staged set; call :meth:`StagedArtifacts.commit` or :meth:`StagedArtifacts.discard`.
@@ -244,38 +250,42 @@ def stage_artifacts(
         OutputError: a graph is over the protobuf limit inline, or the folder cannot be written.
     """
     try:
-        staging = Path(tempfile.mkdtemp(prefix=".onnxdeploy-", dir=out_dir))
+        # the owner in the name: a run killed by SIGKILL leaves it, the next run removes it (run_scratch.py)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + owner_tag(), dir=out_dir))
     except OSError as exc:
         raise OutputError(f"cannot write to output_dir {out_dir}: {exc.strerror or exc}") from exc
     staged = StagedArtifacts(out_dir=out_dir, staging=staging)
     try:
-        swaps: dict[int, ir.TensorProtocol] = {}
+        files = {name: (data_names or {}).get(name, data_name) for name, _ in graphs}
+        swaps: dict[str, dict[int, ir.TensorProtocol]] = {file: {} for file in files.values()}
         if external:
-            tensors: list[ir.TensorProtocol] = []
-            seen: set[int] = set()
-            for _, model in graphs:
-                for graph in model.graphs():
-                    for value in graph.initializers.values():
-                        t = value.const_value
-                        if (
-                            t is not None
-                            and t.nbytes > size_threshold_bytes
-                            and not _stays_inline(t)
-                            and id(t) not in seen
-                        ):
-                            seen.add(id(t))
-                            tensors.append(t)
-            if tensors:
-                written = ir.external_data.convert_tensors_to_external(tensors, str(staging), data_name)
-                swaps = {id(t): w for t, w in zip(tensors, written, strict=True)}
-                os.chmod(staging / data_name, default_file_mode())
-                staged.files.append(data_name)
-                staged.data_file = data_name
+            for file in dict.fromkeys(files.values()):
+                tensors: list[ir.TensorProtocol] = []
+                seen: set[int] = set()
+                for _, model in (g for g in graphs if files[g[0]] == file):
+                    for graph in model.graphs():
+                        for value in graph.initializers.values():
+                            t = value.const_value
+                            if (
+                                t is not None
+                                and t.nbytes > size_threshold_bytes
+                                and not _stays_inline(t)
+                                and id(t) not in seen
+                            ):
+                                seen.add(id(t))
+                                tensors.append(t)
+                if tensors:
+                    written = ir.external_data.convert_tensors_to_external(tensors, str(staging), file)
+                    swaps[file] = {id(t): w for t, w in zip(tensors, written, strict=True)}
+                    os.chmod(staging / file, default_file_mode())
+                    staged.files.append(file)
+                    if file == data_name or staged.data_file is None:
+                        staged.data_file = file
         for name, model in graphs:  # everything else inline; large main-graph tensors streamed
-            _write_model(model, swaps, staging / name)
+            _write_model(model, swaps[files[name]], staging / name)
             staged.files.append(name)
         # The written external tensors map the staged file: drop them before anything renames it.
-        for t in swaps.values():
+        for t in (t for per_file in swaps.values() for t in per_file.values()):
             if isinstance(t, ir.ExternalTensor):
                 t.release()
     except BaseException as exc:

@@ -23,7 +23,15 @@ from pathlib import Path
 
 from onnxdeploy.artifacts import EarlierOutputs
 from onnxdeploy.config import PipelineConfig, check_pass_settings
-from onnxdeploy.errors import EXIT_FAILED, EXIT_OK, ConfigError, ContractError, OnnxDeployError, OutputError
+from onnxdeploy.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    ConfigError,
+    ContractError,
+    ModelLoadError,
+    OnnxDeployError,
+    OutputError,
+)
 from onnxdeploy.model_io import StagedArtifacts, check_not_an_input, input_files
 from onnxdeploy.pass_cache import PassCache
 from onnxdeploy.pass_context import make_pass_context
@@ -31,6 +39,7 @@ from onnxdeploy.passes import PassContext
 from onnxdeploy.report import PhaseReport, RunReport
 from onnxdeploy.resources import peak_rss_bytes, process_age_s, rss_bytes
 from onnxdeploy.run_report import REPORT_FILES, report_stage
+from onnxdeploy.run_scratch import STAGING_PREFIX, remove_stale, run_temp_root
 from onnxdeploy.run_stages import (
     Say,
     StepProgress,
@@ -118,13 +127,15 @@ def run_pipeline(
     _check_output_location(config)
     # Token files are inputs too: a bad one is refused before the output folder exists, so nothing is written.
     vocab = _vocab(config)
+    _check_prompt_ids(config, vocab)
     inputs = _RunInputs(
         calibration=_token_ids(config, "calibration", vocab),
         held_out=(_token_ids(config, "verify.accuracy", vocab) or [None])[0],
     )
     if inputs.held_out is not None:  # the passes may refuse a held-out sequence longer than their caches
         check_pass_settings(config, _source(config), config.settings(accuracy_tokens=len(inputs.held_out)))
-    with _claimed(config.output_dir) as run:
+    with run_temp_root(), _claimed(config.output_dir) as run:
+        _remove_stale_staging(config, told.say)
         run.context = make_pass_context(model_path=config.model, target=config.target, calibration=inputs.calibration)
         report = _run_stages(config, run, inputs, told, start)
     out_dir = config.output_dir
@@ -136,6 +147,17 @@ def run_pipeline(
         report_md=out_dir / "report.md",
         report_html=out_dir / "report.html",
     )
+
+
+def _remove_stale_staging(config: PipelineConfig, say: Say) -> None:
+    """Remove the staging folders runs killed by SIGKILL left in ``output_dir`` and the pass cache (run_scratch.py).
+
+    Called with the output folder locked; the system temp folder's stale run roots go in :func:`run_temp_root`.
+    """
+    folders = [config.output_dir] + ([config.cache.folder()] if config.cache is not None else [])
+    removed = [path for folder in folders for path in remove_stale(Path(folder), STAGING_PREFIX)]
+    if removed:
+        say(f"removed {len(removed)} staging folder(s) of killed runs: {', '.join(str(p) for p in removed)}")
 
 
 def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _Progress, start: float) -> RunReport:
@@ -314,13 +336,42 @@ def _source(config: PipelineConfig) -> str:
 
 
 def _vocab(config: PipelineConfig) -> int | None:
-    """The input model's vocabulary size (its logits' last dim, when static) if a token file is to be read."""
-    if config.calibration is None and (config.verify is None or config.verify.accuracy is None):
+    """The input model's vocabulary size (its logits' last dim, when static) if token ids are to be checked."""
+    if config.calibration is None and config.verify is None:
         return None
     try:
         return logits_vocab(config.model)
     except ContractError:
         return None  # no logits output found: the load stage refuses the model with its own message
+    except ModelLoadError:
+        if config.calibration is None and config.verify is not None and config.verify.accuracy is None:
+            return None  # only the prompt to check: the load stage refuses the file (or a checks-only run reports it)
+        raise
+
+
+def _check_prompt_ids(config: PipelineConfig, vocab: int | None) -> None:
+    """Refuse a verify prompt with an id outside the model's vocabulary, naming its key (and tokenizer).
+
+    A ``verify.prompt_text`` encoded to such an id means the tokenizer is not the model's: the message names the
+    tokenizer file and both vocabulary sizes.
+
+    Raises:
+        ConfigError: ``max(prompt) >= vocab``.
+    """
+    v = config.verify
+    if v is None or vocab is None or not v.prompt or max(v.prompt) < vocab:
+        return
+    worst = max(v.prompt)
+    model = f"the model {config.model} (its logits have {vocab} entries: ids 0..{vocab - 1})"
+    if v.prompt_text is None or v.tokenizer is None:
+        where = f"{_source(config)}: key 'verify.prompt'"
+        raise ConfigError(f"{where}: token id {worst} is outside the vocabulary of {model}")
+    size = load_codec(v.tokenizer, key=f"{_source(config)}: key 'verify.tokenizer'").vocab_size()
+    raise ConfigError(
+        f"{_source(config)}: key 'verify.prompt_text': the tokenizer {v.tokenizer} ({size} tokens) encodes it to id "
+        f"{worst}, outside the vocabulary of {model}: the tokenizer is not this model's; set verify.tokenizer to the "
+        "model's tokenizer.json or its folder"
+    )
 
 
 def _token_ids(config: PipelineConfig, key: str, vocab: int | None) -> list[list[int]]:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from onnxdeploy.resources import format_bytes
+
 if TYPE_CHECKING:  # the report's models are not needed to import this module: `onnxdeploy passes` uses yaml_inline
     from onnxdeploy.report import ModeResult, RunReport, StepBlock, StepRecord, VerifyReport
 
@@ -89,6 +91,9 @@ def render_markdown(report: RunReport) -> str:
         lines += generations_markdown(report.verify.generations)
     lines += _markdown_runtimes(report)
     lines += _markdown_accuracy(report)
+    from onnxdeploy.sdk_report import sdk_markdown  # noqa: PLC0415  (the SDK stage's section: sdk_report)
+
+    lines += sdk_markdown(report.sdk)
     return "\n".join(lines) + "\n"
 
 
@@ -124,6 +129,14 @@ def _markdown_summary(report: RunReport) -> list[str]:
         f"- wall time: {report.wall_time_s:.2f} s; onnxdeploy {report.onnxdeploy_version}; "
         + ", ".join(f"{k} {v}" for k, v in report.versions.items()),
     ]
+    peak = report.peak_memory()
+    if peak is not None:
+        lines.append(f"- peak memory: {format_bytes(peak[0])} RSS (reached in phase {peak[1]})")
+    if report.removed_files:
+        lines.append(
+            "- removed (an earlier run's outputs this run does not replace): "
+            + ", ".join(f"`{f}`" for f in report.removed_files)
+        )
     if html_file:
         lines.append(f"- plots of error and latency per position, files with sha256: `{html_file}`")
     lines.append("")

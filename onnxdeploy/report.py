@@ -1,4 +1,7 @@
-"""Report models: per pass, per check finding, per verification step, and the run report.
+"""Report models: per pass, per check finding, per file and phase, and the run report.
+
+The verification's models (per step, per mode, per runtime, accuracy) live in :mod:`onnxdeploy.report_verify` and
+are re-exported here, so ``from onnxdeploy.report import VerifyReport`` keeps working.
 
 The run report JSON (``report.json``) is the CI interface; its fields are listed in the README
 ("Report fields"). ``schema_version`` changes when a field
@@ -10,6 +13,26 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from onnxdeploy.report_verify import (
+    AccuracyFigures,
+    AccuracyReport,
+    CallTiming,
+    GenerationsReport,
+    GenerationText,
+    LatencySummary,
+    ModeResult,
+    NumericsReport,
+    PrefillSummary,
+    RuntimeComparison,
+    SessionSettings,
+    StepBlock,
+    StepRecord,
+    VerifyReport,
+    spike_threshold_ms,
+    summarise_steps,
+    summarise_verify,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -95,48 +118,6 @@ class CheckReport(BaseModel):
     sdk: dict[str, Any] | None = Field(None, description="The device SDK's own verdict (check --sdk), else null.")
 
 
-class RuntimeComparison(BaseModel):
-    """The candidate on one runtime against the original on ONNX Runtime (``verify.runtimes``).
-
-    The candidate is fed the original's greedy tokens (teacher-forced); errors are per position over the
-    vocabulary, top-1 agreement over all positions.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    runtime: str
-    device: str = Field(description="'CPU' for OpenVINO; the active ORT providers for onnxruntime.")
-    precision: str = Field("", description="OpenVINO's INFERENCE_PRECISION_HINT as compiled ('f32').")
-    passed: bool
-    positions: int = 0
-    top1_agreement: float = 0.0
-    max_abs_logit_diff: float | None = None
-    max_abs_logit_diff_allowed: float | None = Field(
-        None, description="The tolerance this runtime was held to (its verify.runtimes entry's, else verify's)."
-    )
-    first_divergent_step: int | None = None
-    refused: str | None = Field(None, description="Why the runtime could not run the candidate (names the op).")
-    max_rel_logit_diff: float | None = Field(
-        None, description="Largest per-position max|diff| / max|reference logit| (runner/thresholds.py)."
-    )
-    mean_cosine_similarity: float | None = Field(None, description="Mean cosine similarity of the logit rows.")
-    thresholds: dict[str, Any] | None = Field(
-        None, description="The bounds this runtime was held to and their basis (fp32 / fp16 / int8 defaults)."
-    )
-    graphs: list[str] = Field(default_factory=list, description="The candidate's graph files opened on the runtime.")
-    graphs_driven: dict[str, int] = Field(
-        default_factory=dict, description="Compared calls per graph file on this runtime (0: not driven)."
-    )
-    graphs_driven_apart: list[str] = Field(default_factory=list, description="Graphs driven apart from the decode.")
-    by_graph: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="The figures of the positions each graph of a set computed."
-    )
-    accuracy: dict[str, Any] | None = Field(
-        None, description="Held-out teacher-forced figures on this runtime (int8 builds are judged by them)."
-    )
-    failures: list[str] = Field(default_factory=list, description="Each bound broken, overall or per graph.")
-
-
 class PassReport(BaseModel):
     """What one pass did: sizes before/after, op histogram diff, dims fixed, changes, wall time (s).
 
@@ -191,140 +172,6 @@ class PassReport(BaseModel):
     )
 
 
-class StepRecord(BaseModel):
-    """Comparison at one decode position (prompt positions included).
-
-    Logit errors are over the vocabulary of batch row 0 at that position. Latencies (ms) are the wall time
-    of the ``session.run`` that fed this one position alone; a position fed by a multi-token call (a prefill,
-    a bucket) has none: that call is in :class:`PrefillSummary`.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    position: int
-    phase: Literal["prompt", "generate"]
-    token_in: int = Field(description="Token id fed to the candidate at this position.")
-    top1_reference: int
-    top1_candidate: int
-    top1_match: bool
-    topk_overlap: float = Field(description="|top-k(ref) ∩ top-k(cand)| / k, k=5.")
-    max_abs_logit_diff: float
-    max_rel_logit_diff: float
-    cosine_similarity: float
-    within_tolerance: bool
-    latency_ms_reference: float | None = None
-    latency_ms_candidate: float | None = None
-    graph: str | None = Field(None, description="File name of the candidate graph that computed this position.")
-
-
-class LatencySummary(BaseModel):
-    """Latency percentiles of per-call ``session.run`` wall time, in ms (single-token decode steps)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    calls: int = Field(0, description="Calls summarized; with fewer than 100, p99 is close to the max.")
-    p50: float
-    p99: float
-    max: float
-    mean: float
-    min: float = 0.0
-    std: float = Field(0.0, description="Standard deviation (ms).")
-    iqr: float = Field(0.0, description="Interquartile range p75 - p25 (ms): the spread around the median.")
-    spikes: int = Field(0, description="Calls slower than 3x the median.")
-
-
-class CallTiming(BaseModel):
-    """One multi-token call (a prefill or a bucket): which graph, how many real and padded tokens, how long."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    graph: str
-    start: int = Field(description="Position of its first token.")
-    tokens: int = Field(description="Real tokens fed.")
-    step_len: int = Field(description="Positions computed (tokens + padding).")
-    ms: float
-
-
-class PrefillSummary(BaseModel):
-    """The calls that fed the prompt, reported apart from the per-step latency."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    calls: int
-    tokens: int
-    total_ms: float
-    ms_per_token: float
-    tokens_per_s: float
-    per_call: list[CallTiming] = Field(default_factory=list)
-
-
-class StepBlock(BaseModel):
-    """Consecutive positions whose :class:`StepRecord` rows were left out of a mode's ``steps`` (``report.max_rows``).
-
-    Figures are over the block's positions; latencies (ms) over those that have a single-token call.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    first_position: int
-    last_position: int
-    positions: int
-    top1_agreement: float
-    max_abs_logit_diff: float
-    min_cosine_similarity: float
-    latency_ms_candidate_p50: float | None = None
-    latency_ms_candidate_max: float | None = None
-    graphs: list[str] = Field(default_factory=list, description="Candidate graph files that computed these positions.")
-
-
-class ModeResult(BaseModel):
-    """Summary and per-step records of one decode mode (``teacher_forced`` or ``free_running``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["teacher_forced", "free_running"]
-    passed: bool
-    positions: int
-    top1_agreement: float = Field(description="Fraction of positions whose top-1 token agrees.")
-    max_abs_logit_diff: float
-    mean_cosine_similarity: float
-    first_divergent_step: int | None = Field(
-        description="First position whose top-1 differs or whose max abs diff breaks the tolerance."
-    )
-    latency_ms: LatencySummary = Field(description="Candidate per-step latency: single-token calls after the prompt.")
-    reference_latency_ms: LatencySummary = Field(description="Original per-step latency, measured the same way.")
-    prefill: PrefillSummary | None = Field(None, description="The candidate's prompt calls.")
-    reference_prefill: PrefillSummary | None = Field(None, description="The original's prompt call(s).")
-    positions_by_graph: dict[str, int] = Field(
-        default_factory=dict, description="Compared positions per candidate graph file (a graph set lists each)."
-    )
-    failures: list[str] = Field(default_factory=list)
-    steps: list[StepRecord] = Field(
-        default_factory=list,
-        description="Per-position records: all of them up to report.max_rows, else a selection (summarise_steps).",
-    )
-    steps_omitted: list[StepBlock] = Field(
-        default_factory=list, description="Runs of consecutive positions left out of steps, summarised; [] if none."
-    )
-
-
-class NumericsReport(BaseModel):
-    """How the candidate's floating point ran on the provider that computed it (native or emulated)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    compute_dtype: Literal["float32", "float16", "bfloat16", "float64"] = Field(
-        description="The float type holding most of the candidate's weight elements (its compute dtype)."
-    )
-    provider: str = Field(description="The execution provider that ran the candidate (first active).")
-    execution: Literal["native", "emulated"] = Field(
-        description="native: the provider computes in compute_dtype; emulated: it does not (ORT's CPU EP runs "
-        "float16 MatMul/Add/Softmax through float32 Casts and has no bfloat16 kernels): the figures say the graph "
-        "is right, not how a float16/bfloat16 device rounds."
-    )
-    detail: str = Field(description="What ran in place of compute_dtype, in words.")
-
-
 class PassVerifyRecord(BaseModel):
     """``verify_each_pass``: a short teacher-forced decode of one pass's output against the original."""
 
@@ -353,121 +200,6 @@ class NodeDivergence(BaseModel):
     nodes_in_output_reading_same_inputs: list[str] = Field(
         default_factory=list, description="Nodes of the pass's output graph that read the node's mapped inputs."
     )
-
-
-class SessionSettings(BaseModel):
-    """How the runner opened a model's ONNX Runtime session(s), decided from the graph (runner/session.py).
-
-    ``prepacking``: ORT's weight prepacking (``session.disable_prepacking`` "0"), on for graphs with quantized
-    weights (``MatMulNBits`` or integer weights behind a ``DequantizeLinear``: without it ORT dequantizes them on
-    every call), off for float weights (they stay mapped from the file instead of a private packed copy).
-    ``accuracy_level``: the ``MatMulNBits`` accuracy levels the session computes at (the nodes' attribute, or for
-    ``DequantizeLinear`` + ``MatMul`` that ORT fuses, ``session.qdq_matmulnbits_accuracy_level``, default 4); empty
-    for float weights.
-    On fp32 activations ORT's CPU EP computes level 4 with int8 activations where MLAS has the kernel and every
-    other level in fp32 (onnxruntime 1.32, ``contrib_ops/cpu/quantization/matmul_nbits.cc``, GetComputeType).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    weights: Literal["float", "quantized"] = Field(description="What the graph's MatMul weights are.")
-    prepacking: bool = Field(description="ORT weight prepacking on (session.disable_prepacking=0).")
-    accuracy_level: list[int] = Field(
-        default_factory=list, description="MatMulNBits accuracy_level(s) computed at (0/1 fp32 ... 4 int8); [] float."
-    )
-    reason: str = Field("", description="Why, in one line (which nodes decided, or an explicit config entry).")
-
-    def text(self) -> str:
-        """One line: ``quantized weights, prepacking on, accuracy_level 4``."""
-        levels = "/".join(str(level) for level in self.accuracy_level)
-        return f"{self.weights} weights, prepacking {'on' if self.prepacking else 'off'}" + (
-            f", accuracy_level {levels}" if levels else ""
-        )
-
-
-class GenerationText(BaseModel):
-    """One model's free-running generation after the prompt, decoded (``onnxdeploy/text.py``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tokens: list[int] = Field(description="Generated token ids, up to and including the first stop token.")
-    text: str = Field(description="The tokens decoded, special tokens and the stop token left out.")
-    stopped: bool = Field(False, description="The generation ended at a stop token the tokenizer folder declares.")
-    mark_start: int | None = Field(None, description="Character offset in text of the first differing token.")
-    mark_end: int | None = Field(None, description="Character offset in text just after the first differing token.")
-
-
-class GenerationsReport(BaseModel):
-    """The original's and the candidate's free-running generations as text, with the first differing token."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tokenizer: str = Field(description="The tokenizer.json that decoded them.")
-    prompt_text: str = Field(description="The prompt as text (as given, or its ids decoded).")
-    chat_template: bool = Field(False, description="The prompt went through the folder's chat template.")
-    stop_token_ids: list[int] = Field(default_factory=list, description="Ids that end a generation (the folder's).")
-    original: GenerationText
-    candidate: GenerationText | None = Field(None, description="null without the free_running mode.")
-    first_differing_token: int | None = Field(
-        None, description="Index among the generated tokens of the first one that differs; null if none does."
-    )
-
-
-class VerifyReport(BaseModel):
-    """Step-by-step verification of a candidate against the original on ONNX Runtime."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    passed: bool
-    original: str
-    candidate: str
-    providers: list[str] = Field(description="Execution providers requested, in priority order.")
-    providers_active: list[str] = Field(default_factory=list, description="Providers the candidate session used.")
-    provider_fallbacks: list[str] = Field(default_factory=list)
-    prompt: list[int]
-    steps: int
-    max_abs_logit_diff_threshold: float
-    min_top1_agreement_threshold: float
-    rss_growth_bytes: int = 0
-    strict_providers: bool = Field(False, description="A requested provider that fell back to CPU fails the run.")
-    graphs: list[str] = Field(default_factory=list, description="Candidate graph files driven (a graph set: all).")
-    graphs_driven: dict[str, int] = Field(
-        default_factory=dict,
-        description="Compared calls per candidate graph file, over the modes and the calls driven apart; every graph "
-        "of a set is listed, 0 for one that could not be driven (a failure names it).",
-    )
-    graphs_driven_apart: list[str] = Field(
-        default_factory=list,
-        description="Graphs of a set the modes' decode did not use, each driven apart in one call teacher-forced on "
-        "the original's tokens and compared with it (runner/coverage.py).",
-    )
-    failures: list[str] = Field(
-        default_factory=list,
-        description="Failures outside the modes (provider fallbacks, a graph of a set not driven or not matching).",
-    )
-    modes: dict[str, ModeResult]
-    numerics: NumericsReport | None = Field(
-        None, description="Compute dtype of the candidate and whether the provider ran it natively or emulated."
-    )
-    original_session: SessionSettings | None = Field(
-        None, description="The original's session: prepacking and accuracy_level its latencies were measured at."
-    )
-    candidate_session: SessionSettings | None = Field(
-        None, description="The candidate's session (a set: its primary graph's; every graph has the same weights)."
-    )
-    generations: GenerationsReport | None = Field(
-        None, description="Both models' free-running generations as text, when a tokenizer is known (text.py)."
-    )
-
-    def graphs_driven_text(self) -> str | None:
-        """One line naming the calls per graph of a set (and those driven outside the modes), else None."""
-        if len(self.graphs_driven) < 2:
-            return None
-        calls = ", ".join(f"{name} {n} call(s)" for name, n in self.graphs_driven.items())
-        apart = (
-            f"; driven apart from the modes: {', '.join(self.graphs_driven_apart)}" if self.graphs_driven_apart else ""
-        )
-        return f"graphs driven: {calls}{apart}"
 
 
 class GraphReport(BaseModel):
@@ -514,52 +246,6 @@ class PhaseReport(BaseModel):
     wall_time_s: float = Field(description="Wall time of the phase, in seconds.")
     peak_rss_bytes: int = Field(description="The process's peak resident set size by the end of the phase, bytes.")
     rss_bytes: int = Field(description="The process's resident set size at the end of the phase, bytes.")
-
-
-class AccuracyFigures(BaseModel):
-    """Teacher-forced comparison of two models' next-token distributions over the same tokens."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    positions: int = Field(description="Positions compared (tokens fed minus one).")
-    mean_kl: float = Field(description="Mean KL(original || candidate) over positions, nats.")
-    max_kl: float = Field(description="Largest per-position KL, nats.")
-    top1_agreement: float = Field(description="Fraction of positions whose argmax agrees.")
-    ppl_original: float = Field(description="Perplexity of the text under the original.")
-    ppl_candidate: float = Field(description="Perplexity of the text under the candidate.")
-    ppl_ratio: float = Field(description="ppl_candidate / ppl_original.")
-    kl_per_position: list[float] = Field(default_factory=list, description="KL at each position, nats.")
-    session: SessionSettings | None = Field(
-        None, description="The candidate's session these figures were taken in (prepacking, accuracy_level)."
-    )
-
-
-class AccuracyReport(BaseModel):
-    """``verify.accuracy``: the candidate's teacher-forced accuracy on held-out tokens (runner/accuracy.py).
-
-    ``weight_only``: every quantized MatMul at accuracy_level 0 (fp32: ``session.qdq_matmulnbits_accuracy_level=0``,
-    applied to MatMulNBits nodes too), the error of the transformation itself; thresholds apply to it.
-    ``default_optimized``: ORT's default accuracy levels. Each figure names its session (prepacking, level).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    passed: bool
-    original: str
-    candidate: str
-    tokens: int
-    weight_only: AccuracyFigures
-    default_optimized: AccuracyFigures
-    original_session: SessionSettings | None = Field(None, description="The original's session (prepacking).")
-    default_is_weight_only: bool = Field(
-        False,
-        description="Both settings opened the same session (float weights, or MatMulNBits already at level 0): "
-        "the candidate ran once and both figures are that measurement.",
-    )
-    max_mean_kl: float | None = None
-    min_top1_agreement: float | None = None
-    max_ppl_ratio: float | None = None
-    failures: list[str] = Field(default_factory=list)
 
 
 class RunReport(BaseModel):
@@ -619,80 +305,13 @@ class RunReport(BaseModel):
     onnxdeploy_version: str = ""
     versions: dict[str, str] = Field(default_factory=dict)
 
+    def peak_memory(self) -> tuple[int, str] | None:
+        """(the run's peak RSS in bytes, the phase it was reached in), from ``phases``; None without phases.
 
-def spike_threshold_ms(mode: ModeResult) -> float:
-    """Latency above which a single-token call is a spike: 3x the mode's candidate median (ms)."""
-    return 3.0 * mode.latency_ms.p50
-
-
-def _block(steps: list[StepRecord]) -> StepBlock:
-    latencies = sorted(s.latency_ms_candidate for s in steps if s.latency_ms_candidate is not None)
-    return StepBlock(
-        first_position=steps[0].position,
-        last_position=steps[-1].position,
-        positions=len(steps),
-        top1_agreement=sum(s.top1_match for s in steps) / len(steps),
-        max_abs_logit_diff=max(s.max_abs_logit_diff for s in steps),
-        min_cosine_similarity=min(s.cosine_similarity for s in steps),
-        latency_ms_candidate_p50=latencies[(len(latencies) - 1) // 2] if latencies else None,
-        latency_ms_candidate_max=latencies[-1] if latencies else None,
-        graphs=sorted({s.graph for s in steps if s.graph}),
-    )
-
-
-def summarise_steps(mode: ModeResult, max_rows: int) -> ModeResult:
-    """Keep at most ``max_rows`` of ``mode.steps``; summarise the positions left out as :class:`StepBlock` runs.
-
-    Kept first: positions that diverge (top-1 differs or beyond tolerance) and latency spikes
-    (:func:`spike_threshold_ms`), up to half of ``max_rows``; the rest is filled from the start and the end.
-
-    Args:
-        mode: one mode's result with all its per-position records.
-        max_rows: rows kept at most (>= 1).
-
-    Returns:
-        ``mode`` itself when it has at most ``max_rows`` steps, else a copy with the selection in ``steps`` (in
-        position order) and the omitted runs in ``steps_omitted``.
-    """
-    steps = mode.steps
-    n = len(steps)
-    if n <= max_rows:
-        return mode
-    spike = spike_threshold_ms(mode)
-    notable = [
-        i
-        for i, s in enumerate(steps)
-        if not (s.top1_match and s.within_tolerance) or (s.latency_ms_candidate or 0.0) > spike
-    ]
-    keep = set(notable[: max_rows // 2])
-    head, tail = 0, n - 1
-    while len(keep) < max_rows:  # alternate from both ends, skipping rows already kept
-        for side in ("head", "tail"):
-            if len(keep) >= max_rows:
-                break
-            if side == "head":
-                while head in keep:
-                    head += 1
-                keep.add(head)
-            else:
-                while tail in keep:
-                    tail -= 1
-                keep.add(tail)
-    blocks: list[StepBlock] = []
-    run: list[StepRecord] = []
-    for i, s in enumerate(steps):
-        if i in keep:
-            if run:
-                blocks.append(_block(run))
-                run = []
-        else:
-            run.append(s)
-    if run:
-        blocks.append(_block(run))
-    return mode.model_copy(update={"steps": [steps[i] for i in sorted(keep)], "steps_omitted": blocks})
-
-
-def summarise_verify(verify: VerifyReport, max_rows: int) -> VerifyReport:
-    """:func:`summarise_steps` applied to every mode of ``verify``."""
-    modes = {name: summarise_steps(m, max_rows) for name, m in verify.modes.items()}
-    return verify.model_copy(update={"modes": modes})
+        ``peak_rss_bytes`` is the process's peak so far at each phase's end, so the largest is the run's and the
+        first phase to show it is where it was reached.
+        """
+        if not self.phases:
+            return None
+        peak = max(p.peak_rss_bytes for p in self.phases)
+        return peak, next(p.name for p in self.phases if p.peak_rss_bytes == peak)

@@ -45,6 +45,7 @@ __all__ = [
     "rknn_env",
     "rknn_python",
     "rknn_worker_command",
+    "build_timeout",
     "sdk_home",
 ]
 
@@ -54,6 +55,28 @@ RKNN_PACKAGE = "rknn-toolkit2==2.5.0"
 _WORKER = Path(__file__).with_name("_rknn_worker.py")
 _WORKER_MARKER = "onnxdeploy-rknn-worker: model"  # the worker's stderr line before each build (``builds``)
 _TIMEOUT_S = 600
+"""Seconds a build may take per model, unless ``$ONNXDEPLOY_SDK_TIMEOUT_S`` says otherwise (:func:`build_timeout`)."""
+
+
+def build_timeout() -> float:
+    """Seconds one model's RKNN build may take: ``$ONNXDEPLOY_SDK_TIMEOUT_S``, else 600.
+
+    A fixture builds in 1-40 s (w8a8 with the per-layer analysis the longest); SmolLM2-135M's fp16 build took
+    more than 600 s of wall time on this 2-core machine under load (3 CPU-minutes), hence the override.
+
+    Raises:
+        ConfigError: the variable is not a positive number.
+    """
+    text = os.environ.get("ONNXDEPLOY_SDK_TIMEOUT_S")
+    if not text:
+        return float(_TIMEOUT_S)
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ConfigError(f"ONNXDEPLOY_SDK_TIMEOUT_S must be a positive number of seconds, got {text!r}")
+    return value
 
 
 QUANTIZED_DTYPES: tuple[str, ...] = ("w8a8", "w16a16i_dfp")
@@ -82,6 +105,12 @@ class RknnBuild:
             a layer whose quantized output's cosine to the float one falls below ``auto_hybrid_cos_thresh`` is kept
             in fp16; RKNN-Toolkit2 2.5.0 ``rknn.config``/``rknn.build`` docstrings).
         auto_hybrid_cos: that threshold (``rknn.config(auto_hybrid_cos_thresh=...)``, SDK default 0.98).
+        hybrid_min_cosine: None, or onnxdeploy's own choice of fp16 layers from per-layer error: the worker builds
+            plainly, runs ``accuracy_analysis`` on ``hybrid_samples`` dataset lines, and keeps in float16 every
+            tensor whose single-layer cosine (quantized vs float, the layer fed float inputs) falls below this,
+            with the single-input chain feeding it (the rotary ``Sin``/``Cos`` need their angle in float too),
+            then builds with ``hybrid_quantization_step1/2`` (``onnxdeploy/_rknn_worker.py``).
+        hybrid_samples: dataset lines that analysis runs on (spread over the file).
     """
 
     quantized_dtype: str | None = None
@@ -91,6 +120,8 @@ class RknnBuild:
     export: str | None = None
     auto_hybrid: bool = False
     auto_hybrid_cos: float = 0.98
+    hybrid_min_cosine: float | None = None
+    hybrid_samples: int = 3
 
     def __post_init__(self) -> None:
         if self.quantized_dtype is not None and self.quantized_dtype not in QUANTIZED_DTYPES:
@@ -114,6 +145,8 @@ class RknnBuild:
         hybrid = f", {len(self.float_layers)} layers fp16 (hybrid)" if self.float_layers else ""
         if self.auto_hybrid:
             hybrid = f", auto hybrid (layers below cosine {self.auto_hybrid_cos:g} kept fp16)"
+        if self.hybrid_min_cosine is not None:
+            hybrid += f", hybrid: layers below single-layer cosine {self.hybrid_min_cosine:g} fp16"
         return f"{self.quantized_dtype} ({self.quantized_algorithm}{hybrid})"
 
     def to_json(self) -> str:
@@ -127,6 +160,8 @@ class RknnBuild:
                 "export": self.export,
                 "auto_hybrid": self.auto_hybrid,
                 "auto_hybrid_cos": self.auto_hybrid_cos,
+                "hybrid_min_cosine": self.hybrid_min_cosine,
+                "hybrid_samples": self.hybrid_samples,
             }
         )
 
@@ -241,6 +276,9 @@ class SdkReport:
     seconds: float
     error: str = ""
     nodes: list[SdkNodeVerdict] = field(default_factory=list)
+    hybrid: dict = field(default_factory=dict)
+    """Hybrid quantization's choice: ``float_layers`` (SDK tensors built float16) and, when chosen from per-layer
+    error, ``layer_errors`` (``min_cosine``, ``samples``, ``layers``, ``sensitive``, ``worst``: [tensor, cosine])."""
 
     def by_verdict(self, verdict: str) -> list[SdkNodeVerdict]:
         """The nodes with ``verdict``."""
@@ -319,14 +357,14 @@ def rknn_build_reports(
     graphs = [[(n.name, n.op_type) for n in onnx.load(str(m), load_external_data=False).graph.node] for m in models]
     # the SDK dumps check*.onnx into its working folder: give it a temporary one, never the user's
     with tempfile.TemporaryDirectory(prefix="onnxdeploy-rknn-build-") as workdir:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=_TIMEOUT_S * max(1, len(models)),
-            check=False,
-            cwd=workdir,
-        )
+        timeout = build_timeout() * max(1, len(models))
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, cwd=workdir)
+        except subprocess.TimeoutExpired:
+            raise ModelLoadError(
+                f"{models[0]}: RKNN-Toolkit2 did not build {len(models)} model(s) within {timeout:.0f} s "
+                "(set ONNXDEPLOY_SDK_TIMEOUT_S, seconds per model, for a large model)"
+            ) from None
     try:
         results = [json.loads(line) for line in done.stdout.strip().splitlines()]
     except json.JSONDecodeError:
@@ -346,6 +384,7 @@ def rknn_build_reports(
             seconds=round(float(result["seconds"]), 3),
             error=result.get("error", ""),
             nodes=parse_build_log(log, nodes) if result["ok"] else [],
+            hybrid={k: result[k] for k in ("float_layers", "layer_errors") if k in result},
         )
         for result, log, nodes in zip(results, logs, graphs, strict=True)
     ]
@@ -407,4 +446,5 @@ def beside_matrix(report: SdkReport, findings) -> dict:
         "nodes": nodes,
         "disagreements": disagreements,
         "cpu_placed": cpu_placed,
+        **({"hybrid": report.hybrid} if report.hybrid else {}),
     }

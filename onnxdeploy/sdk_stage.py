@@ -5,7 +5,10 @@ For ``target: rknn-rk3588`` every graph the run wrote is built with RKNN-Toolkit
 renamed into place with the ONNX graphs, which stay as they are). ``report.json`` → ``sdk`` records the mode, the
 build (fp16, or ``w8a8`` from a calibration dataset) and per graph the verdict, the ``.rknn`` file, and per node
 where the SDK placed it (NPU/CPU, :func:`onnxdeploy.sdk.beside_matrix`) beside the matrix's prediction. A graph
-the SDK cannot build fails the run (exit 1) with the SDK's reason.
+the SDK cannot build fails the run (exit 1) with the SDK's reason. With ``sdk.quantization.hybrid_min_cosine``
+(default 0.98) each graph's fp16 tensors are chosen from per-layer error by the worker
+(``onnxdeploy/_rknn_worker.py``: the SDK's ``accuracy_analysis``, then ``hybrid_quantization_step1/2``); the choice
+is ``graphs[].hybrid`` (:attr:`onnxdeploy.sdk.SdkReport.hybrid`), laid out by :mod:`onnxdeploy.sdk_report`.
 
 Modes: ``auto`` (default) builds where the SDK environment exists and adds a note where it does not; ``build``
 refuses a missing environment at config load (exit 2); ``off`` skips the stage. Other targets have no SDK stage.
@@ -190,6 +193,8 @@ def rknn_build_for(
         float_layers=tuple(quantization.float_layers),
         auto_hybrid=quantization.auto_hybrid,
         auto_hybrid_cos=quantization.auto_hybrid_cos,
+        hybrid_min_cosine=quantization.hybrid_min_cosine,
+        hybrid_samples=quantization.hybrid_samples,
     )
 
 

@@ -69,13 +69,14 @@ def _int64(values: Sequence[int]) -> np.ndarray:
 # ----------------------------------------------------------------------------------------- cache position
 
 
-def add_cache_position(graph: ir.Graph, step_len: int, *, who: str = "static_kv") -> ir.Value:
+def add_cache_position(graph: ir.Graph, step_len: int, *, who: str = "static_kv", rows: int | None = None) -> ir.Value:
     """Add the graph input ``cache_position``: int64 ``[step_len]``, the cache slots this call writes.
 
     Args:
         graph: the decoder's main graph (edited in place).
         step_len: S, tokens per call.
         who: the pass named in errors.
+        rows: B for ``row_positions``: the input is ``(B, S)``, each row's own slots.
 
     Returns:
         The new input value.
@@ -85,7 +86,8 @@ def add_cache_position(graph: ir.Graph, step_len: int, *, who: str = "static_kv"
     """
     if CACHE_POSITION in names_in_use(graph):
         raise PreconditionError(who, f"the graph already has a tensor named '{CACHE_POSITION}'")
-    value = ir.Value(name=CACHE_POSITION, shape=ir.Shape([step_len]), type=ir.TensorType(ir.DataType.INT64))
+    dims = [step_len] if rows is None else [rows, step_len]
+    value = ir.Value(name=CACHE_POSITION, shape=ir.Shape(dims), type=ir.TensorType(ir.DataType.INT64))
     graph.inputs.append(value)
     return value
 
@@ -187,6 +189,8 @@ def _scatter_indices(
     """
     pos_shape = [1, 1, 1, 1]
     pos_shape[seq_axis] = step_len
+    if cache_position.shape is not None and len(cache_position.shape) == 2:  # row_positions: (B, S)
+        pos_shape[0] = int(cache_position.shape[0])  # type: ignore[arg-type]
     shape = add_initializer(graph, f"{_PREFIX}/pos_shape", _int64(pos_shape), reuse=True)
     reshape = make_node("Reshape", [cache_position, shape], name=f"{_PREFIX}/pos_reshape", output=f"{_PREFIX}/pos_4d")
     update_shape = make_node("Shape", [first.new_operand], name=f"{_PREFIX}/update_shape")

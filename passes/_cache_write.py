@@ -54,6 +54,20 @@ class _Write:
     dtype: ir.DataType
     nodes: list[ir.Node] = field(default_factory=list)
 
+    @property
+    def rows(self) -> int | None:
+        """B when ``cache_position`` is ``(B, S)`` (``row_positions``: each row its own slots), else None."""
+        shape = self.cache_position.shape
+        return int(shape[0]) if shape is not None and len(shape) == 2 else None  # type: ignore[arg-type]
+
+    def position_shape(self) -> list[int]:
+        """``cache_position``'s shape broadcast to the update's rank: S on ``seq_axis``, B on axis 0 with rows."""
+        dims = [1] * len(self.update_shape)
+        dims[self.seq_axis] = self.update_shape[self.seq_axis]
+        if self.rows is not None:
+            dims[0] = self.rows
+        return dims
+
     def const(self, name: str, values: np.ndarray) -> ir.Value:
         """The initializer ``onnxdeploy/static_kv/write/{name}`` (shared by every write of the graph)."""
         return add_initializer(self.graph, f"{_PREFIX}/{name}", np.ascontiguousarray(values), reuse=True)
@@ -86,8 +100,9 @@ def build_cache_write(
 
     ``buffer`` has ``max_cache_len`` slots on ``seq_axis`` (any layout: BHSD ``(B, H_kv, L, D)``, BSH2D
     ``(B, L, H_kv, 2·D)``, K of BHDS_K ``(B, H_kv, D, L)``); ``update`` has ``update_shape``, the same with ``S``
-    on ``seq_axis``; ``cache_position`` is int64 ``[S]``, distinct slots. Every method gives the same buffer,
-    bit for bit (each only moves elements):
+    on ``seq_axis``; ``cache_position`` is int64 ``[S]``, distinct slots, or ``(B, S)`` (``row_positions``: row
+    ``b`` writes its own slots, the batch on axis 0). Every method gives the same buffer, bit for bit (each only
+    moves elements):
 
     * ``scatter_elements``: ``ScatterElements(buffer, idx, update, axis=seq_axis)``, ``idx`` = ``cache_position``
       expanded to ``update_shape`` (opset ≥ 11).
@@ -132,9 +147,7 @@ _WriteBuilder = Callable[[_Write], ir.Value]
 
 def _scatter_elements_write(w: _Write) -> ir.Value:
     """``ScatterElements(buffer, Expand(Reshape(cache_position), update_shape), update, axis=seq_axis)``."""
-    pos_shape = [1] * len(w.update_shape)
-    pos_shape[w.seq_axis] = w.update_shape[w.seq_axis]
-    pos = w.add("Reshape", [w.cache_position, w.shape(pos_shape)], "positions", ir.DataType.INT64)
+    pos = w.add("Reshape", [w.cache_position, w.shape(w.position_shape())], "positions", ir.DataType.INT64)
     idx = w.add("Expand", [pos, w.shape(w.update_shape)], "indices", ir.DataType.INT64)
     return w.add("ScatterElements", [w.buffer, idx, w.update], "updated", w.dtype, axis=w.seq_axis)
 
@@ -143,7 +156,7 @@ def _scatter_nd_write(w: _Write) -> ir.Value:
     """``ScatterND(buffer, idx, update)``: ``idx`` the constant grid of the leading axes, ``cache_position`` last."""
     i64 = ir.DataType.INT64
     lead = list(w.update_shape[: w.seq_axis + 1])
-    pos_shape = [1] * w.seq_axis + [w.update_shape[w.seq_axis], 1]
+    pos_shape = [*w.position_shape()[: w.seq_axis + 1], 1]
     pos = w.add("Reshape", [w.cache_position, w.shape(pos_shape)], "positions", i64)
     pos = w.add("Expand", [pos, w.shape([*lead, 1])], "slot_index", i64)
     if w.seq_axis:
@@ -160,12 +173,39 @@ def _select_write(w: _Write) -> ir.Value:
     slot_key = "x".join(map(str, slot_shape))
     if w.update_shape[w.seq_axis] == 1:
         slots = w.const(f"slots_{slot_key}", np.arange(w.max_cache_len, dtype=np.int64).reshape(slot_shape))
-        pos = w.add("Reshape", [w.cache_position, w.shape([1] * rank)], "position", ir.DataType.INT64)
+        pos = w.add("Reshape", [w.cache_position, w.shape(w.position_shape())], "position", ir.DataType.INT64)
         hit = w.add("Equal", [slots, pos], "slot_hit", ir.DataType.BOOL)
         return w.add("Where", [hit, w.update, w.buffer], "updated", w.dtype)
+    if w.rows is not None:
+        return _select_write_rows(w, slot_shape)
     hit, src = _rows_per_slot(w)
     hit = w.add("Reshape", [hit, w.shape(slot_shape)], "slot_hit", ir.DataType.BOOL)
     rows = w.add("Gather", [w.update, src], "rows", w.dtype, axis=w.seq_axis)
+    return w.add("Where", [hit, rows, w.buffer], "updated", w.dtype)
+
+
+def _select_write_rows(w: _Write, slot_shape: list[int]) -> ir.Value:
+    """The S > 1 select with ``cache_position`` ``(B, S)``: per row, which of its S tokens lands in each slot.
+
+    ``src (B, L) = ArgMax(Equal(slots, positions))``, ``hit (B, L) = Equal(GatherElements(positions, src), slots)``;
+    the rows are ``GatherElements(update, src expanded on the other axes, axis=seq_axis)``.
+    """
+    i64, B, L = ir.DataType.INT64, w.rows, w.max_cache_len
+    step = w.update_shape[w.seq_axis]
+    column = w.const(f"slots_1x{L}x1", np.arange(L, dtype=np.int64).reshape(1, L, 1))
+    row = w.add("Reshape", [w.cache_position, w.shape([B, 1, step])], "positions", i64)
+    onehot = w.add("Equal", [column, row], "slot_of_row", ir.DataType.BOOL)  # (B, L, S)
+    scores = w.add("Cast", [onehot], "slot_of_row_float", ir.DataType.FLOAT, to=ir.DataType.FLOAT)
+    src = w.add("ArgMax", [scores], "source_row", i64, axis=2, keepdims=0)  # (B, L)
+    written = w.add("GatherElements", [w.cache_position, src], "source_position", i64, axis=1)
+    flat = w.const(f"slots_1x{L}", np.arange(L, dtype=np.int64).reshape(1, L))
+    hit = w.add("Equal", [written, flat], "slot_hit_rows", ir.DataType.BOOL)  # (B, L)
+    per_row = [B if i == 0 else d for i, d in enumerate(slot_shape)]
+    hit = w.add("Reshape", [hit, w.shape(per_row)], "slot_hit", ir.DataType.BOOL)
+    index = w.add("Reshape", [src, w.shape(per_row)], "source_index", i64)
+    full = [L if i == w.seq_axis else d for i, d in enumerate(w.update_shape)]
+    index = w.add("Expand", [index, w.shape(full)], "source_indices", i64)
+    rows = w.add("GatherElements", [w.update, index], "rows", w.dtype, axis=w.seq_axis)
     return w.add("Where", [hit, rows, w.buffer], "updated", w.dtype)
 
 

@@ -8,8 +8,8 @@ named like it: the same config model, the module named here, and the summary giv
 the decorator fills ``Pass.summary`` in). ``tests/core/test_pass_catalog.py`` checks that the catalogue and the
 registry filled by importing every pass module say the same.
 
-Imports: pydantic, typing, :mod:`onnxdeploy.contract_terms` and :mod:`onnxdeploy.passes._quant_rules` (pydantic
-only) only (no onnx, onnx_ir, numpy).
+Imports: pydantic, typing, :mod:`onnxdeploy.contract_terms`, :mod:`onnxdeploy.contract_cache` and
+:mod:`onnxdeploy.passes._quant_rules` (pydantic only) only (no onnx, onnx_ir, numpy).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from onnxdeploy.contract_cache import CachePolicy
 from onnxdeploy.contract_terms import CacheWrite
 from onnxdeploy.passes._quant_rules import Budget, QuantRule
 
@@ -39,6 +40,7 @@ __all__ = [
     "PassInfo",
     "PinOpsetConfig",
     "QuantizeWeightsConfig",
+    "SplitConfig",
     "StaticKVConfig",
     "describe_config",
 ]
@@ -108,10 +110,42 @@ class StaticKVConfig(PassConfig):
         "matrix defaults.cache_write, else scatter_elements.",
     )
 
+    row_positions: bool = Field(
+        False,
+        description="cache_position (B, S): each batch row writes and masks at its own positions (continuous "
+        "batching; rows at different positions need mask_rewrite after static_kv). Contract version 4.",
+    )
+    prefill_batch: int | None = Field(
+        None,
+        ge=1,
+        description="Batch of the step_len > 1 graphs of the set (1: a request is prefilled alone and its cache "
+        "copied into a free row of the decode buffers); default: batch.",
+    )
+    window_cache: bool = Field(
+        False,
+        description="Layers with a sliding window W (read off the graph, confirmed by running) get ring buffers of "
+        "W + max(step_lens) - 1 slots, slot = position mod that length; global layers keep max_cache_len (read "
+        "through a view then: BHSD, scatter_elements). Needs mask_rewrite after, and full_buffer.",
+    )
+    cache_policy: CachePolicy | None = Field(
+        None,
+        description="{sinks: N, recent: R}: past max_cache_len the host keeps the first N positions and a ring of "
+        "the last R (written in the contract; mask_rewrite then masks from slot_positions). Needs the export's "
+        "position_ids; sinks + recent <= max_cache_len.",
+    )
+
     @model_validator(mode="after")
     def _one_form_each(self) -> Self:
         if (self.max_cache_len is None) == (self.max_cache_lens is None):
             raise ValueError("give exactly one of max_cache_len and max_cache_lens")
+        if self.window_cache and (self.cache_update != "full_buffer" or self.cache_policy is not None):
+            raise ValueError("window_cache needs cache_update full_buffer and no cache_policy")
+        policy = self.cache_policy
+        if policy is not None and policy.sinks + policy.recent > max(self.caches()):
+            raise ValueError(
+                f"cache_policy sinks {policy.sinks} + recent {policy.recent} > max_cache_len {max(self.caches())}: "
+                "the kept tokens must fit the cache"
+            )
         if self.step_len is not None and self.step_lens is not None:
             raise ValueError("give step_len or step_lens, not both")
         for key in ("step_lens", "max_cache_lens"):
@@ -294,6 +328,33 @@ class EmbedExternalDataConfig(PassConfig):
     """Config of ``embed_external_data`` (no fields)."""
 
 
+class SplitConfig(PassConfig):
+    """Config of ``split``: how many parts, chosen directly or from a size limit per part."""
+
+    parts: int | None = Field(
+        None, ge=2, description="Parts K to cut the decoder into, at layer boundaries (K <= the layer count)."
+    )
+    max_part_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Instead of parts: the fewest parts whose weights each fit this many bytes (e.g. an NPU "
+        "context's limit); a layer larger than it is refused.",
+    )
+
+    weights: Literal["shared", "per_part"] = Field(
+        "shared",
+        description="shared: every part reads the run's one weights file; per_part: each part's weights go to a "
+        "data file of its own (<stem>.part<i>.data), a tensor two parts read (a tied embedding/LM head) stored in "
+        "both, and the report names it.",
+    )
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Self:
+        if (self.parts is None) == (self.max_part_bytes is None):
+            raise ValueError("give exactly one of parts and max_part_bytes")
+        return self
+
+
 @dataclass(frozen=True)
 class PassInfo:
     """One pass as a user meets it.
@@ -360,6 +421,13 @@ CATALOG: dict[str, PassInfo] = _entries(
         "Convert ai.onnx to a target opset (onnx version_converter plus exact adapters); checks the result with "
         "full shape inference and proves it on ORT CPU on random feeds (prove); names any op it cannot convert.",
         PinOpsetConfig,
+    ),
+    PassInfo(
+        "split",
+        "split",
+        "Cut each static graph at layer boundaries into K parts run in sequence (hidden state in/out, each part "
+        "its layers' caches); the contract lists the parts.",
+        SplitConfig,
     ),
     PassInfo(
         "externalize",

@@ -162,7 +162,7 @@ class _WindowProbe:
         positions = np.arange(p0, p0 + S, dtype=np.int64)
         feeds: dict[str, np.ndarray] = {}
         for role, array in (
-            ("cache_position", positions),
+            ("cache_position", np.broadcast_to(positions, self.contract.cache_position_shape()).copy()),
             ("attention_mask", attention_mask),
             ("position_ids", np.broadcast_to(positions, (B, S)).copy()),
         ):

@@ -37,6 +37,7 @@ from onnxdeploy.passes._opset_lowerings import (
     lower_split,
     same_semantics,
 )
+from onnxdeploy.passes._opset_pools import HELD_FROM, lower_pool
 from onnxdeploy.passes._opset_rewrites import lower_cast_like, lower_shape, lower_softmax, lower_trilu
 from onnxdeploy.passes._opset_schemas import (
     DEFAULT_DOMAINS,
@@ -95,6 +96,7 @@ LOWERINGS: dict[str, Lowering] = {
     "Mod": lower_mod,
     **dict.fromkeys(_REDUCE_OPS, lower_reduce),
     **dict.fromkeys(["Softmax", "LogSoftmax", "Hardmax"], lower_softmax),
+    **dict.fromkeys(HELD_FROM, lower_pool),
 }
 """Op → its exact lowering from the graph's opset to a lower target, applied after onnx's converter ran."""
 
@@ -121,7 +123,8 @@ def hold_nodes(model: ir.Model, current: int, target: int) -> dict[str, int]:
     """Park nodes the converter must not touch in :data:`HELD_DOMAIN`; return ``{op: count}`` held.
 
     Held are default-domain nodes onnx has no schema for (kept as they are) and, when lowering, nodes whose
-    op changes between ``target`` and ``current`` and has an entry in :data:`LOWERINGS`.
+    op changes between ``target`` and ``current`` and has an entry in :data:`LOWERINGS` (MaxPool/AveragePool only
+    from version 22: ``_opset_pools.HELD_FROM``; onnx's converter has the earlier adapters).
     """
     held: dict[str, int] = {}
     for node in ir.traversal.RecursiveGraphIterator(model.graph):  # subgraphs too: onnx's converter skips them
@@ -129,7 +132,7 @@ def hold_nodes(model: ir.Model, current: int, target: int) -> dict[str, int]:
             continue
         since = since_version(node.op_type, current)
         if since is not None:
-            if not (target < current and since > target):
+            if not (target < current and since > target) or since < HELD_FROM.get(node.op_type, 0):
                 continue
             if node.op_type not in LOWERINGS and not types_only_change(node, current, target):
                 continue  # onnx's converter has the adapter

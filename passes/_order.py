@@ -20,7 +20,7 @@ from onnxdeploy.graph import default_opset
 if TYPE_CHECKING:
     from onnxdeploy.passes._pass_infra import Pass
 
-__all__ = ["BHSD_CACHE", "CONTRACT", "ORDER_FACTS", "OrderFact", "pass_order_problem"]
+__all__ = ["BHSD_CACHE", "CONTRACT", "ORDER_FACTS", "WHOLE_MODEL", "OrderFact", "pass_order_problem"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class OrderFact:
         found = (
             "no decode contract"
             if contract is None
+            else f"part {contract.part.index} of a model split into {contract.part.count}"
+            if contract.part is not None
             else f"kv_layout {contract.kv_layout}, head_dim_padded {contract.head_dim_padded}"
         )
         return f"graph '{source}' has {found}; {who} needs {self.description}: {self.fix.format(name=who)}"
@@ -74,7 +76,15 @@ BHSD_CACHE = OrderFact(
 """The cache is plain BHSD ``(B, H_kv, L, D)``: not repacked, not transposed, head dim not padded (what
 ``grouped_attention`` and ``kv_layout`` read)."""
 
-ORDER_FACTS: dict[str, OrderFact] = {f.name: f for f in (CONTRACT, BHSD_CACHE)}
+WHOLE_MODEL = OrderFact(
+    "whole_model",
+    "a whole model, not split into parts",
+    lambda c: c is None or c.part is None,
+    "run {name} before split",
+)
+"""The graph is a whole decoder, not one part of a chain ``split`` cut (the cache rewrites read its whole I/O)."""
+
+ORDER_FACTS: dict[str, OrderFact] = {f.name: f for f in (CONTRACT, BHSD_CACHE, WHOLE_MODEL)}
 """Every order fact by name."""
 
 
@@ -159,6 +169,7 @@ def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) ->
         known[CONTRACT] = (-1, CONTRACT.holds(contract))
         if contract is not None:
             known[BHSD_CACHE] = (-1, BHSD_CACHE.holds(contract))
+            known[WHOLE_MODEL] = (-1, WHOLE_MODEL.holds(contract))
     opset = None if model is None else default_opset(model, None)  # type: ignore[arg-type]
     opset_from: int | None = None  # index of the pass that set the opset; None: the input's
     floor: tuple[int, str, int] | None = None  # (opset, what needs it, index): the highest floor written so far

@@ -4,6 +4,10 @@ Slot ``j`` is visible to the query at position ``p`` iff ``j <= p`` and, for a s
 ``p - j < w`` (this includes the causal triangle inside a chunk when ``step_len > 1``); with padding it is
 also ANDed with ``attention_mask`` ``(B, L)``. It costs an int64 ``[1, L]`` slot index and an ``(S, L)``
 compare. The scores are then masked by select with :func:`lowest_finite` of their dtype.
+
+With ``row_positions`` (``cache_position`` int64 ``(B, S)``) each row's queries have their own positions: the
+compare is ``(B, S, L)`` and the mask ``[B] + [1]*(rank-3) + [S, L]``, so no row sees another's slots or
+positions.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class PositionMaskBuilder:
         self.attention_mask = attention_mask
         self.B, self.S, self.L = B, S, L
         self.prefix = prefix
+        shape = cache_position.shape
+        self.rows = shape is not None and len(shape) == 2  # row_positions: (B, S)
         self._anchor = graph[0]  # new nodes go before it, in creation order (producers first)
         self._cache: dict[Any, ir.Value] = {}
 
@@ -79,9 +85,10 @@ class PositionMaskBuilder:
 
     def _query(self) -> ir.Value:
         if "q" not in self._cache:
-            shape = self._initializer("query_shape", np.array([self.S, 1], dtype=np.int64))
+            dims = [self.B, self.S, 1] if self.rows else [self.S, 1]
+            shape = self._initializer("query_shape", np.array(dims, dtype=np.int64))
             q = self._node("Reshape", [self.cache_position, shape], "query_positions")
-            q.dtype, q.shape = ir.DataType.INT64, ir.Shape([self.S, 1])
+            q.dtype, q.shape = ir.DataType.INT64, ir.Shape(dims)
             self._cache["q"] = q
         return self._cache["q"]
 
@@ -114,18 +121,24 @@ class PositionMaskBuilder:
         return self._cache[key]
 
     def visible(self, window: int | None, rank: int) -> ir.Value:
-        """The bool mask, shape ``[1]*(rank-2) + [S, L]`` (``[B] + [1]*(rank-3) + [S, L]`` with padding).
+        """The bool mask, shape ``[1]*(rank-2) + [S, L]`` (``[B] + [1]*(rank-3) + [S, L]`` with padding or rows).
 
         Args:
             window: the sliding window in slots, or None for a causal mask.
-            rank: the rank of the scores it masks.
+            rank: the rank of the scores it masks (>= 3 with rows: batch on axis 0).
+
+        Raises:
+            ValueError: rows and scores of rank < 3 (no batch axis to mask per row).
         """
         key = (window, rank)
         if key in self._cache:
             return self._cache[key]
         base = self._window(window)
         tag = ("causal" if window is None else f"window{window}") + f"/rank{rank}"
-        shape = self._initializer(f"mask_shape{rank}", np.array([1] * (rank - 2) + [self.S, self.L]))
+        if self.rows and rank < 3:
+            raise ValueError(f"row_positions: scores of rank {rank} have no batch axis to mask per row")
+        lead = [self.B] + [1] * (rank - 3) if self.rows else [1] * (rank - 2)
+        shape = self._initializer(f"mask_shape{rank}", np.array([*lead, self.S, self.L]))
         mask = self._node("Reshape", [base, shape], f"{tag}/mask")
         if self.attention_mask is not None:
             mask = self._node("And", [mask, self._padding(rank)], f"{tag}/padded")

@@ -76,22 +76,37 @@ def find_query_positions(model: ir.Model, kv: KVCache, context: PassContext, *, 
     return _roots(model.graph, matches)
 
 
-def feed_query_positions(graph: ir.Graph, names: list[str], cache_position: ir.Value) -> None:
+def feed_query_positions(graph: ir.Graph, names: list[str], cache_position: ir.Value, *, rows: bool = False) -> None:
     """Make every reader of the query-position values read ``cache_position`` (int64 ``[S]``) instead.
 
-    The values' producers are left for constant folding to drop.
+    The values' producers are left for constant folding to drop. With ``rows`` (``cache_position`` ``(B, S)``)
+    they read row 0's positions: the exporter's mask takes one query-position vector, so rows at different
+    positions need ``mask_rewrite`` (contract ``row_positions``); RoPE reads each row's ``position_ids``.
 
     Args:
         graph: the decoder's main graph (edited in place).
         names: values from :func:`find_query_positions`.
-        cache_position: the int64 ``[S]`` input (:func:`onnxdeploy.passes._cache_edits.add_cache_position`).
+        cache_position: the int64 ``[S]`` (or ``(B, S)``) input
+            (:func:`onnxdeploy.passes._cache_edits.add_cache_position`).
+        rows: ``cache_position`` is ``(B, S)``.
 
     Raises:
         KeyError: a name is not a value of ``graph``.
     """
+    if not names:
+        return
     by_name = ir.convenience.create_value_mapping(graph)
+    source = cache_position
+    if rows:
+        first = ir.Value(name="onnxdeploy/static_kv/row0_index", const_value=ir.tensor(np.array(0, dtype=np.int64)))
+        graph.register_initializer(first)
+        node = ir.node("Gather", [cache_position, first], attributes={"axis": 0}, name="onnxdeploy/static_kv/row0")
+        node.outputs[0].name = "onnxdeploy/static_kv/row0_positions"
+        node.outputs[0].dtype = ir.DataType.INT64
+        graph.insert_before(graph[0], node)
+        source = node.outputs[0]
     for name in names:
-        by_name[name].replace_all_uses_with(cache_position)
+        by_name[name].replace_all_uses_with(source)
 
 
 def _candidates(model: ir.Model) -> list[str]:

@@ -22,7 +22,7 @@ from onnxdeploy.passes._cache_reads import head_repeats, repeating_attention_nod
 from onnxdeploy.passes._catalog import GroupedAttentionConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import clone, infer_shapes
-from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
+from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, WHOLE_MODEL
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 
@@ -54,7 +54,7 @@ class GroupedAttentionPass(Pass):
     name = "grouped_attention"
     config_model = GroupedAttentionConfig
     in_place = False
-    needs = frozenset({CONTRACT, BHSD_CACHE})  # Pass.requires checks both on every graph
+    needs = frozenset({CONTRACT, BHSD_CACHE, WHOLE_MODEL})  # Pass.requires checks each on every graph
     keeps_opset = True
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:

@@ -48,8 +48,9 @@ from onnxdeploy.passes._cache_write import build_cache_write
 from onnxdeploy.passes._catalog import KVLayoutConfig, Layout
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node, remove_dead_nodes
-from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, OrderFact
+from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT, WHOLE_MODEL, OrderFact
 from onnxdeploy.passes._pass_infra import Pass, register_pass
+from onnxdeploy.passes._window_cache import ring_slots
 from onnxdeploy.report import PassReport
 from onnxdeploy.settings import PipelineSettings
 
@@ -115,7 +116,9 @@ def _find_tensor(
         raise PreconditionError(who, f"'{past_name}' is read before its write by {others[:3]}; expected only the write")
     new = write.inputs[1] if write.op_type == "Where" else write.inputs[2]
     producer = new.producer() if new is not None else None
-    if write.op_type == "Where" and producer is not None and producer.op_type == "Gather":  # the S > 1 select
+    if (
+        write.op_type == "Where" and producer is not None and producer.op_type in ("Gather", "GatherElements")
+    ):  # S > 1 select
         new = producer.inputs[0]
     want = (contract.batch, contract.num_kv_heads, contract.step_len, contract.head_dim)
     if new is None or new.shape is None or tuple(new.shape) != want:
@@ -405,21 +408,29 @@ def _relayout(
     cache_position = inputs[c.inputs.cache_position] if c.inputs.cache_position else None
     if cache_position is None:
         raise PreconditionError(who, "the contract names no cache_position input; run static_kv first")
+    rings = {e.cache_len for e in c.cache if e.slot_mapping == "ring"}  # window_cache: one ring, slot = p mod it
+    if rings and (len(rings) > 1 or any(e.slot_mapping != "ring" for e in c.cache)):
+        raise PreconditionError(who, "window_cache with mixed local and global layers keeps the BHSD layout today")
     found = [
         [_find_tensor(graph, c, past, present, who) for past, present in c.layer_cache_pairs(entry)]
         for entry in c.cache
     ]
     method, update_mode = _write_method(found, c, cfg)
     Dp = padded_head_dim(c.head_dim, cfg.pad_head_dim_to)
-    state = _Relayout(graph, c, cfg.layout, Dp, method, update_mode, cache_position)
+    view, slots = c, cache_position
+    if rings:
+        view = c.model_copy(update={"max_cache_len": next(iter(rings))})
+        slots = ring_slots(graph, cache_position, view.max_cache_len, c.step_len)
+    state = _Relayout(graph, view, cfg.layout, Dp, method, update_mode, slots)
     for entry, (key, value) in zip(c.cache, found, strict=True):
         state.layer(entry, key, value)
     state.finish(model)
+    ring = {"cache_len": view.max_cache_len, "slot_mapping": "ring"} if rings else {}
     new_contract = c.model_copy(
         update={
             "kv_layout": cfg.layout,
             "head_dim_padded": Dp,
-            "cache": state.entries,
+            "cache": [e.model_copy(update=ring) for e in state.entries],
             "cache_update": update_mode,
             "contract_version": max(c.contract_version, LAYOUT_VERSIONS[cfg.layout]),
         }
@@ -456,7 +467,7 @@ class KVLayoutPass(Pass):
     config_model = KVLayoutConfig
     config: KVLayoutConfig
     in_place = False
-    needs = frozenset({CONTRACT, BHSD_CACHE})  # Pass.requires checks both on every graph
+    needs = frozenset({CONTRACT, BHSD_CACHE, WHOLE_MODEL})  # Pass.requires checks each on every graph
     keeps_opset = True
 
     def removes(self) -> frozenset[OrderFact]:

@@ -57,9 +57,10 @@ from onnxdeploy.passes._catalog import MaskRewriteConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, fold_and_infer, infer_shapes, make_node, remove_dead_nodes
 from onnxdeploy.passes._mask_windows import choose_windows
-from onnxdeploy.passes._order import CONTRACT
+from onnxdeploy.passes._order import CONTRACT, WHOLE_MODEL
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._position_mask import PositionMaskBuilder, lowest_finite
+from onnxdeploy.passes._slot_mask import mask_from_ring, mask_from_slot_positions
 from onnxdeploy.report import PassReport
 
 __all__ = [
@@ -167,7 +168,7 @@ class MaskRewritePass(Pass):
     config_model = MaskRewriteConfig
     config: MaskRewriteConfig
     in_place = False
-    needs = frozenset({CONTRACT})
+    needs = frozenset({CONTRACT, WHOLE_MODEL})
     keeps_opset = True
 
     def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
@@ -198,7 +199,7 @@ class MaskRewritePass(Pass):
                 )
             if op is not None:
                 continue
-            if contract.mask == "cache_position":
+            if contract.mask in ("cache_position", "slot_positions"):
                 raise PreconditionError(self.name, f"{artifact.name}: the mask was already rewritten")
             opset = default_opset(artifact.model)
             if opset < 12:
@@ -266,21 +267,32 @@ class MaskRewritePass(Pass):
         g = model.graph
         decomposed = decompose_attention(g, who=self.name)  # opset-23 Attention: its scores become reachable
         infer_shapes(model)  # the sites are told apart by their static shapes; an earlier pass may have dropped them
-        sites = _static_sites(g, contract, source, self.name)
-        cache_position, attention_mask = self._mask_inputs(g, contract)
+        ring = {e.cache_len for e in contract.cache if e.slot_mapping == "ring"}  # window_cache: one ring length
+        every = all(e.slot_mapping == "ring" for e in contract.cache) and len(ring) == 1  # else rings read by a view
+        view = contract.model_copy(update={"max_cache_len": ring.pop()}) if every else contract  # the buffers' slots
+        sites = _static_sites(g, view, source, self.name)
+        cache_position, attention_mask = self._mask_inputs(g, view)
         padding = attention_mask if self.config.padding else None
-        S, L = contract.step_len, contract.max_cache_len
+        S, L = contract.step_len, view.max_cache_len
         builder = PositionMaskBuilder(g, cache_position, padding, contract.batch, S, L, _PREFIX)
         chosen = choose_windows(
-            model, sites, builder, contract, padding=self.config.padding, context=context, source=source, who=self.name
+            model, sites, builder, view, padding=self.config.padding, context=context, source=source, who=self.name
         )
         masks = [builder.visible(w, len(site.scores_shape)) for site, w in zip(sites, chosen, strict=True)]
         guards = _select_scores(g, sites, masks, source, self.name)
+        if view is not contract:  # ring slots: mask by the position each slot holds
+            mask_from_ring(g, _PREFIX, cache_position, L, S)
+        slot_positions = None
+        if contract.cache_policy is not None:  # a ring past max_cache_len: mask from the positions slots hold
+            slot_positions = mask_from_slot_positions(g, _PREFIX, contract.inputs.position_ids, L, who=self.name)
         remove_dead_nodes(model)
         self._drop_attention_mask(g, attention_mask, source)
         folded = fold_and_infer(model)
         windows = set(chosen)
         new_contract = _masked_contract(contract, windows, str(padding.name) if padding is not None else None)
+        if slot_positions is not None:
+            inputs = new_contract.inputs.model_copy(update={"slot_positions": slot_positions})
+            new_contract = new_contract.model_copy(update={"mask": "slot_positions", "inputs": inputs})
         write_contract(folded, new_contract)
         return _GraphResult(folded, new_contract, windows, len(sites), guards, decomposed)
 
@@ -304,7 +316,8 @@ class MaskRewritePass(Pass):
                 raise PostconditionError(self.name, f"{artifact.name}: the attention_mask input is still there")
             if masking_attention_op(artifact.model, contract) is not None:
                 continue
-            for site in find_attention_sites(g, key_cache_inputs(contract), contract.max_cache_len, who=self.name):
+            slots = max(contract.layer_cache_len(e) for e in contract.cache)  # a ring's slots (window_cache)
+            for site in find_attention_sites(g, key_cache_inputs(contract), slots, who=self.name):
                 x = site.softmax.inputs[0]
                 producer = x.producer() if x is not None else None
                 if producer is None or producer.op_type != "Where" or not producer.name.startswith(_PREFIX):

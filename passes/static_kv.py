@@ -64,6 +64,13 @@ from onnxdeploy.passes._last_position import LAST_TOKEN_INDEX, gather_last_posit
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._query_positions import export_batch, feed_query_positions, find_query_positions
+from onnxdeploy.passes._window_cache import (
+    plan_rings,
+    probe_layer_windows,
+    refuse_oversized_window,
+    ring_slots,
+    ring_views,
+)
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes
 from onnxdeploy.settings import PipelineSettings, SettingsConflict
@@ -131,11 +138,12 @@ class StaticKVCachePass(Pass):
             ConfigError: ``len(prompt) + steps`` above the largest cache length. The message starts with the key
                 below ``passes[i].static_kv`` (``max_cache_len=…`` or ``max_cache_lens=…``).
             SettingsConflict: under ``verify.accuracy.max_tokens``, more held-out tokens than the largest cache
-                length. (Every ``verify.runtimes`` entry drives graph sets and ``step_len > 1`` graphs, issue 19.)
+                length (allowed with ``cache_policy``: its quality cost is measured past the cache). (Every
+                ``verify.runtimes`` entry drives graph sets and ``step_len > 1`` graphs, issue 19.)
         """
         cfg = self.config
         positions, largest = settings.verify_positions, cfg.caches()[-1]
-        if positions is not None and positions > largest:
+        if positions is not None and positions > largest and cfg.cache_policy is None:  # a policy decodes on
             prompt = settings.verify_prompt_len or 0
             key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
             text = f", or shorten {settings.prompt_key}" if settings.prompt_key != "verify.prompt" else ""
@@ -144,7 +152,7 @@ class StaticKVCachePass(Pass):
                 f"positions verification decodes; lower verify.steps or raise the largest cache length{text}"
             )
         held_out = settings.accuracy_tokens
-        if held_out is not None and held_out > largest:
+        if held_out is not None and held_out > largest and cfg.cache_policy is None:  # a policy's cost needs more
             raise SettingsConflict(
                 "verify.accuracy.max_tokens",
                 f"the {held_out} held-out tokens are decoded as one teacher-forced sequence, but {{pass_key}} makes "
@@ -162,14 +170,28 @@ class StaticKVCachePass(Pass):
         Raises:
             PreconditionError: no KV cache, no single logits output, a batch other than the export's, or an
                 ``is_causal`` Attention with q_len != kv_len (``causal_refusal``, naming the node).
-            ConfigError: ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × 3 copies`` plus the
-                folded constants, or the peak of folding, exceed
+            ConfigError: with ``window_cache``, a ring not smaller than the smallest cache even at the graph's
+                smallest window constant (``refuse_oversized_window``); ``2 × layers × B × H_kv × max_cache_len × D
+                × dtype bytes × 3 copies`` plus the folded constants, or the peak of folding, exceed
                 :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
         self._refuse_contract(model)
         if (why := causal_refusal(model.graph)) is not None:
             raise PreconditionError(self.name, why)
+        if self.config.cache_policy is not None and "position_ids" not in {v.name for v in model.graph.inputs}:
+            raise ConfigError(
+                "cache_policy: the export has no 'position_ids' input, so kept tokens cannot be fed their true "
+                "positions with a cut past (neither on the device nor in verification); re-export with position_ids"
+            )
         kv = self._find(model)
+        cfg = self.config
+        if cfg.window_cache:
+            key = (
+                f"max_cache_len={cfg.caches()[0]}"
+                if cfg.max_cache_lens is None
+                else f"max_cache_lens={cfg.max_cache_lens}"
+            )
+            refuse_oversized_window(model.graph, cfg.steps(), cfg.caches()[0], key)
         available = available_memory_bytes()
         if available is None:
             return
@@ -260,8 +282,10 @@ class StaticKVCachePass(Pass):
         head_dim = genai_head_size(context.model_path)
         kv = self._find(original, head_dim)
         self._check_inputs(original.graph, kv)
+        self._refuse_rows(original, kv)
         self._resolve_cache_write(kv, context, report)
         query_positions = self._query_positions(original, kv, context, report)
+        self._ring = self._ring_length(original, query_positions, head_dim, context, report)
         built = self._build_set(original, artifacts.artifacts[0].name, query_positions, report, head_dim)
         self._write_contracts(built, report)
         out = ArtifactSet(
@@ -299,6 +323,31 @@ class StaticKVCachePass(Pass):
                 "step_len 1 without sliding window)"
             )
         return query_positions
+
+    def _ring_length(
+        self, original: ir.Model, query_positions: list[str], head_dim: int | None, context: PassContext, report
+    ) -> int | None:
+        """With ``window_cache``: the one ring length when every layer has it, else None (module ``_window_cache``).
+
+        Mixed layers set ``self._layer_rings`` (layer -> ring length), read through views in :meth:`_rewrite_cache`.
+
+        Raises:
+            PreconditionError: no layer has a window.
+            ConfigError: a ring not shorter than the smallest ``max_cache_len`` (the window is too large).
+        """
+        cfg = self.config
+        self._ring, self._layer_rings = None, {}
+        if not cfg.window_cache:
+            return None
+        S, L = cfg.steps()[0], cfg.caches()[-1]
+        probe, contract = self._rewrite(clone(original), query_positions, S, L, PassReport(name=self.name), head_dim)
+        write_contract(probe, contract)
+        windows = probe_layer_windows(
+            probe, contract, self._find(original, head_dim), context, source="the primary graph", who=self.name
+        )
+        uniform, self._layer_rings, line = plan_rings(windows, cfg.steps(), cfg.caches()[0], who=self.name)
+        report.changes.append(line)
+        return uniform
 
     def _build_set(
         self,
@@ -377,6 +426,32 @@ class StaticKVCachePass(Pass):
         if kv.attention_op is None:
             report.changes.append(f"cache write: {self._cache_write} ({source if write else 'default'}), {update}")
 
+    def _batch(self, S: int) -> int:
+        """The batch of the step-``S`` graphs: ``prefill_batch`` for a prefill graph (S > 1) if set, else ``batch``."""
+        cfg = self.config
+        return cfg.prefill_batch if S > 1 and cfg.prefill_batch is not None else cfg.batch
+
+    def _refuse_rows(self, model: ir.Model, kv: KVCache) -> None:
+        """``row_positions`` needs a ``position_ids`` input (each row's RoPE) and a cache written at Concats.
+
+        Raises:
+            PreconditionError: no ``position_ids`` input, or the cache is held by an attention op.
+        """
+        if not self.config.row_positions:
+            return
+        if kv.attention_op is not None:
+            raise PreconditionError(
+                self.name,
+                f"row_positions: the cache is held by {kv.attention_op}, whose lengths static_kv feeds "
+                "from one row; use the decomposed export",
+            )
+        if "position_ids" not in {v.name for v in model.graph.inputs}:
+            raise PreconditionError(
+                self.name,
+                "row_positions: the export has no position_ids input, so its rows could not take their "
+                "own positions; re-export with position_ids",
+            )
+
     def _rewrite(
         self,
         model: ir.Model,
@@ -404,7 +479,7 @@ class StaticKVCachePass(Pass):
         folded = self._fold(model, report)
         contract = self._contract(folded, kv, S, L, report)
         report.changes.append(
-            f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={self.config.batch}, "
+            f"contract: {len(kv.layers)} layers, H_kv={kv.num_kv_heads}, D={kv.head_dim}, batch={self._batch(S)}, "
             f"step_len={S}, max_cache_len={L}, {self._cache_update}"
         )
         return folded, contract
@@ -413,10 +488,11 @@ class StaticKVCachePass(Pass):
         self, model: ir.Model, kv: KVCache, query_positions: list[str], S: int, L: int, report: PassReport
     ) -> None:
         """Add ``cache_position``, write the cache there (at the op, or instead of each Concat), fix the input dims."""
-        B = self.config.batch
+        B = self._batch(S)
+        rows = self.config.row_positions
         graph = model.graph
-        cache_position = add_cache_position(graph, S, who=self.name)
-        report.changes.append(f"added input {CACHE_POSITION} int64 [{S}]")
+        cache_position = add_cache_position(graph, S, who=self.name, rows=B if rows else None)
+        report.changes.append(f"added input {CACHE_POSITION} int64 [{f'{B}, ' if rows else ''}{S}]")
         if kv.attention_op is not None:  # GroupQueryAttention holds the cache: rewrite its length inputs
             report.changes += rewrite_gqa_cache(
                 model,
@@ -429,19 +505,24 @@ class StaticKVCachePass(Pass):
                 who=self.name,
             )
         else:
+            ring = getattr(self, "_ring", None)  # window_cache: every layer a ring of this many slots
             report.changes += rewrite_cache_writes(
                 graph,
                 kv,
-                cache_position=cache_position,
+                cache_position=cache_position if ring is None else ring_slots(graph, cache_position, ring, S),
                 seq_axis=kv.seq_axis,
                 cache_update=self._cache_update,
-                max_cache_len=L,
+                max_cache_len=L if ring is None else ring,
                 step_len=S,
                 cache_write=self._cache_write,
                 batch=B,
             )
-            feed_query_positions(graph, query_positions, cache_position)
-        report.dims_fixed += fix_io_dims(graph, kv, batch=B, step_len=S, max_cache_len=L)
+            feed_query_positions(graph, query_positions, cache_position, rows=rows)
+        ring = getattr(self, "_ring", None)
+        report.dims_fixed += fix_io_dims(graph, kv, batch=B, step_len=S, max_cache_len=L if ring is None else ring)
+        rings = getattr(self, "_layer_rings", None)
+        if rings and kv.attention_op is None:  # mixed layers: the windowed ones are rings read through a view
+            report.changes += ring_views(graph, kv, rings, cache_position, L=L, S=S, B=B)
 
     def _fold(self, model: ir.Model, report: PassReport) -> ir.Model:
         """Fold the shape arithmetic (a new model), ``-inf`` constants made finite before and after."""
@@ -458,10 +539,24 @@ class StaticKVCachePass(Pass):
     def _contract(self, folded: ir.Model, kv: KVCache, S: int, L: int, report: PassReport) -> DecodeContract:
         """The graph's contract; a prefill graph's LM head gathered to the last token, the cache cast to kv_dtype."""
         cfg = self.config
-        B = cfg.batch
+        B = self._batch(S)
+        ring = getattr(self, "_ring", None)
         contract = build_contract(
             folded, kv, batch=B, step_len=S, max_cache_len=L, cache_update=self._cache_update, who=self.name
         )
+        if cfg.row_positions:
+            contract = contract.model_copy(
+                update={"row_positions": True, "contract_version": max(contract.contract_version, 4)}
+            )
+        rings = getattr(self, "_layer_rings", None) or {}
+        if ring is not None:  # every layer a ring; max_cache_len stays the bound on positions
+            rings = dict.fromkeys(range(len(contract.cache)), ring)
+        if rings:
+            cache = [
+                e.model_copy(update={"cache_len": rings[e.layer], "slot_mapping": "ring"}) if e.layer in rings else e
+                for e in contract.cache
+            ]
+            contract = contract.model_copy(update={"cache": cache, "contract_version": 5})
         if kv.attention_op is not None:  # the op masks by seqlens_k, computed from cache_position
             contract = contract.model_copy(update={"mask": "cache_position"})
         if S > 1:
@@ -475,6 +570,10 @@ class StaticKVCachePass(Pass):
                 update["prefill_logits"] = "last"
                 update["inputs"] = contract.inputs.model_copy(update={"last_token_index": LAST_TOKEN_INDEX})
             contract = contract.model_copy(update=update)
+        if cfg.cache_policy is not None:  # mask_rewrite then masks from slot_positions (contract_version 5)
+            contract = contract.model_copy(
+                update={"cache_policy": cfg.cache_policy, "contract_version": max(contract.contract_version, 5)}
+            )
         if cfg.kv_dtype is not None and cfg.kv_dtype != contract.kv_dtype:
             report.changes.append(cast_cache_boundary(folded, contract, cfg.kv_dtype, who=self.name))
             contract = contract.model_copy(update={"kv_dtype": cfg.kv_dtype})

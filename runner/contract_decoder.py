@@ -12,6 +12,10 @@ trailing``) is padded at its end: the padding continues the positions (all below
 causal mask hides their slots from the real tokens, ``attention_mask`` is 0 there, and the next call
 overwrites them. With ``prefill_logits: last`` the graph returns the logits of the position named by
 ``last_token_index`` only.
+
+The feeds, buffer moves and present writes are the shared host API's (:mod:`onnxdeploy.runner.host`); this
+decoder is the host of one sequence fed to every row, and :meth:`ContractDecoder.call` is the step call other
+hosts (continuous batching, ring caches) run on buffers they own.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from onnxdeploy.contract import DecodeContract
 from onnxdeploy.errors import CacheOverflowError, ContractError
 from onnxdeploy.runner.bound_buffers import BufferBinding
 from onnxdeploy.runner.decode_state import DecodeState
+from onnxdeploy.runner.host import StepInputs, allocate_buffers, move_slots, step_feeds, write_presents
 from onnxdeploy.runner.session import ModelSession
 
 __all__ = ["ContractDecoder"]
@@ -66,11 +71,9 @@ class ContractDecoder(DecodeState):
         self._check_graph()
         if contract.kv_dtype == "bfloat16":
             raise ContractError(f"{self.source}: kv_dtype bfloat16 cannot be fed through ONNX Runtime's Python API")
-        self._inputs = {role: name for role, name in contract.inputs.model_dump().items() if name is not None}
         pasts = [past for past, _ in self._pairs]
         self._buffer_shapes = dict(zip(pasts, contract.pair_input_shapes(), strict=True))
         self._written_shapes = dict(zip(pasts, contract.pair_output_shapes(), strict=True))
-        self._seq_axes = dict(zip(pasts, contract.pair_sequence_axes(), strict=True))
         self._output_names = [contract.logits, *(present for _, present in self._pairs)]
         self._buffers: dict[str, np.ndarray] = {}
         self._binding: BufferBinding | None = None
@@ -164,37 +167,12 @@ class ContractDecoder(DecodeState):
             CacheOverflowError: ``position`` is above this graph's ``max_cache_len``.
             ContractError: a buffer is missing or its shape differs on an axis other than the sequence axis.
         """
-        c = self.contract
-        if position > c.max_cache_len:
-            raise CacheOverflowError(position, c.max_cache_len)
-        moved: dict[str, np.ndarray] = {}
-        for past, _ in self._pairs:
-            old = buffers.get(past)
-            if old is None:
-                raise ContractError(f"{self.source}: no buffer for '{past}' to continue from")
-            shape, axis = self._buffer_shapes[past], self._seq_axes[past]
-            if old.shape == shape:
-                moved[past] = old
-                continue
-            other_axes = [d for i, d in enumerate(old.shape) if i != axis]
-            if other_axes != [d for i, d in enumerate(shape) if i != axis]:
-                raise ContractError(
-                    f"{self.source}: cannot continue from a '{past}' buffer of shape {list(old.shape)}; this graph's "
-                    f"is {list(shape)}"
-                )
-            new = np.zeros(shape, dtype=c.kv_numpy_dtype)
-            index = [slice(None)] * new.ndim
-            index[axis] = slice(0, position)
-            new[tuple(index)] = old[tuple(index)]
-            moved[past] = new
-        self._buffers = moved
+        self._buffers = move_slots(buffers, self.contract, position, source=self.source)
         self._position = position
 
     def reset(self) -> None:
         """Zero the cache buffers; the next :meth:`feed` starts at position 0."""
-        self._buffers = {
-            past: np.zeros(self._buffer_shapes[past], dtype=self.contract.kv_numpy_dtype) for past, _ in self._pairs
-        }
+        self._buffers = allocate_buffers(self.contract)
         self._reset_counters()
 
     def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
@@ -261,32 +239,46 @@ class ContractDecoder(DecodeState):
         return self._run_step(tokens)
 
     def _run_step(self, chunk: Sequence[int]) -> list[tuple[np.ndarray | None, float]]:
-        """One ``session.run`` on ``chunk`` (1..step_len tokens, trailing padding), buffers updated."""
-        c = self.contract
+        """One ``session.run`` on ``chunk`` (1..step_len tokens, trailing padding) fed to every row; buffers updated."""
         real = len(chunk)
-        slots = np.arange(self._position, self._position + c.step_len, dtype=np.int64)
-        # Trailing padding repeats the last real token; its slots are hidden by the causal mask and overwritten later.
-        padded = [*chunk, *([chunk[-1]] * (c.step_len - real))]
-        feeds: dict[str, np.ndarray] = {
-            self._inputs["input_ids"]: np.broadcast_to(np.asarray(padded, dtype=np.int64), c.input_ids_shape()).copy(),
-            **self._buffers,
-        }
-        if "cache_position" in self._inputs:
-            feeds[self._inputs["cache_position"]] = slots.reshape(c.cache_position_shape())
-        if "position_ids" in self._inputs:
-            feeds[self._inputs["position_ids"]] = np.broadcast_to(slots, c.position_ids_shape()).copy()
-        if "attention_mask" in self._inputs:
-            mask = np.zeros(c.attention_mask_shape(), dtype=np.int64)
-            mask[:, : slots[real - 1] + 1] = 1
-            feeds[self._inputs["attention_mask"]] = mask
-        if "last_token_index" in self._inputs:
-            feeds[self._inputs["last_token_index"]] = np.full(c.last_token_index_shape(), real - 1, dtype=np.int64)
-        if self._binding is None:
-            results, latency_ms = self._timed_run(self._output_names, feeds, tokens=real)
-        else:
-            results, latency_ms = self._binding.run(
-                feeds, self._buffers, lambda b: self._timed_run((), feeds, tokens=real, binding=b)[1]
-            )
+        logits, latency_ms = self.call(self._buffers, StepInputs.uniform(self.contract, chunk, self._position))
+        self._position += real
+        if self.contract.prefill_logits == "last":
+            return [(None, latency_ms)] * (real - 1) + [(logits[0, 0], latency_ms)]
+        return [(logits[0, i], latency_ms) for i in range(real)]
+
+    def call(self, buffers: dict[str, np.ndarray], inputs: StepInputs) -> tuple[np.ndarray, float]:
+        """One ``session.run`` of this graph on ``buffers`` (:class:`~onnxdeploy.runner.host.GraphStep`).
+
+        The decoder's own position is not moved (a host that owns ``buffers`` keeps its own); the call is timed
+        and recorded (:attr:`call_records`, ``start`` = row 0's first position).
+
+        Args:
+            buffers: past-input name → buffer of this graph's shapes; ``full_buffer`` presents replace the entries
+                (bound buffers: written in place), ``new_token_only`` ones are written at each row's slots.
+            inputs: ``batch`` rows of ``step_len`` tokens (:class:`~onnxdeploy.runner.host.StepInputs`).
+
+        Returns:
+            ``(logits float32 (B, P, V), latency_ms)``, P = ``contract.logits_positions()``.
+
+        Raises:
+            ContractError: a present output's shape disagrees with ``cache_update``, or rows at different slots
+                for a graph without ``row_positions``.
+            DecodeRunError: ONNX Runtime failed, or the decoder is closed.
+        """
+        c = self.contract
+        feeds: dict[str, np.ndarray] = {**step_feeds(c, inputs), **buffers}
+        tokens = int(inputs.real.max())
+        saved, self._position = self._position, int(inputs.positions[0, 0])
+        try:
+            if self._binding is None:
+                results, latency_ms = self._timed_run(self._output_names, feeds, tokens=tokens)
+            else:
+                results, latency_ms = self._binding.run(
+                    feeds, buffers, lambda b: self._timed_run((), feeds, tokens=tokens, binding=b)[1]
+                )
+        finally:
+            self._position = saved
         presents = results[1:]
         for (past, name), present in zip(self._pairs, presents, strict=True):
             if present.shape != self._written_shapes[past]:
@@ -294,15 +286,9 @@ class ContractDecoder(DecodeState):
                     f"{self.source}: '{name}' has shape {list(present.shape)}; cache_update "
                     f"'{c.cache_update}' implies {list(self._written_shapes[past])}"
                 )
-        for (past, _), present in zip(self._pairs, presents, strict=True):
-            if c.cache_update == "full_buffer":
-                self._buffers[past] = present
-            else:
-                index = [slice(None)] * present.ndim
-                index[self._seq_axes[past]] = slice(int(slots[0]), int(slots[-1]) + 1)
-                self._buffers[past][tuple(index)] = present
-        self._position += real
-        logits = np.asarray(results[0][0], dtype=np.float32)
-        if c.prefill_logits == "last":
-            return [(None, latency_ms)] * (real - 1) + [(logits[0], latency_ms)]
-        return [(logits[i], latency_ms) for i in range(real)]
+        if c.cache_update == "full_buffer":
+            for (past, _), present in zip(self._pairs, presents, strict=True):
+                buffers[past] = present
+        else:
+            write_presents(c, buffers, presents, inputs)
+        return np.asarray(results[0], dtype=np.float32), latency_ms

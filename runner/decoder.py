@@ -14,6 +14,7 @@ from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decode_state import CallRecord
 from onnxdeploy.runner.exporter_decoder import ExporterDecoder
 from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder, open_graph_set
+from onnxdeploy.runner.parts import open_part_chain
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_session
 
 __all__ = ["Decoder", "make_decoder", "open_decoder"]
@@ -105,6 +106,20 @@ def make_decoder(
             bind_buffers=bind_buffers,
             config_entries=model_session.config_entries,
             threads=model_session.threads,
+        )
+    if contract is not None and contract.part is not None:  # one split graph: the chain of its parts
+        if bind_buffers:
+            raise ConfigError(f"{model_session.path}: a split graph's parts are not driven on bound buffers")
+        return open_part_chain(  # type: ignore[return-value]
+            model_session,
+            contract,
+            lambda file: open_session(
+                file,
+                providers=model_session.providers_requested,
+                config_entries=model_session.config_entries,
+                threads=model_session.threads,
+                share_weights=True,
+            ),
         )
     if contract is not None:
         return ContractDecoder(model_session, contract, bind_buffers=bind_buffers)

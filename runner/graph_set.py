@@ -14,7 +14,10 @@ drives it, and how :class:`GraphSetDecoder` does (README, "Graph sets"):
 * **Switching.** Graphs of one cache length share the host buffers as they are. When a call needs a larger
   cache, slots ``[0, position)`` of every buffer are copied on its sequence axis (axis 2 for BHSD, 1 for BSH2D;
   3 for BHDS_K's K, 2 for its V) into zeroed buffers of the larger length; the slots after ``position`` are
-  never read before they are written, so they are dropped.
+  never read before they are written, so they are dropped (:func:`onnxdeploy.runner.host.move_slots`).
+
+Other hosts drive the same graphs through :meth:`GraphSetDecoder.member` and the host API
+(:mod:`onnxdeploy.runner.host`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from onnxdeploy.contract import DecodeContract, GraphSetEntry, read_contract
 from onnxdeploy.errors import CacheOverflowError, ContractError
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decode_state import CallRecord
+from onnxdeploy.runner.parts import open_part_chain
 from onnxdeploy.runner.session import DEFAULT_PROVIDERS, ModelSession, open_session
 
 __all__ = ["REMAINDER_POLICIES", "GraphSetDecoder", "Remainder", "open_graph_set"]
@@ -39,8 +43,10 @@ Remainder = Literal["padded", "buckets"]
 
 REMAINDER_POLICIES: tuple[Remainder, ...] = ("padded", "buckets")
 
-_SHARED_FIELDS = ("batch", "num_layers", "num_kv_heads", "head_dim", "head_dim_padded", "kv_layout", "kv_dtype")
-"""Contract fields every graph of a set must agree on (the buffers move between them)."""
+_SHARED_FIELDS = ("num_layers", "num_kv_heads", "head_dim", "head_dim_padded", "kv_layout", "kv_dtype")
+"""Contract fields every graph of a set must agree on (the buffers move between them); ``batch`` too, except that a
+graph of batch 1 (``static_kv prefill_batch: 1``) joins graphs of B rows (:func:`~onnxdeploy.runner.host.move_slots`
+broadcasts its row)."""
 
 
 class GraphSetDecoder:
@@ -72,6 +78,8 @@ class GraphSetDecoder:
         for member in members[1:]:
             c = member.contract
             differ = [f for f in _SHARED_FIELDS if getattr(c, f) != getattr(first, f)]
+            if c.batch != first.batch and 1 not in (c.batch, first.batch):  # prefill_batch 1: rows broadcast
+                differ.append("batch")
             if differ or [past for past, _ in c.cache_pairs()] != names:
                 raise ContractError(
                     f"{member.source}: its contract differs from {self.source}'s in "
@@ -125,6 +133,19 @@ class GraphSetDecoder:
     def can_take(self, step_len: int, tokens: int) -> bool:
         """Whether the ``step_len`` graphs take a call of ``tokens`` real tokens (fewer only with padding)."""
         return 0 < tokens <= step_len and (tokens == step_len or self._can_pad(step_len))
+
+    def member(self, step_len: int, max_cache_len: int) -> ContractDecoder:
+        """The decoder of the graph ``(step_len, max_cache_len)``, whose ``call`` other hosts run on their buffers.
+
+        :meth:`ContractDecoder.call` is the step call of the host API (:mod:`onnxdeploy.runner.host`).
+
+        Raises:
+            ContractError: the set has no such graph.
+        """
+        member = self._members.get((step_len, max_cache_len))
+        if member is None:
+            raise ContractError(f"{self.source}: the set has no graph of step_len {step_len}, cache {max_cache_len}")
+        return member
 
     def graphs(self) -> list[tuple[str, int, int]]:
         """``(file name, step_len, max_cache_len)`` of every graph, primary first."""
@@ -324,21 +345,21 @@ def open_graph_set(
     if threads is None:
         threads = opened.threads if opened is not None else 1
     members: list[ContractDecoder] = []
+
+    def open_file(file: Path) -> ModelSession:
+        if opener is not None:
+            return opener(file)
+        return open_session(  # one map of the set's weights file for all graphs (and parts)
+            file, providers=providers, config_entries=config_entries, threads=threads, share_weights=True
+        )
+
     try:
         for entry in entries:
             if opened is not None and entry.file == path.name:
                 model_session, opened = opened, None  # owned by its member from here
-            elif opener is not None:
-                model_session = opener(path.with_name(entry.file))
             else:
-                model_session = open_session(  # one map of the set's weights file for all graphs
-                    path.with_name(entry.file),
-                    providers=providers,
-                    config_entries=config_entries,
-                    threads=threads,
-                    share_weights=True,
-                )
-            members.append(_member(model_session, entry, path.name, bind_buffers))
+                model_session = open_file(path.with_name(entry.file))
+            members.append(_member(model_session, entry, path.name, bind_buffers, open_file))
         return GraphSetDecoder(members, remainder=remainder)
     except BaseException:
         for member in members:
@@ -348,8 +369,17 @@ def open_graph_set(
         raise
 
 
-def _member(model_session: ModelSession, entry: GraphSetEntry, primary: str, bind_buffers: bool) -> ContractDecoder:
+def _member(
+    model_session: ModelSession,
+    entry: GraphSetEntry,
+    primary: str,
+    bind_buffers: bool,
+    open_file: Callable[[Path], ModelSession],
+) -> ContractDecoder:
     """The decoder of one graph of the set, once its own contract agrees with its ``graph_set`` entry.
+
+    A split graph (its contract names a ``part``) is the chain of its parts
+    (:class:`~onnxdeploy.runner.parts.PartChain`, the other parts opened by ``open_file``), driven as one member.
 
     Raises:
         ContractError: the graph carries no contract, or its lengths disagree with ``entry`` (the session is
@@ -366,6 +396,10 @@ def _member(model_session: ModelSession, entry: GraphSetEntry, primary: str, bin
                 f"{sibling}: its contract says step_len {own.step_len}, max_cache_len {own.max_cache_len}, "
                 f"prefill_logits {own.prefill_logits}; {primary}'s graph_set says {said}"
             )
+        if own.part is not None:
+            if bind_buffers:
+                raise ContractError(f"{sibling}: a split graph's parts are not driven on bound buffers")
+            return open_part_chain(model_session, own, open_file)  # type: ignore[return-value]
         return ContractDecoder(model_session, own, bind_buffers=bind_buffers)
     except BaseException:
         model_session.close()

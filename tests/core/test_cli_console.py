@@ -85,3 +85,37 @@ def test_pass_warnings_are_on_the_console_and_counted(tmp_path):
     assert result.exit_code == 0, result.output
     assert "warning: pass fuse_matmuls: exclude pattern 'no_such_node*' matched no node" in result.output
     assert "; passes: 1 warning(s)" in result.output
+
+
+def test_the_console_shows_accuracy_and_peak_memory_and_report_md_the_removed_files(tmp_path):
+    """Accuracy figures with their thresholds and the peak RSS on the console; report.md|html: peak, removed files."""
+    import numpy as np  # noqa: PLC0415
+
+    np.save(tmp_path / "held_out.npy", np.arange(3, 3 + 30, dtype=np.int64) * 7 % 500)
+    out = tmp_path / "out"
+    pipeline = _pipeline(tmp_path, out)
+    cfg = yaml.safe_load(pipeline.read_text())
+    cfg["cache"] = None
+    cfg["output_name"] = "first.onnx"
+    pipeline.write_text(yaml.safe_dump(cfg))
+    assert runner.invoke(app, ["run", str(pipeline)]).exit_code == 0
+    cfg["output_name"] = "model.onnx"
+    cfg["verify"]["accuracy"] = {"token_ids_file": "held_out.npy", "max_tokens": 30, "max_mean_kl": 0.01}
+    pipeline.write_text(yaml.safe_dump(cfg))
+    result = runner.invoke(app, ["run", str(pipeline)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    accuracy = next(line for line in lines if line.startswith("accuracy on 29 held-out positions (ok): weight-only"))
+    assert "mean KL " in accuracy and " nats (max 0.01)" in accuracy and "top-1 1.000" in accuracy, accuracy
+    assert "ORT default" not in accuracy  # a float candidate: one session, one measurement
+    report = json.loads((out / "report.json").read_text())
+    peak = max(p["peak_rss_bytes"] for p in report["phases"])
+    memory = next(line for line in lines if line.startswith("wall time "))
+    assert f"peak memory {peak / 2**20:.1f} MiB RSS (reached in phase " in memory, memory
+    md = (out / "report.md").read_text()
+    assert f"- peak memory: {peak / 2**20:.1f} MiB RSS (reached in phase " in md
+    assert report["removed_files"] == [str(out / "first.onnx")]
+    assert f"- removed (an earlier run's outputs this run does not replace): `{out / 'first.onnx'}`" in md
+    html = (out / "report.html").read_text()
+    assert f"<dt>peak memory</dt><dd>{peak / 2**20:.1f} MiB RSS" in html
+    assert f"<dt>removed</dt><dd>{out / 'first.onnx'} (an earlier run" in html

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 import onnxdeploy.passes as passes
 from onnxdeploy.cli import app
+from onnxdeploy.pass_listing import config_rows
 from onnxdeploy.passes import CATALOG, describe_config
 from onnxdeploy.passes._pass_infra import PASS_REGISTRY, Pass, register_pass
 from tests.conftest import fixture_entry
@@ -43,7 +44,7 @@ def test_onnxdeploy_passes_lists_what_the_registry_says():
     result = CliRunner().invoke(app, ["passes", "--json"])
     assert result.exit_code == 0, result.output
     expected = [
-        {"name": name, "summary": cls.summary, "config": cls.describe_config()}
+        {"name": name, "summary": cls.summary, "config": config_rows(cls.config_model)}
         for name, cls in sorted(_package_registry().items())
     ]
     assert json.loads(result.stdout) == json.loads(json.dumps(expected, default=str))
@@ -95,7 +96,7 @@ def _pipeline(tmp_path, passes_yaml: str) -> str:
         (("run", "missing.yaml"), 2, "pipeline file not found"),
         (("run", "{bad_key}"), 2, "key 'passes[0].static_kv.max_cache_lenn': unknown key"),
         (("run", "{bad_pass}"), 2, "unknown pass 'static_kvv'"),
-        (("run", "{bad_value}"), 2, "passes[1].quantize_weights.bits': Input should be 4 or 8"),
+        (("run", "{bad_value}"), 2, "passes[1].quantize_weights.bits': must be 4 or 8, got 3"),
     ],
     ids=["passes", "matrix-list", "matrix-show", "run-missing", "run-bad-key", "run-unknown-pass", "run-bad-value"],
 )

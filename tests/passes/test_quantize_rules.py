@@ -184,7 +184,7 @@ def test_qdq_int4_with_a_partial_last_block_is_exact_on_ort_and_named_in_the_rep
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"rules": [{"kind": "lm_head"}]}, r"key 'passes\[0\]\.quantize_weights\.rules\.0'.*needs 'bits'"),
+        ({"rules": [{"kind": "lm_head"}]}, r"key 'passes\[0\]\.quantize_weights\.rules\[0\]'.*needs 'bits'"),
         ({"budget": {"max_mean_kl": 0.01}}, "budget needs calibration data"),
         ({"budget": {}}, "budget needs max_mean_kl and/or max_ppl_ratio"),
     ],

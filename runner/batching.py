@@ -1,0 +1,335 @@
+"""Continuous batching on a static graph: B rows of cache, a queue of requests, a row refilled the moment it frees.
+
+The host drives a graph set made by ``static_kv {batch: B, row_positions: true, prefill_batch: 1}`` and
+``mask_rewrite`` (README, "Continuous batching"), through the shared host API (:mod:`onnxdeploy.runner.host`):
+
+* **Decode.** One call of the set's step-1 graph of ``B`` rows per step (cache length: the largest, or
+  ``decode_cache``). Every active row feeds its last token at its own position (``cache_position`` ``(B, 1)``);
+  a free row is *idle*: fed token 0 at position 0, its logits ignored. The slot it writes is rewritten before it
+  is read (a refilled row's prefill copy covers ``[0, p)``), and every slot above a row's position is masked, so
+  neither an idle row nor a row's stale values from its previous sequence reach any row's logits.
+* **Prefill.** A request admitted into a free row is prefilled alone by the set's batch-1 prefill graphs (step
+  length > 1: the largest bucket while it fits whole, then the smallest that holds the rest, padded at its end)
+  into batch-1 buffers of their own, and slots ``[0, p)`` are copied into the free row of the B-row decode
+  buffers (:func:`~onnxdeploy.runner.host.copy_row_slots`, the move graph sets make between cache lengths). The
+  prefill's last logits give the request's first token; from the next step the row decodes with the others.
+* **Freeing.** A row whose request has its ``max_new_tokens`` tokens or has produced its ``stop_token`` is free
+  at once; the next waiting request is admitted before the next step.
+* **Clock.** A request's ``arrival`` is counted in decode steps of this host (a deterministic trace). When no row
+  is active and the next request has not arrived, the clock jumps to its arrival (no wall time passes).
+
+``policy="static"`` is static batching for comparison: a batch starts when ``B`` requests wait (or no more
+will arrive) and ends when its longest request finishes; finished rows sit idle until then. A set of batch 1 run
+``continuous`` is batch-1 serving: one request at a time, in arrival order.
+
+Buffers are zeroed once, at allocation (contract ``cache_init: zeros``); the host never clears a row again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from onnxdeploy.errors import ConfigError, ContractError
+from onnxdeploy.runner.contract_decoder import ContractDecoder
+from onnxdeploy.runner.graph_set import GraphSetDecoder
+from onnxdeploy.runner.host import StepInputs, allocate_buffers, copy_row_slots
+
+__all__ = ["BatchRun", "BatchingHost", "Finished", "Policy", "Request", "poisson_trace"]
+
+Policy = Literal["continuous", "static"]
+"""``continuous``: a freed row is refilled at once; ``static``: a batch of B runs until its longest finishes."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request.
+
+    Attributes:
+        id: the caller's id (reported back).
+        prompt: prompt token ids (at least one).
+        max_new_tokens: tokens to generate (>= 1), the first from the prefill's logits.
+        stop_token: generation ends once this token is produced (it is kept); None: only ``max_new_tokens``.
+        arrival: the decode step at which the request enters the queue (>= 0).
+    """
+
+    id: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    stop_token: int | None = None
+    arrival: int = 0
+
+
+@dataclass
+class Finished:
+    """What a request produced and when (in decode steps of the host).
+
+    Attributes:
+        request: the request.
+        tokens: the greedy tokens generated (ids).
+        logits: float32 ``(V,)`` per generated token, the logits it was chosen from (when the host keeps them).
+        row: the decode row it ran in.
+        admitted: the step at which it was prefilled; finished: the step after which its row was free.
+    """
+
+    request: Request
+    tokens: list[int] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)
+    row: int = -1
+    admitted: int = 0
+    finished: int = 0
+
+
+@dataclass
+class BatchRun:
+    """The outcome of :meth:`BatchingHost.run`.
+
+    Attributes:
+        finished: one :class:`Finished` per request, in request order.
+        step_ms: wall time of every decode call (ms).
+        prefill_ms: wall time of every prefill call (ms).
+        wall_s: wall time of the whole run (s), prefill, copies and host work included.
+        steps: decode calls made.
+    """
+
+    finished: list[Finished]
+    step_ms: list[float]
+    prefill_ms: list[float]
+    wall_s: float
+    steps: int
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated over all requests."""
+        return sum(len(f.tokens) for f in self.finished)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second of wall time."""
+        return self.generated / self.wall_s if self.wall_s > 0 else 0.0
+
+    def step_percentile(self, q: float) -> float:
+        """The ``q``-th percentile (0..100) of the decode calls' wall time, ms (nan without calls)."""
+        return float(np.percentile(self.step_ms, q)) if self.step_ms else float("nan")
+
+
+def poisson_trace(
+    count: int,
+    prompt_lens: tuple[int, int],
+    new_tokens: tuple[int, int],
+    mean_gap: float,
+    *,
+    seed: int,
+    vocab: int,
+) -> list[Request]:
+    """A deterministic trace: prompt lengths and new tokens uniform in the given inclusive ranges, arrivals Poisson.
+
+    The gaps between arrivals are exponential with mean ``mean_gap`` decode steps (a Poisson process), the arrival
+    the floor of their running sum (the first request arrives at step 0); prompt tokens uniform in ``1..vocab-1``.
+    Drawn from one ``numpy.random.default_rng(seed)`` in this order: lengths, new tokens, gaps, prompts.
+
+    Args:
+        count: requests.
+        prompt_lens: ``(lowest, highest)`` prompt length.
+        new_tokens: ``(lowest, highest)`` ``max_new_tokens``.
+        mean_gap: mean steps between arrivals.
+        seed: the generator's seed.
+        vocab: vocabulary size.
+    """
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(prompt_lens[0], prompt_lens[1] + 1, size=count)
+    new = rng.integers(new_tokens[0], new_tokens[1] + 1, size=count)
+    gaps = rng.exponential(mean_gap, size=count)
+    gaps[0] = 0.0
+    arrivals = np.floor(np.cumsum(gaps)).astype(int)
+    return [
+        Request(
+            id=i,
+            prompt=tuple(rng.integers(1, vocab, size=int(lens[i])).tolist()),
+            max_new_tokens=int(new[i]),
+            arrival=int(arrivals[i]),
+        )
+        for i in range(count)
+    ]
+
+
+class BatchingHost:
+    """Serve requests on a graph set with ``row_positions`` (module docstring).
+
+    Args:
+        decoder: the open set (:func:`~onnxdeploy.runner.graph_set.open_graph_set`); the host drives its graphs
+            through :meth:`GraphSetDecoder.member` and owns its own buffers. Not closed by the host.
+        decode_cache: the decode graph's ``max_cache_len``; None: the largest of the set.
+        keep_logits: keep every generated token's logits (verification); False keeps only the tokens.
+        idle_rows: rows never filled (always fed idle); a test may put anything, NaN included, in them.
+
+    Raises:
+        ContractError: no step-1 graph of that cache length, a decode graph of batch > 1 without
+            ``row_positions`` or not masked from ``cache_position``, or no batch-1 prefill graph (step_len > 1) with
+            trailing padding.
+    """
+
+    def __init__(
+        self,
+        decoder: GraphSetDecoder,
+        *,
+        decode_cache: int | None = None,
+        keep_logits: bool = False,
+        idle_rows: Collection[int] = (),
+    ) -> None:
+        graphs = decoder.graphs()
+        caches = sorted({c for _, s, c in graphs if s == 1})
+        if not caches:
+            raise ContractError(f"{decoder.source}: the set has no step_len 1 graph to decode with")
+        self.decode: ContractDecoder = decoder.member(1, decode_cache if decode_cache is not None else caches[-1])
+        c = self.decode.contract
+        if c.batch > 1 and not (c.row_positions and c.mask == "cache_position"):
+            raise ContractError(
+                f"{self.decode.source}: a decode graph of {c.batch} rows needs row_positions and mask cache_position "
+                "(static_kv {row_positions: true} then mask_rewrite)"
+            )
+        self.prefill = sorted(
+            (m for _, s, cl in graphs if s > 1 and (m := decoder.member(s, cl)).contract.batch == 1),
+            key=lambda m: (m.contract.step_len, m.contract.max_cache_len),
+        )
+        if not self.prefill or any(m.contract.padding is None for m in self.prefill):
+            raise ContractError(
+                f"{decoder.source}: the set has no batch-1 prefill graph with padding (static_kv prefill_batch: 1, "
+                "step_lens with a value > 1)"
+            )
+        self.batch = c.batch
+        self.keep_logits = keep_logits
+        self.idle_rows = frozenset(idle_rows)
+        self.buffers = allocate_buffers(c)
+        self._prefill_buffers = {m.contract.max_cache_len: allocate_buffers(m.contract) for m in self.prefill}
+
+    # -- prefill ------------------------------------------------------------------------------------
+
+    def prefill_plan(self, length: int) -> tuple[int, list[tuple[int, int]]]:
+        """``(cache length, [(step_len, real tokens), ...])`` of the batch-1 calls that prefill ``length`` tokens.
+
+        Raises:
+            ConfigError: no prefill cache length holds the chunks.
+        """
+        steps = sorted({m.contract.step_len for m in self.prefill})
+        chunks, left = [], length
+        while left > 0:
+            whole = [s for s in steps if s <= left]
+            step = whole[-1] if whole and (whole[-1] == steps[-1] or left == whole[-1]) else None
+            if step is None:
+                step = next(s for s in steps if s >= left) if left <= steps[-1] else steps[-1]
+            real = min(step, left)
+            chunks.append((step, real))
+            left -= real
+        end = length - chunks[-1][1] + chunks[-1][0]
+        for cache in sorted({m.contract.max_cache_len for m in self.prefill}):
+            there = {m.contract.step_len for m in self.prefill if m.contract.max_cache_len == cache}
+            if cache >= end and all(s in there for s, _ in chunks):
+                return cache, chunks
+        raise ConfigError(f"a prompt of {length} tokens fits no prefill graph of the set (needs {end} slots)")
+
+    def _prefill(self, prompt: Sequence[int], prefill_ms: list[float]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Prefill ``prompt`` alone; return its batch-1 buffers and the last position's logits float32 (V,)."""
+        cache, chunks = self.prefill_plan(len(prompt))
+        members = {m.contract.step_len: m for m in self.prefill if m.contract.max_cache_len == cache}
+        buffers = self._prefill_buffers[cache]
+        position, logits = 0, None
+        for step, real in chunks:
+            member = members[step]
+            inputs = StepInputs.uniform(member.contract, prompt[position : position + real], position)
+            out, ms = member.call(buffers, inputs)
+            prefill_ms.append(ms)
+            logits = out[0, -1] if member.contract.prefill_logits == "last" else out[0, real - 1]
+            position += real
+        assert logits is not None
+        return buffers, np.asarray(logits, dtype=np.float32)
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def _check(self, requests: Sequence[Request]) -> None:
+        limit = self.decode.contract.max_cache_len
+        for r in requests:
+            if not r.prompt or r.max_new_tokens < 1 or r.arrival < 0:
+                raise ConfigError(f"request {r.id}: needs a prompt, max_new_tokens >= 1 and arrival >= 0")
+            if len(r.prompt) + r.max_new_tokens - 1 > limit:
+                raise ConfigError(
+                    f"request {r.id}: {len(r.prompt)} prompt + {r.max_new_tokens} new tokens pass the decode cache "
+                    f"of {limit} slots"
+                )
+            self.prefill_plan(len(r.prompt))
+
+    def run(self, requests: Sequence[Request], *, policy: Policy = "continuous") -> BatchRun:
+        """Serve ``requests`` to the end (module docstring) and return what each produced and the timings.
+
+        Raises:
+            ConfigError: a request that cannot run (no prompt, passes the decode cache or every prefill graph),
+                checked before any call; an unknown ``policy``.
+            DecodeRunError: ONNX Runtime failed.
+        """
+        if policy not in ("continuous", "static"):
+            raise ConfigError(f"policy must be continuous or static, got {policy!r}")
+        self._check(requests)
+        order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
+        waiting: list[int] = []  # request indices that have arrived, in arrival order
+        upcoming = list(order)
+        results = [Finished(request=r) for r in requests]
+        rows: dict[int, int] = {}  # row -> request index
+        position = [0] * self.batch  # next position of each active row
+        last = [0] * self.batch  # last generated token of each active row
+        usable = [r for r in range(self.batch) if r not in self.idle_rows]
+        step_ms: list[float] = []
+        prefill_ms: list[float] = []
+        clock = 0
+        start = time.perf_counter()
+
+        def finish(row: int, index: int) -> bool:
+            f, req = results[index], requests[index]
+            done = len(f.tokens) >= req.max_new_tokens or (
+                req.stop_token is not None and f.tokens[-1] == req.stop_token
+            )
+            if done:
+                f.finished = clock
+                del rows[row]
+            return done
+
+        def emit(row: int, index: int, logits: np.ndarray) -> None:
+            token = int(np.argmax(logits))
+            results[index].tokens.append(token)
+            if self.keep_logits:
+                results[index].logits.append(logits.copy())
+            last[row] = token
+
+        while upcoming or waiting or rows:
+            while upcoming and requests[upcoming[0]].arrival <= clock:
+                waiting.append(upcoming.pop(0))
+            free = [r for r in usable if r not in rows]
+            admit = policy == "continuous" or (not rows and (len(waiting) >= len(usable) or not upcoming))
+            while admit and free and waiting:
+                index, row = waiting.pop(0), free.pop(0)
+                prompt = requests[index].prompt
+                buffers, logits = self._prefill(prompt, prefill_ms)
+                copy_row_slots(buffers, 0, self.buffers, row, len(prompt), self.decode.contract)
+                rows[row], position[row] = index, len(prompt)
+                results[index].row, results[index].admitted = row, clock
+                emit(row, index, logits)
+                finish(row, index)
+            if not rows:
+                if upcoming:  # nothing to decode until the next arrival (static: until a batch is full)
+                    clock = max(clock, requests[upcoming[0]].arrival)
+                elif waiting and not admit:
+                    raise AssertionError("unreachable: the last requests are always admitted")
+                continue
+            chunks = [[last[r]] if r in rows else [0] for r in range(self.batch)]
+            at = [position[r] if r in rows else 0 for r in range(self.batch)]
+            logits, ms = self.decode.call(self.buffers, StepInputs.rows(self.decode.contract, chunks, at))
+            step_ms.append(ms)
+            clock += 1
+            for row, index in list(rows.items()):
+                position[row] += 1
+                emit(row, index, np.asarray(logits[row, 0], dtype=np.float32))
+                finish(row, index)
+        return BatchRun(results, step_ms, prefill_ms, time.perf_counter() - start, len(step_ms))

@@ -1,0 +1,120 @@
+"""``static_kv {window_cache: true}``: ring buffers of ``W + max(step_lens) − 1`` slots for windowed layers.
+
+The Mistral fixture (every layer a sliding window of 8) is decoded through rings over more than 3× the window,
+alone and as a graph set (buckets and two cache lengths: the rings never move), in every layout, against the
+original export; the buffers the contract declares are the ring's length, not ``max_cache_len``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxdeploy.contract import read_contract
+from onnxdeploy.errors import ConfigError, PreconditionError
+from onnxdeploy.model_io import load_model, stage_artifacts
+from onnxdeploy.pass_context import make_pass_context
+from onnxdeploy.passes.kv_layout import KVLayoutConfig, KVLayoutPass
+from onnxdeploy.passes.mask_rewrite import MaskRewritePass
+from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
+from onnxdeploy.runner import verify
+from tests.conftest import REPO, fixture_entry
+
+NAME = "mistral_sw_optimum"
+WINDOW = 8
+
+
+def _write(folder: Path, layout: str | None = None, name: str = NAME, **static) -> Path:
+    artifacts = StaticKVCachePass(StaticKVConfig(window_cache=True, **static))(
+        load_model(fixture_entry(name)["model_path"]).model, make_pass_context()
+    ).artifacts
+    artifacts = MaskRewritePass()(artifacts, make_pass_context()).artifacts
+    if layout is not None:
+        artifacts = KVLayoutPass(KVLayoutConfig(layout=layout))(artifacts, make_pass_context()).artifacts
+    folder.mkdir(parents=True)
+    stage_artifacts(
+        [(a.name, a.model) for a in artifacts.artifacts], folder, external=True, data_name="model.onnx.data"
+    ).commit()
+    return folder / "model.onnx"
+
+
+def _check(model: Path, steps: int) -> None:
+    prompt = np.random.default_rng(0).integers(1, 512, size=11).tolist()
+    report = verify(fixture_entry(NAME)["model_path"], model, prompt=prompt, steps=steps, max_abs_logit_diff=1e-5)
+    assert report.passed, report.failures
+    assert all(m.top1_agreement == 1.0 for m in report.modes.values())
+
+
+@pytest.mark.parametrize("cache_write", ["scatter_elements", "where"])
+def test_a_ring_of_the_window_decodes_as_the_export_over_many_windows(cache_write: str, tmp_path: Path) -> None:
+    model = _write(tmp_path / "out", max_cache_len=64, cache_write=cache_write)
+    contract = read_contract(onnx.load(str(model), load_external_data=False))
+    assert contract is not None and contract.contract_version == 5 and contract.max_cache_len == 64
+    assert {(e.cache_len, e.slot_mapping) for e in contract.cache} == {(WINDOW, "ring")}
+    assert {s[2] for s in contract.pair_input_shapes()} == {WINDOW}  # (B, H, 8, D), not 64 slots
+    _check(model, steps=50)  # 61 positions: more than 7 windows
+
+
+@pytest.mark.parametrize("layout", [None, "BSH2D", "BHDS_K"])
+def test_a_ring_graph_set_is_driven_through_its_buckets_in_every_layout(layout: str | None, tmp_path: Path) -> None:
+    model = _write(tmp_path / "out", layout, step_lens=[1, 4], max_cache_lens=[32, 64])
+    contract = read_contract(onnx.load(str(model), load_external_data=False))
+    assert contract is not None and {e.cache_len for e in contract.cache} == {WINDOW + 4 - 1}
+    _check(model, steps=50)
+
+
+def test_a_model_without_a_window_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PreconditionError, match="windows are \\[None, None\\]"):
+        _write(tmp_path / "out", name="llama_gqa_optimum", max_cache_len=32)
+
+
+def test_a_window_not_smaller_than_the_cache_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not smaller than max_cache_len 8"):
+        _write(tmp_path / "out", max_cache_len=8)
+    with pytest.raises(ValueError, match="window_cache needs cache_update full_buffer"):
+        StaticKVConfig(window_cache=True, max_cache_len=32, cache_update="new_token_only")
+
+
+MIXED = REPO / "fixtures" / "gemma3_mixed" / "optimum" / "model.onnx"
+"""Random-init Gemma-3-style text decoder: 5 layers with window 16, then 1 global (fixtures/_export_gemma3.py)."""
+
+
+def _write_mixed(folder: Path, **static) -> Path:
+    artifacts = StaticKVCachePass(StaticKVConfig(window_cache=True, **static))(
+        load_model(MIXED).model, make_pass_context()
+    ).artifacts
+    artifacts = MaskRewritePass()(artifacts, make_pass_context()).artifacts
+    folder.mkdir(parents=True)
+    stage_artifacts(
+        [(a.name, a.model) for a in artifacts.artifacts], folder, external=True, data_name="model.onnx.data"
+    ).commit()
+    return folder / "model.onnx"
+
+
+@pytest.mark.parametrize("static", [{"max_cache_len": 128}, {"step_lens": [1, 4], "max_cache_lens": [64, 128]}])
+def test_mixed_local_and_global_layers_get_rings_and_decode_as_the_export(static: dict, tmp_path: Path) -> None:
+    model = _write_mixed(tmp_path / "out", **static)
+    contract = read_contract(onnx.load(str(model), load_external_data=False))
+    assert contract is not None
+    ring = 16 + max(static.get("step_lens", [1])) - 1
+    assert [(e.cache_len, e.slot_mapping) for e in contract.cache] == [(ring, "ring")] * 5 + [(None, "position")]
+    cache = sum(math.prod(s) for s in contract.pair_input_shapes())
+    uniform = 2 * len(contract.cache) * math.prod(contract.pair_input_shapes()[-1])
+    if "max_cache_len" in static:  # max_cache_len 128 = 8x the window: (5 x 16 + 128) / (6 x 128) = 0.27
+        assert cache / uniform <= 0.3
+    prompt = np.random.default_rng(0).integers(1, 512, size=11).tolist()
+    report = verify(MIXED, model, prompt=prompt, steps=60, max_abs_logit_diff=1e-5)  # 71 positions: > 4 windows
+    assert report.passed, report.failures
+    assert all(m.top1_agreement == 1.0 for m in report.modes.values())
+
+
+def test_kv_layout_refuses_the_mixed_ring_form(tmp_path: Path) -> None:
+    artifacts = StaticKVCachePass(StaticKVConfig(window_cache=True, max_cache_len=64))(
+        load_model(MIXED).model, make_pass_context()
+    ).artifacts
+    with pytest.raises(PreconditionError, match="mixed local and global layers keeps the BHSD layout"):
+        KVLayoutPass(KVLayoutConfig(layout="BSH2D"))(artifacts, make_pass_context())

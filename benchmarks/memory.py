@@ -2,7 +2,8 @@
 
 1. **Ring caches** (``static_kv {window_cache: true}``) on the Mistral fixture (every layer a sliding window of 8):
    the static graph at ``max_cache_len`` 64 = 8 × the window against its ring graph (``W + max(step_lens) − 1``
-   slots per layer), each decoding 60 positions.
+   slots per layer), each decoding 60 positions; and on the mixed-layer fixture ``gemma3_mixed`` (5 layers with a
+   window of 16, 1 global) at ``max_cache_len`` 128 = 8 × the window, 100 positions.
 2. **Sinks + recent** (``cache_policy: {sinks: 4, recent: 60}`` at ``max_cache_len`` 64) on the trained fixture:
    256 positions (4 × the cache) through the policy host, against the plain static graph that must hold all 256.
 3. **Split** on the real model (SmolLM2-135M's optimum export, ``fixtures/_export_real.py``; skipped when absent):
@@ -179,6 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p = _row("static, max_cache_len 64", plain, "decode", 60)
     results["ring"] = [p, _row("window_cache ring (8 slots)", ring, "decode", 60, p)]
+    print("1b. ring caches, mixed layers: gemma3_mixed (5 local window 16 : 1 global), max_cache_len 128 = 8x")
+    mixed = fixtures / "gemma3_mixed" / "optimum" / "model.onnx"
+    plain = _build(mixed, work / "mixed_plain", [("static_kv", {"max_cache_len": 128}), ("mask_rewrite", {})])
+    ring = _build(
+        mixed, work / "mixed_ring", [("static_kv", {"max_cache_len": 128, "window_cache": True}), ("mask_rewrite", {})]
+    )
+    p = _row("static, max_cache_len 128", plain, "decode", 100)
+    results["ring_mixed"] = [p, _row("window_cache: 5 rings of 16 + 1 of 128", ring, "decode", 100, p)]
 
     print("2. sinks + recent: trained fixture, 256 positions (4x max_cache_len 64)")
     trained = fixtures / "llama_bytes" / "torchscript" / "model.onnx"

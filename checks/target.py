@@ -15,6 +15,7 @@ the cross-check tests compare it with whether ONNX Runtime / OpenVINO really ope
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -201,6 +202,8 @@ def _violations(
                 problems.append(("OD513", f"attribute {name}={value!r}; allowed: {entry.attributes[name]}"))
     if "block_size_divides_axis" in entry.rules:
         problems += _partial_block(node, types)
+    if "per_tensor_zero_points" in entry.rules:
+        problems += _per_channel_zero_points(node, opset, types)
     if "constant_inputs" in entry.rules:
         for tensor in node.input[1:]:
             if tensor and tensor not in types.constants:
@@ -210,6 +213,22 @@ def _violations(
             shape = types.dims.get(tensor)
             if tensor and shape is not None and len(shape) > entry.max_rank:
                 problems.append(("OD514", f"'{tensor}' has rank {len(shape)} > {entry.max_rank}"))
+    return problems
+
+
+def _per_channel_zero_points(node: onnx.NodeProto, opset: int, types: Types) -> list[tuple[str, str]]:
+    """``OD518`` for each input whose formal name ends in ``zero_point`` and holds more than one element."""
+    try:
+        formals = [f.name for f in onnx.defs.get_schema(node.op_type, opset, node.domain).inputs]
+    except onnx.defs.SchemaError:
+        return []
+    problems = []
+    for formal, tensor in zip(formals, node.input, strict=False):
+        dims = types.dims.get(tensor) if tensor else None
+        if formal.endswith("zero_point") and dims and all(isinstance(d, int) for d in dims) and math.prod(dims) > 1:
+            problems.append(
+                ("OD518", f"'{tensor}' ({formal}) has {math.prod(dims)} elements; only per-tensor is taken")
+            )
     return problems
 
 
@@ -304,7 +323,8 @@ class TargetOpsCheck(Check):
       float16 node without a float16 kernel to float32); other targets keep ``OD512``;
     - ``OD518`` error: a named rule of the entry broken (``block_size_divides_axis``: a blocked DequantizeLinear
       whose weight dim on ``axis`` is not a multiple of ``block_size``, which OpenVINO's CPU plugin refuses;
-      ``constant_inputs``: an input after the first that is not a constant, as OpenVINO compiles Unsqueeze-13).
+      ``constant_inputs``: an input after the first that is not a constant, as OpenVINO compiles Unsqueeze-13;
+      ``per_tensor_zero_points``: a zero point of more than one element, which ORT's CPU ConvInteger fails on).
 
     An entry with ``opset_max`` below the model's opset of the op's domain does not take the node (ORT expands a
     function body at the model's opset; Swish-24 is refused at opset 25 and later).
@@ -453,8 +473,10 @@ class TargetOpsCheck(Check):
             nodes=[ref],
             hint=(
                 "Choose a quantize_weights block_size that divides the weight's K, or pad K to a multiple of it."
-                if problems[0][0] == "OD518" and "constant_inputs" not in entry.rules
+                if problems[0][0] == "OD518" and "block_size_divides_axis" in entry.rules
                 else "Make the input a constant (an initializer) in the export."
+                if problems[0][0] == "OD518" and "constant_inputs" in entry.rules
+                else "Quantize that input per tensor (one zero point)."
                 if problems[0][0] == "OD518"
                 else fix_hint(node.op_type) or "Insert Casts to a supported dtype, or change the exporter's dtype."
             ),

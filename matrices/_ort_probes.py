@@ -12,7 +12,11 @@ The kernel registry says which op versions and element types ORT's CPU EP has a 
   refused at 25..28: "Could not find an implementation for Swish(24)", onnxruntime 1.32); :func:`opset_reach`
   opens the one-node probe at each later opset.
 
-Both are facts of the installed wheel (and, for locales, of the host), recorded with the source
+- that ``ConvInteger``'s kernel runs a per-tensor ``w_zero_point`` only ("Non per-tensor quantization is not
+  supported now", onnxruntime/core/providers/cpu/quantization/conv_integer.cc): :func:`probe_zero_points` runs
+  a session with a per-channel one.
+
+All are facts of the installed wheel (and, for locales, of the host), recorded with the source
 ``ort-attribute-probe`` / ``ort-function-probe``.
 """
 
@@ -24,7 +28,7 @@ import onnx
 
 from onnxdeploy.matrices._probe_models import PLANS, probe_model
 
-__all__ = ["ATTRIBUTE_PROBES", "opset_reach", "probe_attributes"]
+__all__ = ["ATTRIBUTE_PROBES", "opset_reach", "probe_attributes", "probe_zero_points"]
 
 ATTRIBUTE_PROBES: dict[str, tuple[dict, str, list]] = {
     "GRU": ({"hidden_size": 2}, "layout", [0, 1]),
@@ -94,3 +98,30 @@ def opset_reach(
         if not opens(trial):
             return opset - 1
     return None
+
+
+def _conv_integer(since: int, channels: int) -> onnx.ModelProto:
+    """ConvInteger (1, 1, 3, 3) uint8 by a (2, 1, 2, 2) uint8 weight, ``w_zero_point`` of ``channels`` elements."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 1, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, None)
+    w = helper.make_tensor("w", TensorProto.UINT8, [2, 1, 2, 2], [1] * 8)
+    xz = helper.make_tensor("xz", TensorProto.UINT8, [], [0])
+    wz = helper.make_tensor("wz", TensorProto.UINT8, [channels] if channels > 1 else [], [0] * channels)
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"])
+    graph = helper.make_graph([node], "probe", [x], [y], initializer=[w, xz, wz])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", since)], ir_version=8)
+
+
+def probe_zero_points(op: str, since: int, runs: Callable[[onnx.ModelProto, dict], bool]) -> bool:
+    """Whether ``op``'s kernel at ``since`` runs a per-tensor zero point but not a per-channel one (ConvInteger only).
+
+    ``runs(model, feeds)``: whether a session opens and one run succeeds.
+    """
+    if op != "ConvInteger":
+        return False
+    import numpy as np
+
+    feeds = {"x": np.ones((1, 1, 3, 3), np.uint8)}
+    return runs(_conv_integer(since, 1), feeds) and not runs(_conv_integer(since, 2), feeds)

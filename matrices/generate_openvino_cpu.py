@@ -9,14 +9,19 @@ minutes on one core). What it probes, every model compiled with ``openvino.Core(
   version up to the newest opset), a one-node model at the opset that introduced that schema version: its
   required inputs as graph inputs, required attributes at plain defaults, shapes from a few plans (every input
   ``(2, 2, 2, 2)``, rank 2, 3, 1, 0, the first input rank 4 and the rest rank 1 / scalar, ..., and last the inputs
-  after the first as constants of zeros, as exporters write axes, shapes and pads). The first plan that
+  after the first as constants of zeros, as exporters write axes, shapes and pads: an op that compiles only
+  so gets the rule ``constant_inputs``, as Unsqueeze-13+ with its ``axes``). The first plan that
   compiles with the op's default element types (float where allowed) is then compiled once per element-type
   class of each type parameter (float, double, float16, bfloat16, 8/16/32/64-bit ints, bool, string, float8,
   int4, int2, float4, complex: one allowed member stands for the class), the other parameters held at their
-  default, then bound to the same type where they allow it: the entry lists the types that compiled. An op no
-  plan compiles is left out (``ops_complete: true``: unsupported);
+  default, then bound to the same type where they allow it: the entry lists the types that compiled. A schema
+  version no plan compiles takes the frontend's table (``supported_ops.md``, ``via: listed``, no types): listed
+  there, supported (but not an op of sequence values: the CPU plugin compiles none); else left out
+  (``ops_complete: true``: unsupported);
 - blocked ``DequantizeLinear`` (opset 21+) weights with a partial last block (``K % block_size != 0``) against
-  whole blocks: when only whole blocks compile, the entry carries the rule ``block_size_divides_axis``.
+  whole blocks: when only whole blocks compile, the entry carries the rule ``block_size_divides_axis``;
+- ``Resize`` (11+), which the generic probe cannot build (it needs ``scales`` or ``sizes``): a linear resize by
+  constant scales per ``coordinate_transformation_mode``; the entry lists the modes that compiled.
 
 Ops a one-node probe cannot build (control flow with a subgraph attribute: ``If``, ``Loop``, ``Scan``,
 ``SequenceMap``; sparse and type-proto attributes) keep the entries of OpenVINO's own table (the frontend's
@@ -154,7 +159,7 @@ def _probed_entries(
     ``reuse``: probed entries of an earlier run (``--reuse``); schema versions they hold are not probed again,
     but for entries listing a type of ``reprobe`` (``--reprobe-types``, after the type classes change).
     """
-    entries, unbuilt = [], []
+    entries, unbuilt, failed = [], [], []
     earlier: dict[tuple[str, str, int], list[dict]] = {}
     again = set()
     for e in reuse or []:
@@ -166,7 +171,7 @@ def _probed_entries(
     schemas = _schemas(max_opset)
     for index, schema in enumerate(schemas):
         if (found := earlier.get((schema.domain or "ai.onnx", schema.name, schema.since_version))) is not None:
-            entries += [{k: v for k, v in e.items() if k != "rules"} for e in found]
+            entries += [{k: v for k, v in e.items() if k != "rules" or v != ["block_size_divides_axis"]} for e in found]
             continue
         if schema.name in _SUBGRAPH_OPS or any(
             a.required and a.type in (onnx.defs.OpSchema.AttrType.GRAPH, onnx.defs.OpSchema.AttrType.GRAPHS)
@@ -174,21 +179,112 @@ def _probed_entries(
         ):
             unbuilt.append(schema.name)
             continue
-        probed = probe_op(schema, prober)
+        plan: list = []
+        probed = probe_op(schema, prober, plan)
         if index % 50 == 0:
             say(f"  {index}/{len(schemas)} schemas probed")
         if probed is None:
+            failed.append(schema)
             continue
         types, flipped = probed
         domain = schema.domain or "ai.onnx"
         head = {"op": schema.name, "domain": domain, "since": schema.since_version, "until": schema.since_version}
+        if _needs_constants(schema, plan[0]):
+            head["rules"] = ["constant_inputs"]
         if not types or any(types.values()):
             entries.append(head | {"via": "converter"} | ({"types": types} if types else {}) | {"source": "ov-probe"})
         for param, names, attributes in flipped:
             entries.append(
                 head | {"via": "converter", "types": {param: names}, "attributes": attributes, "source": "ov-probe"}
             )
-    return entries, sorted(set(unbuilt))
+    return entries + _listed(failed), sorted(set(unbuilt))
+
+
+def _needs_constants(schema: onnx.defs.OpSchema, plan: tuple) -> bool:
+    """Whether the op compiled only with its inputs after the first as constants (``constant_inputs``).
+
+    True when the first plan that compiled is a ``const`` plan and none of the plans feeding every input as a
+    graph input compiles (the search tries those first: they all failed). An op with one required input has
+    nothing to hold constant.
+    """
+    option = onnx.defs.OpSchema.FormalParameterOption
+    required = [f for f in schema.inputs if f.option != option.Optional]
+    return plan[0] == "const" and len(required) > 1
+
+
+def _listed(failed: list[onnx.defs.OpSchema]) -> list[dict]:
+    """Entries of the frontend's own table for schema versions no probe could build a compiling model of.
+
+    A probe builds required inputs only, of a few ranks (``Resize`` needs its optional ``scales`` or ``sizes``;
+    ``GRU``/``LSTM``/``RNN`` weights of shapes that agree): where none compiles, OpenVINO's table decides
+    (source ``ov-onnx-fe``, ``via: listed``, no type constraint), one entry per such schema version.
+    """
+    from onnxdeploy.matrices import get_target
+
+    doc = get_target(_DOC_TARGET)
+    entries = []
+    for schema in failed:
+        domain = schema.domain or "ai.onnx"
+        if (
+            domain != "ai.onnx"
+            or not doc.ops_for(domain, schema.name, schema.since_version)
+            or _takes_sequences(schema)
+        ):
+            continue
+        version = schema.since_version
+        entries.append(
+            {"op": schema.name, "domain": domain, "since": version, "until": version, "via": "listed"}
+            | {"source": "ov-onnx-fe"}
+        )
+    return entries
+
+
+def _takes_sequences(schema: onnx.defs.OpSchema) -> bool:
+    """Whether a formal input or output of ``schema`` is a sequence or optional value only.
+
+    OpenVINO's CPU plugin refuses every sequence value (a Parameter of dynamic rank, probed on the node tests):
+    the frontend's table listing ``SequenceInsert`` does not make it compile, so such ops take no table entry.
+    """
+    allowed = {tc.type_param_str: list(tc.allowed_type_strs) for tc in schema.type_constraints}
+    for formal in (*schema.inputs, *schema.outputs):
+        types = allowed.get(formal.type_str, [formal.type_str])
+        if types and all(t.startswith(("seq(", "optional(")) for t in types):
+            return True
+    return False
+
+
+RESIZE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric")
+"""Resize ``coordinate_transformation_mode`` values probed (``tf_crop_and_resize`` too, with its ``roi``)."""
+
+
+def _resize(opset: int, mode: str) -> onnx.ModelProto:
+    """A linear Resize (1, 1, 2, 2) -> (1, 1, 4, 4) by constant scales, with a constant ``roi``."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    roi = helper.make_tensor("roi", TensorProto.FLOAT, [8], [0, 0, 0, 0, 1, 1, 1, 1])
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1, 1, 2, 2])
+    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], coordinate_transformation_mode=mode, mode="linear")
+    graph = helper.make_graph([node], "probe", [x], [y], initializer=[roi, scales])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    return model
+
+
+def _resize_entries(prober: _Prober, entries: list[dict]) -> None:
+    """Resize (11+) gets the ``coordinate_transformation_mode`` values a hand-built probe compiles.
+
+    The generic probe cannot build a Resize (it needs its optional ``scales`` or ``sizes``); this one does, so
+    the entry becomes probed (``ov-probe``): OpenVINO 2026.4 refuses ``half_pixel_symmetric`` and
+    ``tf_crop_and_resize`` ("transformation mode is not supported").
+    """
+    for entry in entries:
+        if entry["op"] != "Resize" or entry["domain"] != "ai.onnx" or entry["since"] < 11:
+            continue
+        modes = [*RESIZE_MODES, "tf_crop_and_resize"]
+        verdicts = prober.all_compile([_resize(entry["since"], m) for m in modes])
+        taken = [m for m, ok in zip(modes, verdicts, strict=True) if ok]
+        if taken:
+            entry.update(via="converter", attributes={"coordinate_transformation_mode": taken}, source="ov-probe")
 
 
 def _rules(prober: _Prober, entries: list[dict]) -> None:
@@ -197,7 +293,7 @@ def _rules(prober: _Prober, entries: list[dict]) -> None:
         if entry["op"] != "DequantizeLinear" or entry["domain"] != "ai.onnx" or entry["since"] < 21:
             continue
         if _blocked_dq(prober, entry["since"], 64) and not _blocked_dq(prober, entry["since"], 48):
-            entry["rules"] = ["block_size_divides_axis"]
+            entry["rules"] = [*entry.get("rules", []), "block_size_divides_axis"]
             entry["source"] = "ov-probe"
 
 
@@ -211,6 +307,22 @@ def _doc_entries(unbuilt: list[str]) -> list[dict]:
         if e.domain in ("com.microsoft", "org.openvinotoolkit") or (e.domain == "ai.onnx" and e.op in unbuilt):
             keep.append(e.model_dump(mode="json", exclude_defaults=True) | {"source": "ov-onnx-fe"})
     return keep
+
+
+def _gaps(entries: list[dict], unbuilt: list[str]) -> list[str]:
+    """The matrix's ``gaps``: what the compile probe does not see, and which versions follow the frontend's table."""
+    return [
+        "Each op is probed at the opset that introduced its schema version, with required inputs only (no "
+        "optional input), required attributes at plain values and a few input ranks; an attribute value or "
+        "optional input OpenVINO refuses is not seen.",
+        "Types are probed per element-type class, one type parameter at a time (the others at their "
+        "default), then on every parameter that allows the type; one allowed member stands for its class.",
+        f"Not probed (a subgraph attribute), kept from the frontend's table: {', '.join(unbuilt) or 'none'}.",
+        "Schema versions no one-node probe compiled (inputs a probe cannot build: Resize's scales, recurrent "
+        "weights of agreeing shapes, ...) follow the frontend's table (via: listed, no type constraint): "
+        + (", ".join(sorted({f"{e['op']}-{e['since']}" for e in entries if e.get("via") == "listed"})) or "none")
+        + ".",
+    ]
 
 
 def build_matrix(
@@ -235,6 +347,7 @@ def build_matrix(
         say(f"openvino {version}: ai.onnx opsets {opsets[0]}..{opsets[-1]}, IR {irs[0]}..{irs[-1]}")
         entries, unbuilt = _probed_entries(prober, opsets[-1], say, reuse, reprobe)
         _rules(prober, entries)
+        _resize_entries(prober, entries)
     finally:
         prober.close()
     doc = get_target(_DOC_TARGET)
@@ -278,14 +391,7 @@ def build_matrix(
             "on": read,
             "versions": {"openvino": version, "onnx": onnx.__version__},
         },
-        "gaps": [
-            "Each op is probed at the opset that introduced its schema version, with required inputs only (no "
-            "optional input), required attributes at plain values and a few input ranks; an attribute value or "
-            "optional input OpenVINO refuses is not seen.",
-            "Types are probed per element-type class, one type parameter at a time (the others at their "
-            "default), then on every parameter that allows the type; one allowed member stands for its class.",
-            f"Not probed (a subgraph attribute), kept from the frontend's table: {', '.join(unbuilt) or 'none'}.",
-        ],
+        "gaps": _gaps(entries, unbuilt),
         "notes": ["The NPU plugin's facts are the target openvino-npu (hand-sourced)."],
     }
     Matrix.model_validate(data)

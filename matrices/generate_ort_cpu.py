@@ -39,7 +39,7 @@ import yaml
 from onnx import TensorProto, helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from onnxdeploy.matrices._ort_probes import opset_reach, probe_attributes
+from onnxdeploy.matrices._ort_probes import opset_reach, probe_attributes, probe_zero_points
 from onnxdeploy.matrices._probe_models import PLANS, SequentialProber, probe_model, probe_op
 from onnxdeploy.matrices.schema import Matrix
 
@@ -84,6 +84,17 @@ def _open_error(model: onnx.ModelProto | None, *, optimize: bool = True) -> str 
     except Exception as exc:  # noqa: BLE001 - any refusal means "not accepted"
         return str(exc) or exc.__class__.__name__
     return None
+
+
+def _runs(model: onnx.ModelProto, feeds: dict) -> bool:
+    """Whether ORT's CPU EP opens ``model`` and runs it once on ``feeds`` (any error: False)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=[_PROVIDER]).run(None, feeds)
+    except Exception:  # noqa: BLE001 - any refusal or run error
+        return False
+    return True
 
 
 _NO_KERNEL = "Could not find an implementation"
@@ -227,6 +238,9 @@ def _kernel_entries() -> list[dict]:
         if values is not None:  # attribute values the kernel refuses at session creation (_ort_probes)
             entry["attributes"] = values
             entry = {k: v for k, v in entry.items() if k != "source"} | {"source": "ort-attribute-probe"}
+        if domain == "ai.onnx" and probe_zero_points(op, since, _runs):  # a run-time refusal (_ort_probes)
+            entry = {k: v for k, v in entry.items() if k != "source"}
+            entry |= {"rules": ["per_tensor_zero_points"], "source": "ort-attribute-probe"}
         entries.append(entry)
     return entries
 
@@ -346,7 +360,9 @@ def _sources(version: str, read: str) -> dict[str, dict]:
             "section": "one one-node model per candidate value (onnxdeploy.matrices._ort_probes.ATTRIBUTE_PROBES): "
             "GRU/LSTM/RNN layout (deep_cpu_gru.h, lstm_base.h, rnn.h: 'Batchwise recurrent operations (layout == "
             "1) are not supported'), StringNormalizer case_change_action (string_normalizer.cc constructs the "
-            "en_US.UTF-8 locale for LOWER/UPPER); types and versions from the kernel registry",
+            "en_US.UTF-8 locale for LOWER/UPPER); ConvInteger run once with a per-channel w_zero_point "
+            "(conv_integer.cc: 'Non per-tensor quantization is not supported now': rule per_tensor_zero_points); "
+            "types and versions from the kernel registry",
             "version": f"onnxruntime {version}",
             "address": "onnxdeploy.matrices._ort_probes.probe_attributes",
             "read": read,

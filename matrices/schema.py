@@ -151,13 +151,15 @@ class OpEntry(_Strict):
     attributes: dict[str, list[int | float | str]] | None = Field(
         None, description="Attribute name -> the only values accepted."
     )
-    rules: list[Literal["block_size_divides_axis", "constant_inputs"]] = Field(
+    rules: list[Literal["block_size_divides_axis", "constant_inputs", "per_tensor_zero_points"]] = Field(
         default_factory=list,
         description="Machine-checked rules beyond types and attribute values. block_size_divides_axis: a blocked "
         "DequantizeLinear (block_size > 0) is accepted only when its input's dim on `axis` is a multiple of "
         "block_size (no partial last block; OpenVINO's CPU plugin refuses one, probed). constant_inputs: every "
         "input after the first must be a constant (an initializer or a Constant node's output), as OpenVINO's "
-        "CPU plugin compiles Unsqueeze-13's axes only so (probed).",
+        "CPU plugin compiles Unsqueeze-13's axes only so (probed). per_tensor_zero_points: every input whose "
+        "formal name ends in 'zero_point' holds at most one element (ORT's CPU ConvInteger fails at run on a "
+        "per-channel w_zero_point, probed).",
     )
     opset_max: int | None = Field(
         None,

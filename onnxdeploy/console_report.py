@@ -108,6 +108,8 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
         if report.runtimes:
             out.print(runtimes_table(report.runtimes))
         print_first_divergent(out, report.verify)
+        if report.verify.batching is not None:  # verify.batching: one line of its figures
+            out.print(report.verify.batching.summary(), highlight=False, markup=False, soft_wrap=True)
         if report.verify.generations is not None:
             from onnxdeploy.text_report import generations_table  # noqa: PLC0415  (report models)
 

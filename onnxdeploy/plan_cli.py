@@ -59,10 +59,10 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Size a batch, cache lengths, prefill buckets and KV dtype for a device; print a pipeline snippet."""
-    from onnxdeploy.cli import _consoles, _fail  # noqa: PLC0415  (cli imports this module)
+    from onnxdeploy.cli_common import consoles, fail  # noqa: PLC0415
     from onnxdeploy.plan import DEFAULT_BANDWIDTH, make_plan, model_facts, pipeline_snippet, read_prompt_lengths
 
-    out, err = _consoles(as_json)
+    out, err = consoles(as_json)
     try:
         budget = parse_bytes(memory)
         if new_tokens < 1:
@@ -80,7 +80,7 @@ def plan_cmd(
 
             measured = measure_plan(model, plan, lengths, new_tokens)
     except OnnxDeployError as exc:
-        raise _fail(err, exc, as_json=as_json) from None
+        raise fail(err, exc, as_json=as_json) from None
     payload = {
         "batch": plan.batch,
         "max_cache_len": plan.max_cache_len,

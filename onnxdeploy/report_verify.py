@@ -25,6 +25,9 @@ __all__ = [
     "VerifyReport",
     "AccuracyFigures",
     "AccuracyReport",
+    "PolicyQualityFigures",
+    "BatchRequestReport",
+    "BatchingReport",
     "spike_threshold_ms",
     "summarise_steps",
     "summarise_verify",
@@ -265,6 +268,63 @@ class GenerationsReport(BaseModel):
     )
 
 
+class BatchRequestReport(BaseModel):
+    """One request of ``verify.batching``'s trace served on the candidate, against its batch-1 decode of the original.
+
+    Logit figures are over the float32 logits each generated token was chosen from (the prefill's last position,
+    then every decode step), the original decoding the request alone and greedily (runner/batching_verify.py).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int = Field(description="The request's index in the trace.")
+    prompt_len: int
+    new_tokens: int = Field(description="Tokens the host generated (max_new_tokens, or fewer at a stop token).")
+    equal_tokens: int = Field(description="Of those, how many from the first equal the original's greedy tokens.")
+    max_abs_logit_diff: float
+    top1_agreement: float
+    row: int = Field(description="The decode row it ran in.")
+    admitted: int = Field(description="The host's decode step at which it was prefilled.")
+    finished: int = Field(description="The decode step after which its row was free.")
+    passed: bool
+
+
+class BatchingReport(BaseModel):
+    """``verify.batching``: a trace served by the continuous-batching host on the candidate, request by request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    passed: bool
+    policy: str = Field(description="continuous or static.")
+    trace: str = Field(description="The trace file, or 'inline' (verify.batching's own requests / poisson).")
+    batch: int = Field(description="Rows of the candidate's decode graph.")
+    decode_steps: int = Field(description="Decode calls the host made over the trace.")
+    max_abs_logit_diff_threshold: float
+    requests: list[BatchRequestReport]
+
+    def summary(self) -> str:
+        """One line of the figures: requests equal, tokens, max |Δ|, lowest top-1, decode calls."""
+        ok = sum(r.passed for r in self.requests)
+        tokens = sum(r.new_tokens for r in self.requests)
+        worst = max((r.max_abs_logit_diff for r in self.requests), default=0.0)
+        top1 = min((r.top1_agreement for r in self.requests), default=1.0)
+        return (
+            f"batching ({self.policy}, B={self.batch}, trace {self.trace}): {ok}/{len(self.requests)} requests equal "
+            f"to their batch-1 decode, {tokens} tokens in {self.decode_steps} decode calls, max |Δ| {worst:.2g} "
+            f"(allowed {self.max_abs_logit_diff_threshold:.2g}), top-1 {top1:.3f}"
+        )
+
+    def failures(self) -> list[str]:
+        """One line per request that failed: tokens equal, max |Δ| against the tolerance, top-1."""
+        return [
+            f"verify batching: request {r.id} ({r.prompt_len} prompt, admitted at step {r.admitted}, row {r.row}): "
+            f"{r.equal_tokens}/{r.new_tokens} tokens equal, max |Δ| {r.max_abs_logit_diff:.3g} (allowed "
+            f"{self.max_abs_logit_diff_threshold:.3g}), top-1 {r.top1_agreement:.3f}"
+            for r in self.requests
+            if not r.passed
+        ]
+
+
 class VerifyReport(BaseModel):
     """Step-by-step verification of a candidate against the original on ONNX Runtime."""
 
@@ -310,6 +370,9 @@ class VerifyReport(BaseModel):
     generations: GenerationsReport | None = Field(
         None, description="Both models' free-running generations as text, when a tokenizer is known (text.py)."
     )
+    batching: BatchingReport | None = Field(
+        None, description="verify.batching: the trace served by continuous batching, per request (null: not set)."
+    )
 
     def graphs_driven_text(self) -> str | None:
         """One line naming the calls per graph of a set (and those driven outside the modes), else None."""
@@ -340,6 +403,34 @@ class AccuracyFigures(BaseModel):
     )
 
 
+class PolicyQualityFigures(BaseModel):
+    """``cache_policy``'s quality cost: its sinks + recent decode against the full-context original (held-out text).
+
+    Measured by :func:`onnxdeploy.runner.cache_policy.evaluate_policy_accuracy` on ``verify.accuracy``'s tokens, over
+    the positions at or past ``max_cache_len`` (where the policy evicts; before, both see the whole text).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    sinks: int = Field(description="The contract's cache_policy.sinks (slots kept from the start).")
+    recent: int = Field(description="The contract's cache_policy.recent (last positions kept).")
+    max_cache_len: int = Field(description="The cache length the policy acts past (a set's largest).")
+    tokens: int = Field(description="Held-out tokens fed to both, teacher-forced.")
+    evicting_positions: int = Field(description="Positions at or past max_cache_len: the ones compared.")
+    mean_kl: float | None = Field(None, description="Mean KL(full context || policy) over them, nats; None: none.")
+    top1_agreement: float | None = Field(None, description="Argmax agreement over them; None: none compared.")
+
+    def text(self) -> str:
+        """One console line: the policy, the figures and over what they were taken."""
+        policy = f"cache_policy sinks {self.sinks} + recent {self.recent} past max_cache_len {self.max_cache_len}"
+        if self.mean_kl is None or self.top1_agreement is None:
+            return f"{policy}: quality not measured: the {self.tokens} held-out tokens never pass max_cache_len"
+        return (
+            f"{policy}: KL(full context || policy) {self.mean_kl:.3g} nats, top-1 {self.top1_agreement:.3f} over the "
+            f"{self.evicting_positions} evicting positions of {self.tokens} held-out tokens"
+        )
+
+
 class AccuracyReport(BaseModel):
     """``verify.accuracy``: the candidate's teacher-forced accuracy on held-out tokens (runner/accuracy.py).
 
@@ -366,6 +457,11 @@ class AccuracyReport(BaseModel):
     min_top1_agreement: float | None = None
     max_ppl_ratio: float | None = None
     failures: list[str] = Field(default_factory=list)
+    policy_quality: PolicyQualityFigures | None = Field(
+        None,
+        description="A cache_policy candidate: what the policy costs against the full context on all the held-out "
+        "tokens (the figures above are then taken on the first max_cache_len of them, where nothing is evicted).",
+    )
 
 
 def spike_threshold_ms(mode: ModeResult) -> float:

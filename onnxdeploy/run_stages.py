@@ -18,6 +18,7 @@ from pathlib import Path
 import onnx_ir
 
 from onnxdeploy.artifacts import Artifact, ArtifactSet, EarlierOutputs
+from onnxdeploy.batching_stage import batching_report, check_batching
 from onnxdeploy.checks import CheckContext, get_check
 from onnxdeploy.checks.target import TARGET_CHECKS
 from onnxdeploy.config import PipelineConfig, default_checks
@@ -46,8 +47,9 @@ from onnxdeploy.report import (
     TensorInfo,
     VerifyReport,
 )
-from onnxdeploy.runner import check_header, verify
+from onnxdeploy.runner import check_header, logits_vocab, verify
 from onnxdeploy.runner.accuracy import evaluate_accuracy
+from onnxdeploy.runner.cache_policy import evaluate_policy_accuracy
 from onnxdeploy.runner.thresholds import LogitThresholds
 from onnxdeploy.sdk_stage import other_runtimes
 from onnxdeploy.text import generations_with
@@ -183,8 +185,9 @@ def _check_before_passes(config: PipelineConfig, artifacts: ArtifactSet) -> None
 
     Raises:
         ConfigError: the passes' order keeps one from running (``pass_order_problem`` with the input graph), a
-            pass's ``check_model`` hook refuses (prefixed with the pipeline key), or a prompt id is outside the
-            vocabulary of the model's logits output.
+            pass's ``check_model`` hook refuses (prefixed with the pipeline key), a prompt id is outside the
+            vocabulary of the model's logits output, or ``verify.batching`` cannot be served
+            (:func:`~onnxdeploy.batching_stage.check_batching`).
     """
     where = _where(config)
     problem = pass_order_problem([spec.build() for spec in config.passes], artifacts.primary)
@@ -199,6 +202,7 @@ def _check_before_passes(config: PipelineConfig, artifacts: ArtifactSet) -> None
             raise ConfigError(f"{where}: key 'passes[{i}].{spec.name}': {exc}") from None
     if config.verify is not None:
         _check_prompt_vocab(config, where)
+        check_batching(config, logits_vocab(config.model))
 
 
 def _check_prompt_vocab(config: PipelineConfig, where: str) -> None:
@@ -495,10 +499,16 @@ def verify_stage(
     fallbacks = [line.replace(str(candidate), str(final)) for line in report.provider_fallbacks]
     report = report.model_copy(update={"candidate": str(final), "provider_fallbacks": fallbacks})
     report = generations_with(report, v.tokenizer, prompt_text=v.prompt_text, chat=v.chat_template)
+    batching = None
+    if v.batching is not None:  # the trace served by continuous batching, each request against its batch-1 decode
+        say(f"verify: batching ({v.batching.policy}), each request against its batch-1 decode of the original")
+        batching = batching_report(config, candidate, logits_vocab(config.model))
+        report = report.model_copy(update={"batching": batching})
     runtimes = other_runtimes(config, candidate, held_out, calibration or [], say)
     accuracy = _accuracy(config, held_out, candidate, final, say)
     failures = [*(accuracy.failures if accuracy is not None else []), *_verify_failures(report)]
     failures += [_runtime_failure(r) for r in runtimes if not r.passed]
+    failures += batching.failures() if batching is not None else []
     return Verified(verify=report, accuracy=accuracy, runtimes=runtimes, failures=failures)
 
 
@@ -532,15 +542,15 @@ def _accuracy(
     if acc is None or tokens is None:
         return None
     say(f"accuracy: {len(tokens)} held-out tokens, teacher-forced")
-    report = evaluate_accuracy(
-        str(config.model),
-        str(candidate),
-        tokens,
-        providers=tuple(config.verify.providers),
-        max_mean_kl=acc.max_mean_kl,
-        min_top1_agreement=acc.min_top1_agreement,
-        max_ppl_ratio=acc.max_ppl_ratio,
-    )
+    thresholds = {"max_mean_kl": acc.max_mean_kl, "min_top1_agreement": acc.min_top1_agreement}
+    thresholds["max_ppl_ratio"] = acc.max_ppl_ratio
+    providers = tuple(config.verify.providers)
+    # a cache_policy candidate: figures within its cache, and the policy's cost against the full context (issue 18)
+    report = evaluate_policy_accuracy(str(config.model), str(candidate), tokens, providers=providers, **thresholds)
+    if report is None:
+        report = evaluate_accuracy(str(config.model), str(candidate), tokens, providers=providers, **thresholds)
+    elif report.policy_quality is not None:
+        say(report.policy_quality.text())
     return report.model_copy(update={"candidate": str(final)})
 
 

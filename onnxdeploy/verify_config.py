@@ -10,9 +10,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from onnxdeploy.batching_trace import PoissonTrace, TraceRequest, TraceSpec
 from onnxdeploy.config_errors import did_you_mean
 
-__all__ = ["AccuracyConfig", "CalibrationConfig", "RuntimeName", "RuntimeSpec", "VerifyConfig"]
+__all__ = [
+    "AccuracyConfig",
+    "BatchingConfig",
+    "CalibrationConfig",
+    "PoissonTrace",
+    "RuntimeName",
+    "RuntimeSpec",
+    "TraceRequest",
+    "TraceSpec",
+    "VerifyConfig",
+]
 
 
 RuntimeName = Literal["onnxruntime", "openvino", "rknn-sim"]
@@ -133,6 +144,11 @@ class VerifyConfig(BaseModel):
         description="Graph sets: how the prompt tokens left after the largest bucket are fed: one padded chunk of "
         "the smallest bucket that holds them, or smaller buckets.",
     )
+    batching: BatchingConfig | None = Field(
+        None,
+        description="Continuous batching: serve a deterministic arrival trace on the candidate (a static_kv "
+        "{row_positions: true} set) and compare each request with its own batch-1 decode of the original.",
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -186,6 +202,39 @@ class VerifyConfig(BaseModel):
             else s.model_copy(update={"max_abs_logit_diff": self.max_abs_logit_diff})
             for s in self.runtimes
         ]
+
+
+class BatchingConfig(TraceSpec):
+    """The ``verify.batching`` section: a trace served by continuous batching on the candidate, each request checked.
+
+    The trace is a file (``trace``, relative to the pipeline file) or given inline (``requests`` or ``poisson``,
+    the file's keys): exactly one. The candidate must be a ``static_kv {row_positions: true}`` set with batch-1
+    prefill buckets (``prefill_batch: 1``, a step length > 1); every request must fit ``max_cache_len``.
+    """
+
+    trace: Path | None = Field(
+        None,
+        strict=False,
+        description="A trace file (YAML: requests or poisson, as inline), relative to the pipeline file.",
+    )
+    policy: Literal["continuous", "static"] = Field(
+        "continuous",
+        description="continuous: a freed row is refilled at once; static: a batch of B runs until its longest ends.",
+    )
+    max_abs_logit_diff: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Largest allowed max-abs logit difference per request; null: verify.max_abs_logit_diff.",
+    )
+
+    @model_validator(mode="after")
+    def _one_trace(self) -> BatchingConfig:
+        if (self.trace is None) == (not self.trace_given()):
+            raise ValueError("give exactly one of trace (a file), requests (listed) and poisson (drawn)")
+        if self.trace is not None and {"vocab", "seed"} & self.model_fields_set:
+            raise ValueError("vocab and seed belong in the trace file when trace is given")
+        return self
 
 
 class CalibrationConfig(BaseModel):

@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from onnxdeploy.graph import const_ints, dtype_name, numpy_dtype_of
 from onnxdeploy.passes._edit import constant_node, make_node
+from onnxdeploy.passes._opset_rewrites import lower_pad_wrap
 from onnxdeploy.passes._opset_schemas import check_types, refuse, schema_at, stems
 
 __all__ = [
@@ -119,13 +120,15 @@ def lower_reshape(node: ir.Node, current: int, target: int) -> list[ir.Node]:
 def lower_pad(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     """Pad-18 added the optional ``axes`` input and Pad-19 the ``wrap`` mode; without them Pad-13/11 mean the same.
 
+    ``wrap`` below 19 is spelled with Slice and Concat (``_opset_rewrites.lower_pad_wrap``).
+
     ``axes`` is kept for targets 18 and up; below 18 a constant ``axes`` on an input of known rank becomes full
     ``pads`` (a Gather of ``[pads..., 0]``: pad 0 on every axis not listed). Source: ONNX Operators.md,
     Pad-11/13/18/19.
     """
     mode = node.attributes.get("mode")
     if mode is not None and mode.as_string() == "wrap" and target < 19:
-        raise refuse(node, "mode='wrap' first exists at opset 19", 19)
+        return lower_pad_wrap(node, current, target)
     axes = node.inputs[3] if len(node.inputs) > 3 else None
     if target >= 18 or axes is None:
         if len(node.inputs) > 3 and axes is None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxdeploy.graph import numpy_dtype_of
+from onnxdeploy.graph import const_ints, numpy_dtype_of
 from onnxdeploy.passes._edit import constant_node, make_node
 from onnxdeploy.passes._opset_schemas import check_types, copy_type, refuse, schema_at, stems
 
-__all__ = ["lower_cast_like", "lower_shape", "lower_softmax", "lower_trilu"]
+__all__ = ["lower_cast_like", "lower_pad_wrap", "lower_shape", "lower_softmax", "lower_trilu"]
 
 
 def lower_shape(node: ir.Node, current: int, target: int) -> list[ir.Node]:
@@ -141,3 +141,36 @@ def lower_softmax(node: ir.Node, current: int, target: int) -> list[ir.Node]:
     inner = make_node(node.op_type, [before.outputs[0]], name=f"{name}__inner", output=f"{p}__inner", axis=rank - 1)
     after = ir.node("Transpose", [inner.outputs[0]], attributes={"perm": inverse}, name=name)
     return [before, inner, after]
+
+
+def lower_pad_wrap(node: ir.Node, current: int, target: int) -> list[ir.Node]:
+    """Pad-19+ ``mode='wrap'`` below 19 → per padded axis, a Gather of ``Mod(Range(-begin, dim + end), dim)``.
+
+    Operators.md (Pad-19) defines wrap as the input repeated around itself: output index ``j`` on an axis reads
+    input index ``(j - begin) mod dim``; negative pads crop, as they do in Pad. ``pads`` may be computed at run
+    time; the input's rank and ``axes`` (when given) must be known, else refused naming why.
+    """
+    x = node.inputs[0]
+    pads = node.inputs[1] if len(node.inputs) > 1 else None
+    axes_value = node.inputs[3] if len(node.inputs) > 3 else None
+    axes = const_ints(axes_value) if axes_value is not None else None
+    shape = x.shape
+    why = "mode='wrap' first exists at opset 19"
+    if pads is None or (axes_value is not None and axes is None) or shape is None:
+        raise refuse(node, f"{why}, and its axes are not constant or its input's rank is unknown", 19)
+    rank = len(shape)
+    axes = [a % rank for a in axes] if axes is not None else list(range(rank))
+    n = len(axes)
+    chain = _Chain(node)
+    dims = chain.add("Shape", [x])
+    one = chain.constant("wrap_one", np.array(1, np.int64))
+    cur = x
+    for i, axis in enumerate(axes):
+        begin = chain.add("Gather", [pads, chain.constant(f"wrap_ib{axis}", np.array(i, np.int64))], axis=0)
+        end = chain.add("Gather", [pads, chain.constant(f"wrap_ie{axis}", np.array(n + i, np.int64))], axis=0)
+        dim = chain.add("Gather", [dims, chain.constant(f"wrap_axis{axis}", np.array(axis, np.int64))], axis=0)
+        positions = chain.add("Range", [chain.add("Neg", [begin]), chain.add("Add", [dim, end]), one])
+        cur = chain.add("Gather", [cur, chain.add("Mod", [positions, dim])], axis=axis)
+    last = chain.nodes[-1]
+    last.name = chain.name
+    return chain.nodes

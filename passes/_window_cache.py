@@ -6,7 +6,7 @@ be a ring of ``W + max(step_lens) − 1`` slots (the room a chunk of the largest
 is one for the whole graph set, so a host never re-slots a ring buffer when it switches graphs
 (:func:`onnxdeploy.runner.host.move_slots` takes a buffer of the same shape as it is).
 
-:func:`probe_windows` reads each attention site's window as ``mask_rewrite`` does (the exporter's integer
+:func:`probe_layer_windows` reads each layer's window as ``mask_rewrite`` does (the exporter's integer
 constants, confirmed by running the old mask and the candidate at every chunk start:
 :func:`~onnxdeploy.passes._mask_windows.choose_windows`), on a first static build of the primary graph.
 :func:`ring_slots` adds the slot a call writes (``Mod(cache_position, length)``); ``cache_position`` itself stays
@@ -29,16 +29,16 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxdeploy.contract import DecodeContract
-from onnxdeploy.errors import PreconditionError
+from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.kv_cache import KVCache
 from onnxdeploy.passes._attention_decompose import decompose_attention
 from onnxdeploy.passes._attention_sites import find_attention_sites, key_cache_inputs
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node
-from onnxdeploy.passes._mask_windows import choose_windows
+from onnxdeploy.passes._mask_windows import choose_windows, window_candidates
 from onnxdeploy.passes._position_mask import PositionMaskBuilder
 
-__all__ = ["probe_layer_windows", "probe_windows", "ring_length", "ring_slots", "ring_views"]
+__all__ = ["plan_rings", "probe_layer_windows", "refuse_oversized_window", "ring_length", "ring_slots", "ring_views"]
 
 
 def ring_length(window: int, step_lens: list[int]) -> int:
@@ -46,41 +46,85 @@ def ring_length(window: int, step_lens: list[int]) -> int:
     return window + max(step_lens) - 1
 
 
-def probe_windows(model: ir.Model, contract: DecodeContract, context: PassContext, *, source: str, who: str) -> int:
-    """The one sliding window every attention site of a static graph applies (module docstring).
+def plan_rings(
+    windows: list[int | None], step_lens: list[int], smallest_cache: int, *, who: str
+) -> tuple[int | None, dict[int, int], str]:
+    """Which form the rings take (module docstring), from each layer's window.
 
     Args:
-        model: a static graph with its decode contract (not edited: probed on a structural copy).
-        contract: its contract.
-        context: the pass context (the probe's ORT session).
-        source: the graph named in errors.
+        windows: per layer its window, None for a global layer (:func:`probe_layer_windows`).
+        step_lens: the set's step lengths.
+        smallest_cache: the smallest ``max_cache_len`` of the set.
         who: the pass named in errors.
 
     Returns:
-        W, in positions.
+        ``(uniform length or None, {layer: ring length} for the view form, a line for the report)``: every layer
+        with the one window gives the uniform form, anything else the view form.
 
     Raises:
-        PreconditionError: a site without a window, or sites with different windows (names them).
+        PreconditionError: no layer has a window.
+        ConfigError: a ring not shorter than ``smallest_cache``.
     """
-    copy = clone(model)
-    g = copy.graph
-    decompose_attention(g, who=who)
-    infer_shapes(copy)
-    sites = find_attention_sites(g, key_cache_inputs(contract), contract.max_cache_len, who=who)
-    inputs = {str(v.name): v for v in g.inputs}
-    cache_position = inputs[str(contract.inputs.cache_position)]
-    attention_mask = inputs.get(str(contract.inputs.attention_mask))
-    S, L = contract.step_len, contract.max_cache_len
-    builder = PositionMaskBuilder(g, cache_position, None, contract.batch, S, L, "onnxdeploy/window_probe")
-    windows = choose_windows(copy, sites, builder, contract, padding=False, context=context, source=source, who=who)
-    del attention_mask
-    if None in windows or len(set(windows)) != 1:
+    if all(w is None for w in windows):
         raise PreconditionError(
-            who,
-            f"window_cache: the attention sites' windows are {windows} (None: global); ring caches need every layer "
-            "windowed with one window (a mix of local and global layers is not supported yet)",
+            who, f"window_cache: the layers' windows are {windows} (None: global): no layer has a sliding window"
         )
-    return int(windows[0])  # type: ignore[arg-type]
+    rings = {i: ring_length(w, step_lens) for i, w in enumerate(windows) if w is not None}
+    if max(rings.values()) >= smallest_cache:
+        raise ConfigError(
+            f"window_cache: a window + max(step_lens) - 1 = {max(rings.values())} slots is not smaller than "
+            f"max_cache_len {smallest_cache}; raise max_cache_len or drop window_cache"
+        )
+    if None not in windows and len(set(windows)) == 1:
+        length = rings[0]
+        return (
+            length,
+            {},
+            (
+                f"window_cache: every layer has sliding window {windows[0]} (confirmed by running): ring buffers of "
+                f"{length} slots (W + max(step_lens) - 1), slot = position mod {length}"
+            ),
+        )
+    return (
+        None,
+        rings,
+        (
+            f"window_cache: layer windows {windows} (None: global, confirmed by running): windowed layers are rings of "
+            f"{sorted(set(rings.values()))} slots read through a view of max_cache_len"
+        ),
+    )
+
+
+def refuse_oversized_window(graph: ir.Graph, step_lens: list[int], smallest_cache: int, key: str) -> None:
+    """Refuse, before any pass, a ring not smaller than the cache whatever window the graph turns out to have.
+
+    Read off the input graph without running it (no weight read): per attention Softmax, the exporter's window
+    constants (:func:`~onnxdeploy.passes._mask_windows.window_candidates`, the ones ``mask_rewrite`` and
+    :func:`probe_layer_windows` try). A layer's window is one of its candidates or none (global), so the smallest
+    candidate of the graph bounds every window from below: when even its ring (:func:`ring_length`) is not smaller
+    than ``smallest_cache``, :func:`plan_rings` would refuse after the probe. A window above that bound, or one held
+    by an attention op's attribute, is still refused by :func:`plan_rings` inside the pass.
+
+    Args:
+        graph: the input export.
+        step_lens: the set's step lengths.
+        smallest_cache: the smallest ``max_cache_len`` of the set.
+        key: the config key naming it (``max_cache_len=8``), for the message.
+
+    Raises:
+        ConfigError: naming the Softmax node, its window and the ring's arithmetic.
+    """
+    found = [(min(c), str(n.name)) for n in graph if n.op_type == "Softmax" and (c := window_candidates(n.inputs[0]))]
+    if not found:
+        return
+    window, node = min(found)
+    length = ring_length(window, step_lens)
+    if length >= smallest_cache:
+        raise ConfigError(
+            f"{key}: window_cache: the smallest sliding window in the graph is {window} (the mask Softmax '{node}' "
+            f"reads), so a ring needs at least {window} + max(step_lens) {max(step_lens)} - 1 = {length} slots, not "
+            f"smaller than max_cache_len {smallest_cache}; raise max_cache_len above {length} or drop window_cache"
+        )
 
 
 def ring_slots(graph: ir.Graph, cache_position: ir.Value, length: int, step_len: int) -> ir.Value:
@@ -109,7 +153,7 @@ def ring_slots(graph: ir.Graph, cache_position: ir.Value, length: int, step_len:
 def probe_layer_windows(
     model: ir.Model, contract: DecodeContract, kv: KVCache, context: PassContext, *, source: str, who: str
 ) -> list[int | None]:
-    """Each layer's sliding window (None: global), probed as :func:`probe_windows` does.
+    """Each layer's sliding window (None: global), read and confirmed by running as ``mask_rewrite`` does.
 
     Args:
         model: a static graph with its decode contract (probed on a structural copy).

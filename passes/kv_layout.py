@@ -408,15 +408,15 @@ def _relayout(
     cache_position = inputs[c.inputs.cache_position] if c.inputs.cache_position else None
     if cache_position is None:
         raise PreconditionError(who, "the contract names no cache_position input; run static_kv first")
+    rings = {e.cache_len for e in c.cache if e.slot_mapping == "ring"}  # window_cache: one ring, slot = p mod it
+    if rings and (len(rings) > 1 or any(e.slot_mapping != "ring" for e in c.cache)):
+        raise PreconditionError(who, "window_cache with mixed local and global layers keeps the BHSD layout today")
     found = [
         [_find_tensor(graph, c, past, present, who) for past, present in c.layer_cache_pairs(entry)]
         for entry in c.cache
     ]
     method, update_mode = _write_method(found, c, cfg)
     Dp = padded_head_dim(c.head_dim, cfg.pad_head_dim_to)
-    rings = {e.cache_len for e in c.cache if e.slot_mapping == "ring"}  # window_cache: one ring, slot = p mod it
-    if rings and (len(rings) > 1 or any(e.slot_mapping != "ring" for e in c.cache)):
-        raise PreconditionError(who, "window_cache with mixed local and global layers keeps the BHSD layout today")
     view, slots = c, cache_position
     if rings:
         view = c.model_copy(update={"max_cache_len": next(iter(rings))})

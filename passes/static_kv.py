@@ -64,7 +64,13 @@ from onnxdeploy.passes._last_position import LAST_TOKEN_INDEX, gather_last_posit
 from onnxdeploy.passes._order import BHSD_CACHE, CONTRACT
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.passes._query_positions import export_batch, feed_query_positions, find_query_positions
-from onnxdeploy.passes._window_cache import probe_layer_windows, probe_windows, ring_length, ring_slots, ring_views
+from onnxdeploy.passes._window_cache import (
+    plan_rings,
+    probe_layer_windows,
+    refuse_oversized_window,
+    ring_slots,
+    ring_views,
+)
 from onnxdeploy.report import PassReport
 from onnxdeploy.resources import available_memory_bytes
 from onnxdeploy.settings import PipelineSettings, SettingsConflict
@@ -132,11 +138,12 @@ class StaticKVCachePass(Pass):
             ConfigError: ``len(prompt) + steps`` above the largest cache length. The message starts with the key
                 below ``passes[i].static_kv`` (``max_cache_len=…`` or ``max_cache_lens=…``).
             SettingsConflict: under ``verify.accuracy.max_tokens``, more held-out tokens than the largest cache
-                length. (Every ``verify.runtimes`` entry drives graph sets and ``step_len > 1`` graphs, issue 19.)
+                length (allowed with ``cache_policy``: its quality cost is measured past the cache). (Every
+                ``verify.runtimes`` entry drives graph sets and ``step_len > 1`` graphs, issue 19.)
         """
         cfg = self.config
         positions, largest = settings.verify_positions, cfg.caches()[-1]
-        if positions is not None and positions > largest:
+        if positions is not None and positions > largest and cfg.cache_policy is None:  # a policy decodes on
             prompt = settings.verify_prompt_len or 0
             key = f"max_cache_len={largest}" if cfg.max_cache_lens is None else f"max_cache_lens={cfg.max_cache_lens}"
             text = f", or shorten {settings.prompt_key}" if settings.prompt_key != "verify.prompt" else ""
@@ -145,7 +152,7 @@ class StaticKVCachePass(Pass):
                 f"positions verification decodes; lower verify.steps or raise the largest cache length{text}"
             )
         held_out = settings.accuracy_tokens
-        if held_out is not None and held_out > largest:
+        if held_out is not None and held_out > largest and cfg.cache_policy is None:  # a policy's cost needs more
             raise SettingsConflict(
                 "verify.accuracy.max_tokens",
                 f"the {held_out} held-out tokens are decoded as one teacher-forced sequence, but {{pass_key}} makes "
@@ -163,8 +170,9 @@ class StaticKVCachePass(Pass):
         Raises:
             PreconditionError: no KV cache, no single logits output, a batch other than the export's, or an
                 ``is_causal`` Attention with q_len != kv_len (``causal_refusal``, naming the node).
-            ConfigError: ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × 3 copies`` plus the
-                folded constants, or the peak of folding, exceed
+            ConfigError: with ``window_cache``, a ring not smaller than the smallest cache even at the graph's
+                smallest window constant (``refuse_oversized_window``); ``2 × layers × B × H_kv × max_cache_len × D
+                × dtype bytes × 3 copies`` plus the folded constants, or the peak of folding, exceed
                 :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
         self._refuse_contract(model)
@@ -176,6 +184,14 @@ class StaticKVCachePass(Pass):
                 "positions with a cut past (neither on the device nor in verification); re-export with position_ids"
             )
         kv = self._find(model)
+        cfg = self.config
+        if cfg.window_cache:
+            key = (
+                f"max_cache_len={cfg.caches()[0]}"
+                if cfg.max_cache_lens is None
+                else f"max_cache_lens={cfg.max_cache_lens}"
+            )
+            refuse_oversized_window(model.graph, cfg.steps(), cfg.caches()[0], key)
         available = available_memory_bytes()
         if available is None:
             return
@@ -311,46 +327,27 @@ class StaticKVCachePass(Pass):
     def _ring_length(
         self, original: ir.Model, query_positions: list[str], head_dim: int | None, context: PassContext, report
     ) -> int | None:
-        """With ``window_cache``: the ring length of every layer (:mod:`~onnxdeploy.passes._window_cache`), else None.
+        """With ``window_cache``: the one ring length when every layer has it, else None (module ``_window_cache``).
+
+        Mixed layers set ``self._layer_rings`` (layer -> ring length), read through views in :meth:`_rewrite_cache`.
 
         Raises:
-            PreconditionError: layers without one common window (``probe_windows``).
-            ConfigError: the ring is not shorter than the smallest ``max_cache_len`` (the window is too large).
+            PreconditionError: no layer has a window.
+            ConfigError: a ring not shorter than the smallest ``max_cache_len`` (the window is too large).
         """
         cfg = self.config
+        self._ring, self._layer_rings = None, {}
         if not cfg.window_cache:
             return None
-        self._ring, self._layer_rings = None, {}
         S, L = cfg.steps()[0], cfg.caches()[-1]
         probe, contract = self._rewrite(clone(original), query_positions, S, L, PassReport(name=self.name), head_dim)
         write_contract(probe, contract)
         windows = probe_layer_windows(
             probe, contract, self._find(original, head_dim), context, source="the primary graph", who=self.name
         )
-        if None in windows and any(w is not None for w in windows):  # mixed local/global layers: rings by view
-            self._layer_rings = {i: ring_length(w, cfg.steps()) for i, w in enumerate(windows) if w is not None}
-            if max(self._layer_rings.values()) >= cfg.caches()[0]:
-                raise ConfigError(
-                    f"window_cache: a window + max(step_lens) - 1 ({max(self._layer_rings.values())} slots) is not "
-                    f"smaller than max_cache_len {cfg.caches()[0]}; raise max_cache_len or drop window_cache"
-                )
-            report.changes.append(
-                f"window_cache: layer windows {windows} (None: global, confirmed by running): windowed layers are "
-                f"rings of {sorted(set(self._layer_rings.values()))} slots read through a view of max_cache_len"
-            )
-            return None
-        window = probe_windows(probe, contract, context, source="the primary graph", who=self.name)
-        length = ring_length(window, cfg.steps())
-        if length >= cfg.caches()[0]:
-            raise ConfigError(
-                f"window_cache: the window {window} + max(step_lens) - 1 = {length} slots is not smaller than "
-                f"max_cache_len {cfg.caches()[0]}; raise max_cache_len or drop window_cache"
-            )
-        report.changes.append(
-            f"window_cache: every layer has sliding window {window} (confirmed by running): ring buffers of {length} "
-            f"slots (W + max(step_lens) - 1), slot = position mod {length}"
-        )
-        return length
+        uniform, self._layer_rings, line = plan_rings(windows, cfg.steps(), cfg.caches()[0], who=self.name)
+        report.changes.append(line)
+        return uniform
 
     def _build_set(
         self,

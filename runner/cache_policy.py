@@ -29,21 +29,25 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxdeploy.contract import EMPTY_SLOT, CachePolicy, DecodeContract
+from onnxdeploy.contract import EMPTY_SLOT, CachePolicy, DecodeContract, read_contract
 from onnxdeploy.errors import ConfigError, ContractError
+from onnxdeploy.report_verify import AccuracyReport, PolicyQualityFigures
+from onnxdeploy.runner.accuracy import evaluate_accuracy
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decoder import open_decoder
 from onnxdeploy.runner.exporter_decoder import ExporterDecoder
 from onnxdeploy.runner.graph_set import GraphSetDecoder
 from onnxdeploy.runner.host import StepInputs, allocate_buffers
-from onnxdeploy.runner.session import DEFAULT_PROVIDERS, open_session
+from onnxdeploy.runner.session import DEFAULT_PROVIDERS, open_session, read_header
 
 __all__ = [
     "CutPastReference",
+    "PolicyDecoder",
     "PolicyComparison",
     "PolicyQuality",
     "SinkRecentHost",
     "compare_with_cut_past",
+    "evaluate_policy_accuracy",
     "policy_quality",
     "visible",
 ]
@@ -308,3 +312,134 @@ def policy_quality(
         mean_kl=float(kl.mean()),
         top1_agreement=float((want[M:].argmax(-1) == got[M:].argmax(-1)).mean()),
     )
+
+
+def evaluate_policy_accuracy(
+    original: str | Path,
+    candidate: str | Path,
+    tokens: Sequence[int],
+    *,
+    providers: Sequence[str] = DEFAULT_PROVIDERS,
+    max_mean_kl: float | None = None,
+    min_top1_agreement: float | None = None,
+    max_ppl_ratio: float | None = None,
+) -> AccuracyReport | None:
+    """``verify.accuracy`` of a ``cache_policy`` candidate: the usual figures, and what the policy costs.
+
+    With ``M`` the candidate's largest ``max_cache_len``: the first ``M`` held-out tokens give the figures and
+    thresholds of :func:`~onnxdeploy.runner.accuracy.evaluate_accuracy` (nothing is evicted there, so they measure
+    the transformation alone); every token gives :func:`policy_quality` (KL(full ‖ policy) and top-1 over the
+    positions at or past ``M``), reported as ``policy_quality`` (not a threshold: the trade is the user's choice).
+
+    Args:
+        original: the exporter-convention export.
+        candidate: the static graph (or set).
+        tokens: held-out token ids (more than ``M`` for a policy figure; at least two).
+        providers: ORT execution providers for both.
+        max_mean_kl: as :func:`~onnxdeploy.runner.accuracy.evaluate_accuracy`.
+        min_top1_agreement: as :func:`~onnxdeploy.runner.accuracy.evaluate_accuracy`.
+        max_ppl_ratio: as :func:`~onnxdeploy.runner.accuracy.evaluate_accuracy`.
+
+    Returns:
+        The report with ``policy_quality`` set (its figures None when ``tokens`` never pass ``M``), or None when
+        the candidate's contract has no ``cache_policy`` (the caller measures it as any candidate).
+
+    Raises:
+        ConfigError, ModelLoadError, ContractError, DecodeRunError: as :func:`evaluate_accuracy` and
+            :func:`policy_quality`.
+    """
+    contract = read_contract(read_header(candidate), source=str(candidate))
+    if contract is None or contract.cache_policy is None:
+        return None
+    M = max([contract.max_cache_len, *(e.max_cache_len for e in contract.graph_set)])
+    tokens = [int(t) for t in tokens]
+    report = evaluate_accuracy(
+        original,
+        candidate,
+        tokens[:M],
+        providers=providers,
+        max_mean_kl=max_mean_kl,
+        min_top1_agreement=min_top1_agreement,
+        max_ppl_ratio=max_ppl_ratio,
+    )
+    policy = contract.cache_policy
+    figures = PolicyQualityFigures(
+        sinks=policy.sinks, recent=policy.recent, max_cache_len=M, tokens=len(tokens), evicting_positions=0
+    )
+    if len(tokens) > M:
+        quality = policy_quality(original, candidate, tokens, providers=providers)
+        figures = figures.model_copy(
+            update={
+                "evicting_positions": quality.evicting_positions,
+                "mean_kl": quality.mean_kl,
+                "top1_agreement": quality.top1_agreement,
+            }
+        )
+    return report.model_copy(update={"policy_quality": figures})
+
+
+class PolicyDecoder:
+    """A :class:`SinkRecentHost` behind the runner's decoder interface, for ``verify`` past ``max_cache_len``.
+
+    Args:
+        decoder: the opened candidate (a step-1 graph, or a set whose largest step-1 graph the host drives);
+            closed by :meth:`close`.
+
+    Raises:
+        ContractError: as :class:`SinkRecentHost`.
+    """
+
+    def __init__(self, decoder: ContractDecoder | GraphSetDecoder):
+        if isinstance(decoder, GraphSetDecoder):
+            largest = max(c for _, s, c in decoder.graphs() if s == 1)
+            step = decoder.member(1, largest)
+        else:
+            step = decoder
+        self._decoder = decoder
+        self.host = SinkRecentHost(step)
+        self.source = step.source
+        self._records_from = 0
+
+    @property
+    def position(self) -> int:
+        """The next token's position."""
+        return self.host.position
+
+    @property
+    def model_session(self):  # noqa: ANN201 (ModelSession; the graph's)
+        """The step graph's session."""
+        return self.host.step.model_session
+
+    @property
+    def call_records(self) -> list:
+        """Every call since the last reset (the step graph's records)."""
+        return self.host.step.call_records[self._records_from :]
+
+    @property
+    def call_latencies_ms(self) -> list[float]:
+        """Wall time of every call since the last reset, in ms."""
+        return [c.ms for c in self.call_records]
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Requested execution providers that are not active."""
+        return list(self.model_session.fallbacks)
+
+    def reset(self) -> None:
+        """Empty cache; the next token is position 0."""
+        self.host.reset()
+        self._records_from = len(self.host.step.call_records)
+
+    def feed(self, tokens: Sequence[int]) -> list[tuple[np.ndarray, float]]:
+        """Feed ``tokens`` one per call (:meth:`SinkRecentHost.feed`)."""
+        return self.host.feed(tokens)
+
+    def close(self) -> None:
+        """Close the candidate."""
+        self._decoder.close()
+
+    def __enter__(self) -> PolicyDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -72,7 +72,7 @@ class StepInputs:
             ``positions`` for a linear cache.
         real: int64 ``(B,)``: real tokens of each row (1..S); the rest of the row is trailing padding.
         slot_positions: int64 ``(max_cache_len,)``: the position each slot holds (``mask: slot_positions``, a ring
-            host: :mod:`onnxdeploy.runner.cache_policy`), or None for a graph that masks from slot indices.
+            host: :mod:`onnxdeploy.runner.cache_policy`); None: slot j holds position j (a linear host).
     """
 
     tokens: np.ndarray
@@ -104,8 +104,8 @@ class StepInputs:
 
         Args:
             contract: the graph's contract (``batch`` rows, ``step_len`` S).
-            chunks: one token chunk per row; an idle row is fed ``[0]`` at its next position (see
-                :mod:`onnxdeploy.runner.batching`).
+            chunks: one token chunk per row; an idle row is fed ``[0]`` at a position whose slot it may overwrite
+                (its next position keeps its cache; :mod:`onnxdeploy.runner.batching` feeds a free row at 0).
             positions: each row's first position.
 
         Raises:
@@ -159,10 +159,11 @@ def step_feeds(contract: DecodeContract, inputs: StepInputs) -> dict[str, np.nda
         last = inputs.positions[np.arange(len(inputs.real)), inputs.real - 1]
         slots = np.arange(contract.max_cache_len, dtype=np.int64)
         feeds[names["attention_mask"]] = (slots[None, :] <= last[:, None]).astype(np.int64)
-    if "slot_positions" in names:
-        if inputs.slot_positions is None:
-            raise ContractError("this graph masks from slot_positions; the host must say what each slot holds")
-        feeds[names["slot_positions"]] = np.ascontiguousarray(inputs.slot_positions, dtype=np.int64)
+    if "slot_positions" in names:  # None: a linear host, slot j holds position j (later slots: causally hidden)
+        held = inputs.slot_positions
+        feeds[names["slot_positions"]] = (
+            np.arange(contract.max_cache_len, dtype=np.int64) if held is None else np.ascontiguousarray(held, np.int64)
+        )
     if "last_token_index" in names:
         feeds[names["last_token_index"]] = (inputs.real - 1).astype(np.int64).reshape(contract.last_token_index_shape())
     return feeds

@@ -112,6 +112,12 @@ def float32_shadow(path: str | Path, folder: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     contract = read_contract(model_io.read_model_header(path), source=str(path))
     files = [entry.file for entry in contract.graph_set] if contract is not None and contract.graph_set else []
+    if contract is not None and contract.parts:  # a split model: every part of every graph (runner/parts.py)
+        files = [
+            part.file
+            for name in files or [path.name]
+            for part in read_contract(model_io.read_model_header(path.parent / name), source=name).parts  # type: ignore[union-attr]
+        ]
     if len(files) <= 1:
         model = model_io.load_model(path).model
         _shadow(model, {}, str(path))

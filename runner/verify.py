@@ -40,10 +40,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from onnxdeploy.contract import DecodeContract, read_contract
+from onnxdeploy.contract import CachePolicy, DecodeContract, read_contract
 from onnxdeploy.errors import CacheOverflowError, ConfigError
 from onnxdeploy.report import CallTiming, ModeResult, NumericsReport, PrefillSummary, StepRecord, VerifyReport
 from onnxdeploy.resources import rss_bytes
+from onnxdeploy.runner.cache_policy import CutPastReference, PolicyDecoder
 from onnxdeploy.runner.compare import step_record, summarize_mode
 from onnxdeploy.runner.coverage import GraphCoverage, drive_every_graph
 from onnxdeploy.runner.decode_state import CallRecord
@@ -51,7 +52,7 @@ from onnxdeploy.runner.decoder import Decoder, open_decoder
 from onnxdeploy.runner.exporter_decoder import exporter_logits_output
 from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder
 from onnxdeploy.runner.numerics import compute_dtype, float32_shadow, numerics_report
-from onnxdeploy.runner.session import DEFAULT_PROVIDERS, read_header
+from onnxdeploy.runner.session import DEFAULT_PROVIDERS, open_session, read_header
 from onnxdeploy.runner.thresholds import LogitThresholds, mode_bounds_failures
 
 __all__ = ["MODES", "ProgressCallback", "check_header", "greedy_decode", "logits_vocab", "verify"]
@@ -197,7 +198,7 @@ def check_header(path: str | Path, prompt: list[int], positions: int) -> None:
                 "step_len 1 graph beside it, so generated tokens cannot be fed one at a time; re-run static_kv"
             )
         largest = max([contract.max_cache_len, *(e.max_cache_len for e in contract.graph_set)])
-        if positions > largest:
+        if positions > largest and contract.cache_policy is None:  # a policy decodes on past it (cache_policy.py)
             raise CacheOverflowError(largest, largest)
 
 
@@ -417,14 +418,23 @@ def _verify_paths(
     candidate_header: onnx.ModelProto | None,
 ) -> VerifyReport:
     """:func:`verify` on two model files (maybe float32 shadows: ``candidate_header`` is then the real one)."""
-    with open_decoder(original_path, providers=request.providers) as original:
+    policy = _past_cache_policy(candidate_header or read_header(candidate_path), request)
+    opened = (
+        CutPastReference(open_session(original_path, providers=request.providers), *policy)
+        if policy is not None
+        else open_decoder(original_path, providers=request.providers)
+    )
+    with opened as original:
         _warm_up(original, request.prompt, request.steps)
         rss_before = rss_bytes()
         reference = _decode(original, request.prompt, request.steps, report=request.reporter("reference"))
         rss_growth = rss_bytes() - rss_before
         original_fallbacks = _fallbacks(original)
         original_settings = original.model_session.settings
-    with open_decoder(candidate_path, providers=request.providers, remainder=request.remainder) as candidate:
+    candidate_decoder = open_decoder(candidate_path, providers=request.providers, remainder=request.remainder)
+    if policy is not None:  # past max_cache_len: the sinks + recent host against the original fed the cut past
+        candidate_decoder = PolicyDecoder(candidate_decoder)  # type: ignore[assignment,arg-type]
+    with candidate_decoder as candidate:
         runs = _run_candidate(candidate, reference, request, candidate_header)
         candidate_settings = candidate.model_session.settings
     fallbacks = [*original_fallbacks, *runs.fallbacks]
@@ -453,6 +463,17 @@ def _verify_paths(
         original_session=original_settings,
         candidate_session=candidate_settings,
     )
+
+
+def _past_cache_policy(header: onnx.ModelProto, request: _Request) -> tuple[CachePolicy, int] | None:
+    """The candidate's ``(cache_policy, max_cache_len)`` when the decode passes its cache, else None."""
+    contract = read_contract(header)
+    if contract is None or contract.cache_policy is None:
+        return None
+    largest = max([contract.max_cache_len, *(e.max_cache_len for e in contract.graph_set)])
+    if len(request.prompt) + request.steps <= largest:
+        return None
+    return contract.cache_policy, largest
 
 
 def _run_candidate(

@@ -20,6 +20,8 @@ BOTTOM = {
     "contract_terms",
     "contract_parts",
     "contract_cache",
+    "contract_entries",
+    "batching_trace",
     "kv_cache",
     "artifacts",
     "settings",

@@ -95,3 +95,26 @@ def test_a_run_after_a_killed_one_removes_what_it_left(tmp_path):
     assert not list(out_dir.glob(f"{STAGING_PREFIX}*")) and not left_tmp[0].exists()
     assert not list(tmp.glob("onnxdeploy-*")), sorted(tmp.iterdir())
     assert sorted(p.name for p in out_dir.iterdir()) == ["model.onnx", "report.html", "report.json", "report.md"]
+
+
+def test_a_run_removes_dead_runs_staging_in_the_pass_cache_too(tmp_path):
+    """The pass cache stages its entries in its own folder: a killed run's staging there goes as well."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from onnxdeploy.cli import app  # noqa: PLC0415
+
+    out_dir, cache = tmp_path / "out", tmp_path / "cache"
+    dead = f"{STAGING_PREFIX}p{_dead_pid()}-{host_name()}-zz1"
+    for folder in (out_dir, cache):
+        (folder / dead).mkdir(parents=True)
+        (folder / dead / "weights.data").write_bytes(b"\0" * 16)
+    live = cache / f"{STAGING_PREFIX}{owner_tag()}keep"  # this process: alive
+    live.mkdir()
+    pipeline = tmp_path / "pipeline.yaml"
+    model = fixture_entry("llama_gqa_optimum")["model_path"]
+    cfg = {"model": str(model), "output_dir": str(out_dir), "passes": [{"static_kv": {"max_cache_len": 16}}]}
+    pipeline.write_text(yaml.safe_dump({**cfg, "verify": {"prompt": PROMPT[:3], "steps": 2}}))
+    result = CliRunner().invoke(app, ["run", str(pipeline), "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    assert "removed 2 staging folder(s) of killed runs" in result.stderr, result.stderr
+    assert not (out_dir / dead).exists() and not (cache / dead).exists() and live.is_dir()

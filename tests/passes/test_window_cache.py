@@ -7,6 +7,7 @@ original export; the buffers the contract declares are the ring's length, not ``
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from onnxdeploy.passes.kv_layout import KVLayoutConfig, KVLayoutPass
 from onnxdeploy.passes.mask_rewrite import MaskRewritePass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
-from tests.conftest import fixture_entry
+from tests.conftest import REPO, fixture_entry
 
 NAME = "mistral_sw_optimum"
 WINDOW = 8
@@ -76,3 +77,44 @@ def test_a_window_not_smaller_than_the_cache_is_refused(tmp_path: Path) -> None:
         _write(tmp_path / "out", max_cache_len=8)
     with pytest.raises(ValueError, match="window_cache needs cache_update full_buffer"):
         StaticKVConfig(window_cache=True, max_cache_len=32, cache_update="new_token_only")
+
+
+MIXED = REPO / "fixtures" / "gemma3_mixed" / "optimum" / "model.onnx"
+"""Random-init Gemma-3-style text decoder: 5 layers with window 16, then 1 global (fixtures/_export_gemma3.py)."""
+
+
+def _write_mixed(folder: Path, **static) -> Path:
+    artifacts = StaticKVCachePass(StaticKVConfig(window_cache=True, **static))(
+        load_model(MIXED).model, make_pass_context()
+    ).artifacts
+    artifacts = MaskRewritePass()(artifacts, make_pass_context()).artifacts
+    folder.mkdir(parents=True)
+    stage_artifacts(
+        [(a.name, a.model) for a in artifacts.artifacts], folder, external=True, data_name="model.onnx.data"
+    ).commit()
+    return folder / "model.onnx"
+
+
+@pytest.mark.parametrize("static", [{"max_cache_len": 128}, {"step_lens": [1, 4], "max_cache_lens": [64, 128]}])
+def test_mixed_local_and_global_layers_get_rings_and_decode_as_the_export(static: dict, tmp_path: Path) -> None:
+    model = _write_mixed(tmp_path / "out", **static)
+    contract = read_contract(onnx.load(str(model), load_external_data=False))
+    assert contract is not None
+    ring = 16 + max(static.get("step_lens", [1])) - 1
+    assert [(e.cache_len, e.slot_mapping) for e in contract.cache] == [(ring, "ring")] * 5 + [(None, "position")]
+    cache = sum(math.prod(s) for s in contract.pair_input_shapes())
+    uniform = 2 * len(contract.cache) * math.prod(contract.pair_input_shapes()[-1])
+    if "max_cache_len" in static:  # max_cache_len 128 = 8x the window: (5 x 16 + 128) / (6 x 128) = 0.27
+        assert cache / uniform <= 0.3
+    prompt = np.random.default_rng(0).integers(1, 512, size=11).tolist()
+    report = verify(MIXED, model, prompt=prompt, steps=60, max_abs_logit_diff=1e-5)  # 71 positions: > 4 windows
+    assert report.passed, report.failures
+    assert all(m.top1_agreement == 1.0 for m in report.modes.values())
+
+
+def test_kv_layout_refuses_the_mixed_ring_form(tmp_path: Path) -> None:
+    artifacts = StaticKVCachePass(StaticKVConfig(window_cache=True, max_cache_len=64))(
+        load_model(MIXED).model, make_pass_context()
+    ).artifacts
+    with pytest.raises(PreconditionError, match="mixed local and global layers keeps the BHSD layout"):
+        KVLayoutPass(KVLayoutConfig(layout="BSH2D"))(artifacts, make_pass_context())

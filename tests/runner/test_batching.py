@@ -17,6 +17,7 @@ import pytest
 
 from onnxdeploy.errors import ConfigError, ContractError
 from onnxdeploy.runner.batching import BatchingHost, Request
+from onnxdeploy.runner.batching_verify import read_trace, verify_batching
 from onnxdeploy.runner.graph_set import open_graph_set
 from onnxdeploy.runner.verify import greedy_decode
 from tests.conftest import fixture_entry
@@ -129,3 +130,28 @@ def test_a_batch_of_rows_without_row_positions_is_refused(tmp_path: Path) -> Non
     primary = build_row_set(name, tmp_path / "s", row_positions=False, step_lens=STEP_LENS, max_cache_lens=[32])
     with open_graph_set(primary) as decoder, pytest.raises(ContractError, match="needs row_positions"):
         BatchingHost(decoder)
+
+
+def test_verify_batching_reads_its_trace_from_a_file(served, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.yaml"
+    trace.write_text(
+        "vocab: 512\nseed: 1\nrequests:\n"
+        "  - {prompt_len: 7, max_new_tokens: 9, arrival: 0}\n"
+        "  - {prompt: [1, 17, 42], max_new_tokens: 6, arrival: 2}\n"
+        "  - {prompt_len: 19, max_new_tokens: 4, arrival: 2}\n"
+        "  - {prompt_len: 2, max_new_tokens: 11, arrival: 5}\n"
+    )
+    requests = read_trace(trace)
+    assert [(len(r.prompt), r.max_new_tokens, r.arrival) for r in requests] == [(7, 9, 0), (3, 6, 2), (19, 4, 2),
+                                                                                (2, 11, 5)]  # fmt: skip
+    model = fixture_entry(served["name"])["model_path"]
+    result = verify_batching(model, served["sets"][3], requests)
+    assert result.passed and len(result.requests) == 4, result.requests
+    drawn = tmp_path / "poisson.yaml"
+    drawn.write_text(
+        "poisson: {count: 5, prompt_lens: [4, 10], new_tokens: [2, 5], mean_gap: 2, seed: 0, vocab: 512}\n"
+    )
+    assert len(read_trace(drawn)) == 5
+    (tmp_path / "bad.yaml").write_text("requests:\n  - {max_new_tokens: 3}\n")
+    with pytest.raises(ConfigError, match="bad.yaml: bad trace entry"):
+        read_trace(tmp_path / "bad.yaml")

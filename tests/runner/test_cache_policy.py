@@ -76,7 +76,7 @@ def test_the_policy_is_not_the_full_context_and_its_cost_is_measured(tmp_path: P
     assert cut.max_abs_logit_diff < 1e-4 < float(np.abs(full_logits[M:]).max())  # a different reference
 
 
-def _pipeline(tmp_path: Path, name: str, static: dict) -> Path:
+def _pipeline(tmp_path: Path, name: str, static: dict, steps: int = 4) -> Path:
     path = tmp_path / "pipeline.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -84,7 +84,7 @@ def _pipeline(tmp_path: Path, name: str, static: dict) -> Path:
                 "model": str(fixture_entry(name)["model_path"]),
                 "output_dir": str(tmp_path / "out"),
                 "passes": [{"static_kv": static}, {"mask_rewrite": {}}],
-                "verify": {"prompt": [1, 2, 3], "steps": 4},
+                "verify": {"prompt": [1, 2, 3], "steps": steps},
             }
         )
     )
@@ -102,3 +102,14 @@ def test_an_export_without_position_ids_is_refused_naming_the_input(tmp_path: Pa
     with pytest.raises(ConfigError, match="no 'position_ids' input") as err:
         run_pipeline(load_pipeline(path))
     assert err.value.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+def test_verify_decodes_a_policy_graph_set_past_the_cache_against_the_cut_past_original(tmp_path: Path) -> None:
+    """The pipeline's verify: within the cache the set as any; past it, the host against the cut-past original."""
+    name = "llama_gqa_optimum"
+    static = {"step_lens": [1, 4], "max_cache_lens": [16, 32], "cache_policy": {"sinks": 4, "recent": 12}}
+    outcome = run_pipeline(load_pipeline(_pipeline(tmp_path, name, static, steps=4 * 32 - 3)))
+    assert outcome.exit_code == 0, outcome.report.failures
+    modes = outcome.report.verify.modes  # type: ignore[union-attr]
+    assert {m.positions for m in modes.values()} == {4 * 32}
+    assert all(m.top1_agreement == 1.0 and m.max_abs_logit_diff <= 1e-5 for m in modes.values())

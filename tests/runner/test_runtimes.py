@@ -143,8 +143,8 @@ def test_each_runtime_entry_may_carry_its_own_tolerance(tmp_path):
     ]
     for bad, message in [
         ("[openvino, {name: openvino}]", "each runtime may appear once"),
-        ("[{name: openvino, tolerance: 1.0e-2}]", r"verify.runtimes\[0\].tolerance"),
-        ("[{name: openvino, max_abs_logit_diff: -1.0}]", r"verify.runtimes\[0\].max_abs_logit_diff"),
+        ("[{name: openvino, tolerance: 1.0e-2}]", r"verify\.runtimes\[0\]\.tolerance"),
+        ("[{name: openvino, max_abs_logit_diff: -1.0}]", r"verify\.runtimes\[0\]\.max_abs_logit_diff"),
     ]:
         with pytest.raises(ConfigError, match=message):
             load_pipeline_text(tmp_path, f"verify: {{runtimes: {bad}}}")

@@ -111,7 +111,7 @@ def test_runtime_entries_take_the_new_bounds_and_refuse_bad_ones(tmp_path, monke
         "min_cosine_similarity": 0.999,
         "min_top1_agreement": None,
     }
-    with pytest.raises(ConfigError, match=r"verify.runtimes\[1\].min_cosine_similarity"):
+    with pytest.raises(ConfigError, match=r"verify\.runtimes\[1\]\.min_cosine_similarity"):
         _pipeline(tmp_path, "{steps: 4, runtimes: [onnxruntime, {name: rknn-sim, min_cosine_similarity: 2.0}]}")
     with pytest.raises(ConfigError, match=r"verify.min_cosine_similarity"):
         _pipeline(tmp_path, "{steps: 4, min_cosine_similarity: -3}")

@@ -1,0 +1,75 @@
+"""``static_kv {window_cache: true}`` with a window the cache cannot hold: exit 2 before any pass, nothing written.
+
+The input graph's window constants (the ones ``mask_rewrite`` tries) bound every layer's window from below, so a
+ring that is not smaller than the smallest cache even at that bound is refused with the config and the graph alone
+(passes/_window_cache.py ``refuse_oversized_window``), before ``static_kv`` builds or probes anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onnxdeploy.config import load_pipeline
+from onnxdeploy.errors import ConfigError
+from onnxdeploy.passes.static_kv import StaticKVCachePass
+from onnxdeploy.pipeline import run_pipeline
+from tests.conftest import REPO, fixture_entry
+
+MIXED = REPO / "fixtures" / "gemma3_mixed" / "optimum" / "model.onnx"
+
+
+def _pipeline(tmp_path: Path, model: Path, static: dict) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": str(model),
+                "output_dir": str(tmp_path / "out"),
+                "passes": [{"static_kv": {"window_cache": True, **static}}, {"mask_rewrite": {}}],
+                "verify": {"prompt": [1, 2, 3], "steps": 4},
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("model", "static", "message"),
+    [
+        (
+            Path(fixture_entry("mistral_sw_optimum")["model_path"]),
+            {"max_cache_len": 8},
+            "key 'passes\\[0\\].static_kv': max_cache_len=8: window_cache: the smallest sliding window in the graph is "
+            "8 \\(the mask Softmax '/model/layers.0/self_attn/Softmax' reads\\), so a ring needs at least 8 \\+ "
+            "max\\(step_lens\\) 1 - 1 = 8 slots, not smaller than max_cache_len 8",
+        ),
+        (
+            MIXED,
+            {"step_lens": [1, 4], "max_cache_lens": [16, 64]},
+            "max_cache_lens=\\[16, 64\\]: window_cache: the smallest sliding window in the graph is 16 .* 16 \\+ "
+            "max\\(step_lens\\) 4 - 1 = 19 slots, not smaller than max_cache_len 16",
+        ),
+    ],
+)
+def test_a_window_larger_than_the_cache_exits_2_before_any_pass(
+    model: Path, static: dict, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def ran(*args: object, **kwargs: object) -> None:
+        raise AssertionError("static_kv ran")
+
+    monkeypatch.setattr(StaticKVCachePass, "call", ran)
+    with pytest.raises(ConfigError, match=message) as err:
+        run_pipeline(load_pipeline(_pipeline(tmp_path, model, static)))
+    assert err.value.exit_code == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_window_the_cache_holds_is_not_refused_before_the_passes(tmp_path: Path) -> None:
+    """One slot more than the smallest ring: the check lets it through (the run builds and verifies it)."""
+    path = _pipeline(tmp_path, Path(fixture_entry("mistral_sw_optimum")["model_path"]), {"max_cache_len": 9})
+    outcome = run_pipeline(load_pipeline(path))
+    assert outcome.exit_code == 0, outcome.report.failures
+    assert (tmp_path / "out" / "model.onnx").exists()

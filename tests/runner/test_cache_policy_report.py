@@ -1,0 +1,73 @@
+"""``verify.accuracy`` on a ``cache_policy`` model: the policy's quality cost in report.json and on the console.
+
+The trained byte-level fixture's held-out text (``eval.txt``, 4× ``max_cache_len`` bytes) is the accuracy text of a
+pipeline run; the usual figures are taken within the cache (where the policy evicts nothing) and
+``accuracy.policy_quality`` holds KL(full ‖ policy) and top-1 over the evicting positions, the same figures as the
+library call (:func:`onnxdeploy.runner.cache_policy.policy_quality`) on the written model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onnxdeploy.config import load_pipeline
+from onnxdeploy.pipeline import run_pipeline
+from onnxdeploy.runner.cache_policy import evaluate_policy_accuracy, policy_quality
+from tests.conftest import fixture_entry
+
+NAME = "llama_bytes_torchscript"
+M = 32
+TEXT = list((Path(fixture_entry(NAME)["model_path"]).parent / "eval.txt").read_bytes()[: 4 * M])
+
+
+def _run(tmp_path: Path, max_tokens: int) -> tuple[dict, list[str]]:
+    (tmp_path / "held_out.json").write_text(json.dumps(TEXT))
+    pipeline = {
+        "model": str(fixture_entry(NAME)["model_path"]),
+        "output_dir": str(tmp_path / "out"),
+        "passes": [
+            {"static_kv": {"max_cache_len": M, "cache_policy": {"sinks": 4, "recent": 20}}},
+            {"mask_rewrite": {}},
+        ],
+        "verify": {
+            "prompt": TEXT[:6],
+            "steps": 10,
+            "modes": ["teacher_forced"],
+            "accuracy": {"token_ids_file": "held_out.json", "max_tokens": max_tokens, "max_mean_kl": 1e-6},
+        },
+    }
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
+    said: list[str] = []
+    outcome = run_pipeline(load_pipeline(tmp_path / "pipeline.yaml"), progress=said.append)
+    assert outcome.exit_code == 0, outcome.report.failures
+    return json.loads(outcome.report_json.read_text())["accuracy"], said
+
+
+def test_the_policy_cost_on_the_accuracy_text_is_a_report_figure(tmp_path: Path) -> None:
+    accuracy, said = _run(tmp_path, 4 * M)
+    assert accuracy["tokens"] == M and accuracy["weight_only"]["positions"] == M - 1  # within the cache
+    assert accuracy["weight_only"]["mean_kl"] <= 1e-6 and accuracy["passed"]  # no eviction: the export's figures
+    figures = accuracy["policy_quality"]
+    want = policy_quality(fixture_entry(NAME)["model_path"], tmp_path / "out" / "model.onnx", TEXT)
+    assert figures["sinks"] == 4 and figures["recent"] == 20 and figures["max_cache_len"] == M
+    assert figures["tokens"] == 4 * M and figures["evicting_positions"] == 3 * M == want.evicting_positions
+    assert figures["mean_kl"] == pytest.approx(want.mean_kl, rel=1e-6) and 0.0 < figures["mean_kl"] < 0.1
+    assert figures["top1_agreement"] == want.top1_agreement and 0.8 < figures["top1_agreement"] < 1.0
+    line = next(s for s in said if s.startswith("cache_policy sinks 4 + recent 20 past max_cache_len 32: "))
+    assert f"over the {3 * M} evicting positions of {4 * M} held-out tokens" in line
+
+
+def test_a_text_within_the_cache_says_the_cost_was_not_measured(tmp_path: Path) -> None:
+    accuracy, said = _run(tmp_path, M)
+    figures = accuracy["policy_quality"]
+    assert figures["evicting_positions"] == 0 and figures["mean_kl"] is None and figures["top1_agreement"] is None
+    assert any("quality not measured: the 32 held-out tokens never pass max_cache_len" in s for s in said)
+
+
+def test_a_candidate_without_a_policy_is_left_to_the_usual_figures() -> None:
+    model = fixture_entry(NAME)["model_path"]
+    assert evaluate_policy_accuracy(model, model, TEXT) is None

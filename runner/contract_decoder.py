@@ -28,7 +28,7 @@ from onnxdeploy.contract import DecodeContract
 from onnxdeploy.errors import CacheOverflowError, ContractError
 from onnxdeploy.runner.bound_buffers import BufferBinding
 from onnxdeploy.runner.decode_state import DecodeState
-from onnxdeploy.runner.host import StepInputs, allocate_buffers, move_slots, step_feeds, write_presents
+from onnxdeploy.runner.host import StepInputs, allocate_buffers, move_slots, step_feeds, store_presents
 from onnxdeploy.runner.session import ModelSession
 
 __all__ = ["ContractDecoder"]
@@ -279,16 +279,5 @@ class ContractDecoder(DecodeState):
                 )
         finally:
             self._position = saved
-        presents = results[1:]
-        for (past, name), present in zip(self._pairs, presents, strict=True):
-            if present.shape != self._written_shapes[past]:
-                raise ContractError(
-                    f"{self.source}: '{name}' has shape {list(present.shape)}; cache_update "
-                    f"'{c.cache_update}' implies {list(self._written_shapes[past])}"
-                )
-        if c.cache_update == "full_buffer":
-            for (past, _), present in zip(self._pairs, presents, strict=True):
-                buffers[past] = present
-        else:
-            write_presents(c, buffers, presents, inputs)
+        store_presents(c, buffers, results[1:], inputs, written_shapes=self._written_shapes, source=str(self.source))
         return np.asarray(results[0], dtype=np.float32), latency_ms

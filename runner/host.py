@@ -54,6 +54,7 @@ __all__ = [
     "copy_row_slots",
     "move_slots",
     "step_feeds",
+    "store_presents",
     "write_presents",
 ]
 
@@ -289,6 +290,42 @@ def write_presents(
             src = tuple(index)
             index[axis] = slots
             buffer[tuple(index)] = present[src]
+
+
+def store_presents(
+    contract: DecodeContract,
+    buffers: Buffers,
+    presents: Sequence[np.ndarray],
+    inputs: StepInputs,
+    *,
+    written_shapes: Mapping[str, tuple[int, ...]],
+    source: str,
+) -> None:
+    """Put one call's present outputs into ``buffers``: replace them (``full_buffer``) or write S slots per row.
+
+    Args:
+        contract: the graph's contract.
+        buffers: past-input name → buffer, updated in place.
+        presents: the present outputs, in :meth:`DecodeContract.cache_pairs` order.
+        inputs: the call's inputs (``slots`` per row, for ``new_token_only``).
+        written_shapes: past-input name → the shape its present must have (the contract's cache_update).
+        source: the graph file, for the error.
+
+    Raises:
+        ContractError: a present's shape is not what ``cache_update`` implies (names the output and both shapes).
+    """
+    pairs = contract.cache_pairs()
+    for (past, name), present in zip(pairs, presents, strict=True):
+        if present.shape != written_shapes[past]:
+            raise ContractError(
+                f"{source}: '{name}' has shape {list(present.shape)}; cache_update "
+                f"'{contract.cache_update}' implies {list(written_shapes[past])}"
+            )
+    if contract.cache_update == "full_buffer":
+        for (past, _), present in zip(pairs, presents, strict=True):
+            buffers[past] = present
+    else:
+        write_presents(contract, buffers, presents, inputs)
 
 
 @runtime_checkable

@@ -30,7 +30,7 @@ from onnxdeploy.contract import DecodeContract, read_contract
 from onnxdeploy.errors import CacheOverflowError, ContractError
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.decode_state import CallRecord
-from onnxdeploy.runner.host import StepInputs, allocate_buffers, move_slots, step_feeds, write_presents
+from onnxdeploy.runner.host import StepInputs, allocate_buffers, move_slots, step_feeds, store_presents
 from onnxdeploy.runner.session import ModelSession
 
 __all__ = ["PartChain", "PartDecoder", "chain_contract", "open_part_chain"]
@@ -85,18 +85,7 @@ class PartDecoder(ContractDecoder):
             results, latency_ms = self._timed_run(self._output_names, feeds, tokens=int(inputs.real.max()))
         finally:
             self._position = saved
-        presents = results[1:]
-        for (past, name), present in zip(self._pairs, presents, strict=True):
-            if present.shape != self._written_shapes[past]:
-                raise ContractError(
-                    f"{self.source}: '{name}' has shape {list(present.shape)}; cache_update "
-                    f"'{c.cache_update}' implies {list(self._written_shapes[past])}"
-                )
-        if c.cache_update == "full_buffer":
-            for (past, _), present in zip(self._pairs, presents, strict=True):
-                buffers[past] = present
-        else:
-            write_presents(c, buffers, presents, inputs)
+        store_presents(c, buffers, results[1:], inputs, written_shapes=self._written_shapes, source=str(self.source))
         out = results[0]
         return (np.asarray(out, dtype=np.float32) if self.part.hidden_out is None else out), latency_ms
 

@@ -239,7 +239,10 @@ def open_pass_cache(
 
     ``verify_each_pass`` and ``bisect`` decode every pass's output, so they run every pass: no cache then (a
     pass served from the cache would not be verified, and a later pass would be blamed). The key includes what
-    the context supplies (:meth:`~onnxdeploy.passes.PassContext.provenance`).
+    the context supplies (:meth:`~onnxdeploy.passes.PassContext.provenance`) and ``output_name``: the graphs' file
+    names (``<stem>.s1.c16.onnx``, ``<stem>.part1.onnx``) and the contracts that list them derive from it, and an entry
+    is served with the names it was stored under, so a run with another ``output_name`` must miss (a hit had written
+    the other run's ``model.onnx`` into this run's folder, over an input of that name).
     """
     if config.cache is None or not config.passes or config.verify_each_pass or config.bisect:
         return None
@@ -247,7 +250,7 @@ def open_pass_cache(
         config.cache,
         loaded,
         [(spec.name, spec.config.model_dump(mode="json")) for spec in config.passes],
-        supplied=context.provenance(),
+        supplied={**context.provenance(), "output_name": config.output_name},
         calibration=calibration,
     )
 
@@ -337,7 +340,7 @@ def write_stage(config: PipelineConfig, artifacts: ArtifactSet, say: Say) -> Wri
     """
     out_dir = config.output_dir
     inputs = input_files(config.model)
-    for artifact in artifacts.artifacts[1:]:  # the primary's name was checked before any work
+    for artifact in artifacts.artifacts:  # the primary's config name was checked before any work; its graph's too
         check_not_an_input(out_dir / artifact.name, inputs, "output model")
     external = artifacts.external()
     say(f"writing {len(artifacts.artifacts)} graph(s)" + (" and one external data file" if external else ""))

@@ -141,6 +141,31 @@ def test_a_changed_config_model_or_version_misses_the_cache(tmp_path, monkeypatc
     assert states(two, copy) == ["stored", "stored"]  # size + mtime: a copy is another model
 
 
+def test_another_output_name_misses_and_a_hit_never_writes_over_the_input(tmp_path):
+    """A fresh user's repro: run a filled the cache; run b (output_dir = the input's folder, output_name other.onnx)
+    was served a's entry with a's file names and wrote model.onnx over its input."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    model = folder / "model.onnx"
+    shutil.copy2(FIXTURE, model)
+    before = model.read_bytes()
+    cache = tmp_path / "cache"
+    passes = [{"static_kv": {"max_cache_len": 48}}]
+    a = _run(_pipeline(tmp_path / "a", model, passes=passes), tmp_path / "o3", "--cache-dir", str(cache))
+    assert [p["cache"] for p in a["passes"]] == ["stored"]
+    b = _run(
+        _pipeline(tmp_path / "b", model, passes=passes, output_name="other.onnx"), folder, "--cache-dir", str(cache)
+    )
+    assert [p["cache"] for p in b["passes"]] == ["stored"], "another output_name is another key"
+    assert model.read_bytes() == before, "the input is never written"
+    assert (folder / "other.onnx").is_file()
+    again = _run(
+        _pipeline(tmp_path / "b", model, passes=passes, output_name="other.onnx"), folder, "--cache-dir", str(cache)
+    )
+    assert [p["cache"] for p in again["passes"]] == ["hit"] and model.read_bytes() == before
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith("report.")) == ["model.onnx", "other.onnx"]
+
+
 def test_the_size_bound_and_a_broken_entry(tmp_path):
     passes = [{"static_kv": {"max_cache_len": 32}}]
     cache = tmp_path / "cache"

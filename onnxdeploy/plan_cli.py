@@ -67,9 +67,13 @@ def plan_cmd(
         budget = parse_bytes(memory)
         if new_tokens < 1:
             raise ConfigError(f"--new-tokens: expected >= 1, got {new_tokens}")
+        if bandwidth_gbs is not None and not bandwidth_gbs > 0:
+            raise ConfigError(f"--bandwidth-gbs: expected a rate > 0 GB/s, got {bandwidth_gbs}")
+        if latency_p99_ms is not None and not latency_p99_ms > 0:
+            raise ConfigError(f"--latency-p99-ms: expected a target > 0 ms, got {latency_p99_ms}")
         lengths = read_prompt_lengths(prompt_lengths) if prompt_lengths is not None else None
         facts = model_facts(model)
-        bandwidth = bandwidth_gbs * 1e9 if bandwidth_gbs else DEFAULT_BANDWIDTH
+        bandwidth = bandwidth_gbs * 1e9 if bandwidth_gbs is not None else DEFAULT_BANDWIDTH
         plan = make_plan(
             facts, budget, latency_p99_ms=latency_p99_ms, prompt_lengths=lengths, new_tokens=new_tokens,
             bandwidth=bandwidth,

@@ -282,10 +282,14 @@ def _markdown_verify(v: VerifyReport) -> list[str]:
     lines.append("")
     for m in v.modes.values():
         listed = f"{len(m.steps)} of {m.positions}" if m.steps_omitted else f"{m.positions}"
+        diverging = sum(1 for s in m.steps if not (s.top1_match and s.within_tolerance))
+        legend = [f"⚠ marks the {diverging} diverging" if diverging else "none diverges"]
+        if m.steps_omitted:
+            legend.append("rows beyond report.max_rows summarised")
         lines += [
             f"### {m.mode}: per position",
             "",
-            f"<details><summary>{listed} positions (⚠ diverges; rows beyond report.max_rows summarised)</summary>",
+            f"<details><summary>{listed} positions ({'; '.join(legend)})</summary>",
             "",
             "| pos | phase | graph | token in | top-1 ref | top-1 cand | max abs diff | cosine | ms cand |",
             "|---|---|---|---|---|---|---|---|---|",

@@ -65,7 +65,8 @@ def generations_markdown(gen: GenerationsReport | None) -> list[str]:
         "",
         f"Prompt{chat}: {prompt}",
         "",
-        f"{_heading(gen)}; the first differing token is marked **⟦…⟧**.",
+        _heading(gen)
+        + ("; the first differing token is marked **⟦…⟧**." if gen.first_differing_token is not None else "."),
         "",
         "| original | candidate |",
         "|---|---|",

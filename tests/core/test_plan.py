@@ -80,4 +80,7 @@ def test_plan_command_json_and_bad_input(tmp_path: Path) -> None:
     (tmp_path / "l.txt").write_text("12\nseven\n")
     bad = CliRunner().invoke(app, ["plan", str(model), "--memory", "1G", "--prompt-lengths", str(tmp_path / "l.txt")])
     assert bad.exit_code == 2 and "l.txt:2" in bad.stderr
+    for option, value in (("--bandwidth-gbs", "0"), ("--bandwidth-gbs", "-1"), ("--latency-p99-ms", "0")):
+        bad = CliRunner().invoke(app, ["plan", str(model), "--memory", "1G", option, value])
+        assert bad.exit_code == 2 and option in bad.stderr, (option, value, bad.output)
     assert parse_bytes("8GiB") == 8 * 2**30 and parse_bytes("512M") == 512_000_000 and parse_bytes("4e9") == 4 * 10**9

@@ -143,6 +143,8 @@ def test_rows_beyond_max_rows_are_summarised_in_json_and_markdown(graph_set_run)
         assert not covered & {s["position"] for s in mode["steps"]}
     md = (out / "report.md").read_text()
     assert f"{MAX_ROWS} of {mode['positions']} positions" in md and "omitted" in md
+    # a clean pass says so in each block's legend (it read "⚠ diverges" on every block)
+    assert "positions (none diverges; rows beyond report.max_rows summarised)" in md and "⚠ diverges" not in md
 
 
 def test_summarise_keeps_divergent_and_spiking_rows_and_the_ends(graph_set_run):

@@ -153,6 +153,8 @@ def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) ->
       ``static_kv``: a later ``static_kv`` means the input has no contract yet);
     - the ``ai.onnx`` opset the pass gets is known (the input's, or one ``pin_opset`` set, carried by passes that
       keep it) and below the pass's minimum (``mask_rewrite`` after ``pin_opset: {opset: 11}``);
+    - a pass that must follow it with its config is absent (:meth:`Pass.needs_later`: ``static_kv {window_cache:
+      true}`` without ``mask_rewrite``);
     - the pass sets an opset below what an earlier pass's output needs (:meth:`Pass.opset_floor`: ``pin_opset: 19``
       after ``quantize_weights`` wrote blocked INT4 ``DequantizeLinear``, which exists from opset 21).
 
@@ -177,6 +179,9 @@ def pass_order_problem(passes: Sequence[Pass], model: ir.Model | None = None) ->
         problem = _fact_problem(passes, i, known) or _opset_problem(passes, i, opset, opset_from, model)
         if problem is not None:
             return i, problem
+        later = p.needs_later()
+        if later is not None and all(q.name != later[0] for q in passes[i + 1 :]):
+            return i, f"needs a later {later[0]} pass ({later[1]}): add {later[0]} after it"
         for fact in p.provides:
             known[fact] = (i, True)
         for fact in p.removes():

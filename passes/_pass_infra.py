@@ -83,6 +83,13 @@ class Pass:
         """Facts of :data:`ORDER_FACTS` the output no longer has, with this config (``kv_layout``: a BHSD cache)."""
         return frozenset()
 
+    def needs_later(self) -> tuple[str, str] | None:
+        """A pass that must come after this one with this config, and why: ``(pass name, reason)``; else None.
+
+        The up-front order check (:func:`~onnxdeploy.passes._order.pass_order_problem`) refuses a pipeline without it.
+        """
+        return None
+
     def output_opset(self, opset: int | None) -> int | None:
         """The output's ``ai.onnx`` opset given the input's (None: unknown); ``pin_opset`` sets its own."""
         return opset if self.keeps_opset else None

@@ -122,6 +122,16 @@ class StaticKVCachePass(Pass):
     provides = frozenset({CONTRACT, BHSD_CACHE})
     keeps_opset = True
 
+    def needs_later(self) -> tuple[str, str] | None:
+        """``window_cache`` rings need ``mask_rewrite`` after this pass (README, "Ring caches").
+
+        It masks each slot by the position it holds; the exporter's own mask is ``(B, max_cache_len)`` and cannot
+        read a ring.
+        """
+        if self.config.window_cache:
+            return "mask_rewrite", "window_cache: a ring slot is masked by the position it holds"
+        return None
+
     def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
         """ai.onnx opset 11: the cache writes ScatterElements (:meth:`requires` refuses below)."""
         return 11, "the cache write uses ScatterElements-11"

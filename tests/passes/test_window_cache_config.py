@@ -73,3 +73,23 @@ def test_a_window_the_cache_holds_is_not_refused_before_the_passes(tmp_path: Pat
     outcome = run_pipeline(load_pipeline(path))
     assert outcome.exit_code == 0, outcome.report.failures
     assert (tmp_path / "out" / "model.onnx").exists()
+
+
+def test_window_cache_without_a_later_mask_rewrite_exits_2_before_any_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh user's case: without mask_rewrite the exporter's (B, max_cache_len) mask cannot read a ring; the run
+    built the graph and then failed on its contract (or, with verify: null, wrote it and exited 1)."""
+
+    def ran(*args: object, **kwargs: object) -> None:
+        raise AssertionError("static_kv ran")
+
+    monkeypatch.setattr(StaticKVCachePass, "call", ran)
+    path = _pipeline(tmp_path, Path(fixture_entry("mistral_sw_optimum")["model_path"]), {"max_cache_len": 16})
+    config = yaml.safe_load(path.read_text())
+    config["passes"] = config["passes"][:1]
+    config["verify"] = None
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"passes\[0\].*needs a later mask_rewrite pass.*add mask_rewrite after it"):
+        run_pipeline(load_pipeline(path))
+    assert not (tmp_path / "out").exists()

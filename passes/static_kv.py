@@ -6,17 +6,15 @@ What the pass does (README, "Passes" → ``static_kv``), each step a function of
 * Past K/V inputs become fixed buffers ``(B, H_kv, max_cache_len, D)``. The Concat that appended the
   step's K/V ``(B, H_kv, S, D)`` becomes ``ScatterElements(axis=2)`` (ONNX opset ≥ 11) writing at the
   new int64 input ``cache_position`` of shape ``[step_len]``; attention reads the whole buffer.
-* Every other reader of a past input (the exporters' shape arithmetic: mask width, GQA head-repeat
-  shape) reads a Slice view of ``max_cache_len - S`` slots, so ``past_len + S`` lands on
-  ``max_cache_len`` and folds away once all inputs are static.
-* The exporter's internal query-position vector (``past_len + arange(S)``, transformers'
-  ``cache_position``) is found by running the original at two past lengths and replaced by the
-  ``cache_position`` input, so the causal (and sliding-window) mask stays right for any position.
-* ``attention_mask`` becomes int64 ``(B, max_cache_len)``; the host writes 1 for slots ≤ the current
-  position. A ``-inf`` float constant becomes the dtype's most negative finite value
-  (``numpy.finfo(dtype).min``, what transformers itself uses) so a fully masked row cannot make NaN.
-* Shape arithmetic is folded (onnxsim, constant folding only, on a weightless copy) and the decode
-  contract is written to ``metadata_props`` (docs/ARCHITECTURE.md, "The decode contract").
+* Every other reader of a past input (the exporters' shape arithmetic: mask width, GQA head-repeat shape) reads
+  a Slice view of ``max_cache_len - S`` slots, so ``past_len + S`` lands on ``max_cache_len`` and folds away.
+* The exporter's internal query-position vector (``past_len + arange(S)``, transformers' ``cache_position``) is
+  found by running the original at two past lengths and replaced by the ``cache_position`` input, so the causal
+  (and sliding-window) mask stays right for any position.
+* ``attention_mask`` becomes int64 ``(B, max_cache_len)``; the host writes 1 for slots ≤ the current position. A
+  ``-inf`` float constant becomes ``numpy.finfo(dtype).min`` (what transformers uses): no NaN from a masked row.
+* Shape arithmetic is folded (onnxsim, constant folding only, on a weightless copy) and the decode contract is
+  written to ``metadata_props`` (docs/ARCHITECTURE.md, "The decode contract").
 
 A graph set (``step_lens`` and/or ``max_cache_lens`` lists): one graph per (step length S, cache length L),
 each the rewrite above of its own structural copy of the input (:func:`onnxdeploy.passes._edit.clone`: the copies
@@ -123,14 +121,9 @@ class StaticKVCachePass(Pass):
     keeps_opset = True
 
     def needs_later(self) -> tuple[str, str] | None:
-        """``window_cache`` rings need ``mask_rewrite`` after this pass (README, "Ring caches").
-
-        It masks each slot by the position it holds; the exporter's own mask is ``(B, max_cache_len)`` and cannot
-        read a ring.
-        """
-        if self.config.window_cache:
-            return "mask_rewrite", "window_cache: a ring slot is masked by the position it holds"
-        return None
+        """``window_cache`` rings need ``mask_rewrite`` after this pass (README, "Ring caches")."""
+        ring = self.config.window_cache
+        return ("mask_rewrite", "window_cache: a ring slot is masked by its position") if ring else None
 
     def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
         """ai.onnx opset 11: the cache writes ScatterElements (:meth:`requires` refuses below)."""

@@ -32,6 +32,11 @@ against its budget: 3 × (one ORT call of the original over those tokens with an
 them through the INT4 set's decode graph). Figures are printed, not asserted. Usage::
 
     nice -n 10 .venv/bin/python benchmarks/int4_speed.py [--model PATH] [--rounds 20] [--tokens 300] [--json]
+        [--quant JSON --tag TAG] [--also TAG2=JSON2 ...] [--step-levels 4]
+
+``--also`` builds more quantized sets the same way and times their step at accuracy_level 4 in the same
+interleaved rounds (variants of one candidate against the original in one run); ``--step-levels 4`` skips the
+level-0 step of the ``--tag`` set (a mixed INT4/INT8 set's level-0 step is slow: no fp32 kernel for 8 bits).
 """
 
 from __future__ import annotations
@@ -252,13 +257,25 @@ def accuracy_phase(original: Path, int4: Path, tokens: list[int], levels: tuple[
     }
 
 
-def measure_steps(original: Path, float_set: Path, int4: Path, rounds: int, rounds_unpacked: int) -> dict[str, Any]:
-    """Median step ms per variant, interleaved (module docstring), and each INT4 level's ratio to the original."""
+def measure_steps(
+    original: Path,
+    float_set: Path,
+    int4: Path,
+    rounds: int,
+    rounds_unpacked: int,
+    levels: tuple[int, ...] = (0, 4),
+    extra: dict[str, Path] | None = None,
+) -> dict[str, Any]:
+    """Median step ms per variant, interleaved (module docstring), and each INT4 level's ratio to the original.
+
+    ``levels``: the accuracy_levels the INT4 set's step is timed at; ``extra``: more quantized sets (label → decode
+    graph), each timed at accuracy_level 4 in the same interleaved rounds.
+    """
     variants: dict[str, Callable[[], float]] = {
         "original": Original(original).step,
         "float static": Static(float_set).step,
-        "int4 level 0": Static(int4, LEVEL[0]).step,
-        "int4 level 4": Static(int4, LEVEL[4]).step,
+        **{f"int4 level {level}": Static(int4, LEVEL[level]).step for level in levels},
+        **{f"{label} level 4": Static(path, LEVEL[4]).step for label, path in (extra or {}).items()},
     }
     times = interleave(variants, rounds)
     med = {name: float(np.median(t)) for name, t in times.items()}
@@ -308,6 +325,15 @@ def main() -> int:
     ap.add_argument("--text-file", type=Path, help="accuracy phase: held-out text (tokenizer.json beside --model)")
     ap.add_argument("--budget-levels", default="4,0", help="accuracy_levels of the budget's step-1 decode")
     ap.add_argument("--no-steps", action="store_true", help="skip the step timings and profiles")
+    ap.add_argument("--step-levels", default="0,4", help="accuracy_levels the INT4 set's step is timed at")
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="TAG=JSON",
+        help="another quantize_weights config (built like --quant, tagged TAG), its step timed at level 4 in the "
+        "same interleaved rounds; repeatable",
+    )
     args = ap.parse_args()
     if args.rss_child:
         rss_child(*args.rss_child)
@@ -326,21 +352,34 @@ def main() -> int:
     chain = [*static[:3], quant, *static[3:]] if args.quant_before_fuse else [*static, quant]
     int4 = build_set(args.model, work / f"{args.tag}{suffix}", chain, calibration)
     print(f"[{args.tag}] {json.dumps(quant[1])}, prefill_logits {args.prefill_logits}", flush=True)
+    extra: dict[str, Path] = {}
+    for spec in args.also:
+        tag, _, cfg = spec.partition("=")
+        also = ("quantize_weights", json.loads(cfg))
+        also_chain = [*static[:3], also, *static[3:]] if args.quant_before_fuse else [*static, also]
+        extra[tag] = build_set(args.model, work / f"{tag}{suffix}", also_chain, calibration)
+        print(f"[{tag}] {json.dumps(also[1])}, prefill_logits {args.prefill_logits}", flush=True)
+    step_levels = tuple(int(v) for v in args.step_levels.split(","))
     print(f"{os.cpu_count()} CPUs; onnxruntime {ort.__version__}; model {args.model}; context {CTX}, L={CACHE_LEN}")
     results: dict[str, Any] = {"model": str(args.model), "context": CTX, "max_cache_len": CACHE_LEN}
     if not args.no_steps:
-        results["steps"] = steps = measure_steps(args.model, float_set, int4, args.rounds, args.rounds_unpacked)
+        results["steps"] = steps = measure_steps(
+            args.model, float_set, int4, args.rounds, args.rounds_unpacked, step_levels, extra
+        )
         print(f"\n== decode step at context {CTX}, median of {args.rounds} interleaved calls, runner sessions ==")
         labels = {"original": "-", "float static": "-", "int4 level 0": "0", "int4 level 4": "4", "int4 unpacked": "0"}
         for variant, ms in steps["median_ms"].items():
             ratio = steps["ratio"].get(variant)
             tail = f"  x{ratio:.3f} of the original" if ratio is not None else ""
-            print(f"  {variant:30s} accuracy_level {labels.get(variant, '-'):>2}  {ms:9.2f} ms{tail}")
+            level = labels.get(variant, variant.rsplit(" ", 1)[-1] if variant.endswith(" level 4") else "-")
+            shown = args.tag + variant[4:] if variant.startswith("int4 ") else variant  # the --tag set
+            print(f"  {shown:30s} accuracy_level {level:>2}  {ms:9.2f} ms{tail}")
         results["profile"] = {}
-        for level in (0, 4):
-            ops = profile_ops(int4, LEVEL[level])
-            results["profile"][level] = ops
-            print(f"  int4 level {level} kernel time: " + ", ".join(f"{op} {share:.0%}" for op, share in ops))
+        profiled = [(args.tag, int4, level) for level in step_levels] + [(tag, p, 4) for tag, p in extra.items()]
+        for label, path, level in profiled:
+            ops = profile_ops(path, LEVEL[level])
+            results["profile"][f"{label} level {level}"] = ops
+            print(f"  {label} level {level} kernel time: " + ", ".join(f"{op} {share:.0%}" for op, share in ops))
     if not args.no_rss:
         rss = results["rss"] = {}
         print("\n== peak RSS growth of opening + one step (fresh process each) ==")

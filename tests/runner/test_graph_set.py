@@ -167,7 +167,7 @@ def test_every_graph_of_the_set_matches_the_original_across_buckets_and_cache_sw
             remainder=remainder,
             max_abs_logit_diff=tolerance,
         )
-        assert report.passed, [m.failures for m in report.modes.values()]
+        assert report.passed, (report.failures, [m.failures for m in report.modes.values()])
         assert len(report.graphs) == 6
         assert report.numerics is not None  # fp16/bf16 on the CPU EP: emulated, never native
         assert (report.numerics.compute_dtype, report.numerics.execution) == (

@@ -246,10 +246,17 @@ def io_dims(values: Iterable[onnx.ValueInfoProto]) -> dict[str, list[int | str |
 
 
 def _weight_key(tensor: ir.TensorProtocol) -> object:
-    """What identifies a weight across separately loaded graphs: its file bytes when external, else the object."""
+    """What identifies a weight across separately loaded graphs: its file bytes when external, else None.
+
+    An in-memory tensor has no identity that outlives it: keyed by ``id()``, a tensor freed once its value
+    points at the converted copy lets the next graph's tensor reuse that id and pick up the wrong weight (a
+    graph set's shadow then computed with another initializer: seen as a 0.12 logit difference that came and
+    went with the memory layout). In-memory tensors are small (inline in each graph file) and are converted
+    per graph.
+    """
     if isinstance(tensor, ir.ExternalTensor):
         return (os.path.realpath(tensor.path), tensor.offset, tensor.length)
-    return id(tensor)
+    return None
 
 
 def _as_float32(tensor: ir.TensorProtocol) -> ir.Tensor:
@@ -271,8 +278,8 @@ def float32_shadow_graph(model: ir.Model, converted: dict[object, ir.Tensor] | N
     Args:
         model: the model, edited in place.
         converted: weights converted so far, shared by the graphs of a set that map one data file, so each
-            weight is converted once and the shadows share it too (keyed by file, offset and length, or by
-            object for in-memory tensors).
+            weight is converted once and the shadows share it too (keyed by file, offset and length; in-memory
+            tensors are converted per graph).
 
     Returns:
         Whether anything was bfloat16 (False: ``model`` is unchanged).
@@ -284,9 +291,12 @@ def float32_shadow_graph(model: ir.Model, converted: dict[object, ir.Tensor] | N
         tensor = value.const_value
         if tensor is not None and tensor.dtype == bf16:
             key = _weight_key(tensor)
-            if key not in memo:
-                memo[key] = _as_float32(tensor)
-            value.const_value = memo[key]
+            if key is None:
+                value.const_value = _as_float32(tensor)
+            else:
+                if key not in memo:
+                    memo[key] = _as_float32(tensor)
+                value.const_value = memo[key]
             changed = True
     values = [*model.graph.inputs, *model.graph.outputs, *model.graph.initializers.values()]
     for node in model.graph:

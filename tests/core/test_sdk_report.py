@@ -10,6 +10,7 @@ import io
 
 from rich.console import Console
 
+from onnxdeploy import sdk as sdk_module
 from onnxdeploy import sdk_stage
 from onnxdeploy.config import load_pipeline
 from onnxdeploy.pipeline import run_pipeline
@@ -38,7 +39,8 @@ def _with_hybrid(build):
 
 
 def test_the_sdk_section_is_on_the_console_in_markdown_and_in_html(tmp_path, monkeypatch):
-    monkeypatch.setattr(sdk_stage, "rknn_python", lambda: "python")
+    for module in (sdk_stage, sdk_module):  # the config's check (sdk: build needs the SDK) reads onnxdeploy.sdk's
+        monkeypatch.setattr(module, "rknn_python", lambda: "python")
     monkeypatch.setattr(sdk_stage, "rknn_build_reports", _with_hybrid(_fake_builds(None)))
     outcome = run_pipeline(load_pipeline(_pipeline(tmp_path, "sdk: build")))
     assert outcome.exit_code == 0, outcome.report.failures

@@ -10,12 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 
+from onnxdeploy.checks import CheckContext
+from onnxdeploy.checks.target_tensors import TargetTensorsCheck
 from onnxdeploy.config import load_pipeline
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import ConfigError
+from onnxdeploy.matrices import Matrix, get_target
 from onnxdeploy.model_io import load_model, stage_artifacts
 from onnxdeploy.pass_context import make_pass_context, target_defaults
 from onnxdeploy.passes._context import TargetDefaults
@@ -159,3 +163,24 @@ def test_a_limit_no_part_can_meet_exits_2_before_any_pass_and_writes_nothing(
     assert err.value.exit_code == 2
     assert "passes[1].split" in str(err.value) or "split" in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_target_check_charges_a_graph_above_the_context_and_passes_each_part(tmp_path: Path, monkeypatch) -> None:
+    """``OD526`` on the whole export's 0.56 MB at a 400 kB context; each of its two parts (~0.28 MB) fits."""
+    base = get_target("ort-qnn").model_dump(mode="json")
+    limit = {**base["limits"][0], "value": 400_000}
+    monkeypatch.setattr(
+        "onnxdeploy.checks.target_tensors.get_target", lambda _name: Matrix.model_validate({**base, "limits": [limit]})
+    )
+
+    def od526(path: Path) -> list[str]:
+        header = onnx.load(str(path), load_external_data=False)
+        return [
+            f.message for f in TargetTensorsCheck().run(header, CheckContext(target="ort-qnn")) if f.code == "OD526"
+        ]
+
+    name = "llama_gqa_optimum"
+    whole = od526(Path(fixture_entry(name)["model_path"]))
+    assert len(whole) == 1 and "above ort-qnn's context_bytes 400000" in whole[0]
+    primary, _ = _split_with(name, tmp_path / "out", {"parts": 2}, make_pass_context())
+    assert od526(primary) == [] and od526(primary.with_name("model.part1.onnx")) == []

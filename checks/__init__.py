@@ -62,6 +62,7 @@ OD522    error          target_tensors  A tensor or dim above the target's size 
 OD523    error/warning  target_tensors  Initializers in a dtype the target does not / only partly supports.
 OD524    warning        target_tensors  Intermediate tensors with dynamic dims on a static-shape target.
 OD525    info           target_tensors  A size limit scoped in words only (``applies_to``, no ops/tensors): not checked.
+OD526    error          target_tensors  The graph's weights above the target's ``context_bytes`` (one context).
 =======  =============  ==============  ========================================================================
 
 Ranges: OD0xx framework, OD1xx checker, OD2xx static shapes, OD3xx topological order and names,

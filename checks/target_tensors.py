@@ -126,7 +126,10 @@ class TargetTensorsCheck(Check):
     - ``OD524`` warning: the target requires static shapes and intermediate tensors still have dynamic dims
       (one summary finding);
     - ``OD525`` info: a limit whose ``applies_to`` is words only (no ``ops``/``tensors`` to match): it is
-      named, not charged to every tensor.
+      named, not charged to every tensor;
+    - ``OD526`` error: the graph's initializers (shape × dtype, external data not read) above the target's
+      ``context_bytes`` (one graph's context on the device, e.g. ort-qnn's 4 GB HTP context); each part of a
+      ``split`` model is one graph and is checked on its own.
     """
 
     name = "target_tensors"
@@ -138,6 +141,7 @@ class TargetTensorsCheck(Check):
         "OD523": "error/warning: initializers in a dtype the target does not (fully) support.",
         "OD524": "warning: intermediate tensors with dynamic dims on a target that requires static shapes.",
         "OD525": "info: a size limit scoped in words only (applies_to without ops or tensors): not checked.",
+        "OD526": "error: the graph's weights above the target's context_bytes (one context's limit).",
     }
 
     def collect(self, model: onnx.ModelProto, context: CheckContext) -> Iterator[Finding]:
@@ -216,6 +220,20 @@ class TargetTensorsCheck(Check):
 
     def _limits(self, matrix: Matrix, model: onnx.ModelProto, types: Types) -> Iterator[Finding]:
         for limit in matrix.limits:
+            if limit.name == "context_bytes" and limit.unit == "bytes":
+                weights = sum(_nbytes(t.data_type, tuple(t.dims)) for t in model.graph.initializer)
+                if weights > limit.value:
+                    yield self.finding(
+                        "OD526",
+                        "error",
+                        f"the graph's weights ({weights} bytes) are above {matrix.target}'s context_bytes "
+                        f"{limit.value} ({limit.applies_to or 'one context'})",
+                        hint="split {parts: auto} cuts the model at layer boundaries into parts whose weights each "
+                        "fit (or split {max_part_bytes: N} for headroom)." + (f" {limit.note}" if limit.note else ""),
+                        rule=f"{limit.name} <= {limit.value} {limit.unit}",
+                        source=matrix.source_text(limit.source),
+                    )
+                continue
             checked = limit.name in ("max_tensor_bytes", "max_operand_bytes", "max_dim")
             if not checked or (limit.name != "max_dim" and limit.unit != "bytes"):
                 continue

@@ -116,6 +116,8 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
             out.print(generations_table(report.verify.generations))
     if report.accuracy is not None:
         out.print(accuracy_text(report.accuracy), highlight=False, markup=False, soft_wrap=True)
+        if report.accuracy.policy_quality is not None:  # the cache_policy's cost against the full context
+            out.print(report.accuracy.policy_quality.text(), highlight=False, markup=False, soft_wrap=True)
     out.print(resources_text(report), highlight=False, markup=False)
     from onnxdeploy.sdk_report import print_sdk_stage  # noqa: PLC0415  (the SDK stage's section: sdk_report)
 

@@ -452,6 +452,7 @@ def _html_runtimes(report: RunReport) -> list[str]:
 
 
 def _html_accuracy(report: RunReport) -> list[str]:
+    """``verify.accuracy``'s figures per session and the ``cache_policy``'s cost against the full context."""
     a = report.accuracy
     if a is None:
         return []
@@ -471,6 +472,12 @@ def _html_accuracy(report: RunReport) -> list[str]:
         )
         for name, f in figures
     ]
+    q = a.policy_quality
+    if q is not None and q.mean_kl is not None and q.top1_agreement is not None:  # beside the figures, its own row
+        rows.append(
+            ("cache_policy vs full context", q.evicting_positions, f"{q.mean_kl:.4g}", "-", f"{q.top1_agreement:.3f}")
+            + ("-",) * 3
+        )
     limits = ", ".join(
         f"{k} {val:g}"
         for k, val in (
@@ -491,6 +498,8 @@ def _html_accuracy(report: RunReport) -> list[str]:
             (1, 2, 3, 4, 5, 6, 7),
         ),
     ]
+    if q is not None:
+        out.append(f"<p>{_h(q.text())} (the policy's cost, not a threshold: <code>accuracy.policy_quality</code>).</p>")
     out += [f'<p class="error">failed: {_h(line)}</p>' for line in a.failures]
     series = {name: f.kl_per_position for name, f in figures if f.kl_per_position}
     if series:

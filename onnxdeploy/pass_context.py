@@ -32,7 +32,8 @@ def runner_source_digest() -> str:
 def target_defaults(target: str | None) -> TargetDefaults | None:
     """The pass settings ``target``'s matrix file implies (``defaults``), or None without a target.
 
-    Source: the target's file in ``matrices/`` (its ``defaults`` section and the note citing why).
+    Source: the target's file in ``matrices/`` (its ``defaults`` section and the note citing why; its
+    ``context_bytes`` limit and that limit's source).
 
     Raises:
         ConfigError: no matrix file has that target id.
@@ -41,8 +42,15 @@ def target_defaults(target: str | None) -> TargetDefaults | None:
         return None
     from onnxdeploy.matrices import get_target  # noqa: PLC0415  (matrices load lazily: package data)
 
-    defaults = get_target(target).defaults
-    return TargetDefaults(target=target, cache_write=defaults.cache_write, source=f"matrices/{target}.yaml")
+    matrix = get_target(target)
+    context = next((lim for lim in matrix.limits if lim.name == "context_bytes" and lim.unit == "bytes"), None)
+    return TargetDefaults(
+        target=target,
+        cache_write=matrix.defaults.cache_write,
+        source=f"matrices/{target}.yaml",
+        context_bytes=None if context is None else context.value,
+        context_source="" if context is None else matrix.source_text(context.source),
+    )
 
 
 def decoder_for(session: ProbeSession, contract: DecodeContract | None) -> CalibrationDecoder:

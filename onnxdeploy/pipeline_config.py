@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from onnxdeploy.cache_config import CacheConfig
+from onnxdeploy.errors import ConfigError
 from onnxdeploy.passes import get_pass
 from onnxdeploy.settings import PipelineSettings
 from onnxdeploy.verify_config import CalibrationConfig, VerifyConfig
@@ -197,7 +198,23 @@ class PipelineConfig(BaseModel):
             verify_runtimes=() if v is None else tuple(s.name for s in v.runtime_specs()),
             accuracy_tokens=accuracy_tokens,
             prompt_key="verify.prompt_text" if v is not None and v.prompt_text is not None else "verify.prompt",
+            **self._target_settings(),
+            passes=tuple(spec.name for spec in self.passes),
         )
+
+    def _target_settings(self) -> dict[str, Any]:
+        """The target's id and its ``context_bytes`` limit (``matrices/<target>.yaml``) for the passes' checks."""
+        if self.target is None:
+            return {}
+        from onnxdeploy.pass_context import target_defaults  # noqa: PLC0415  (matrices load lazily)
+
+        try:
+            defaults = target_defaults(self.target)
+        except ConfigError:  # an unknown target is reported under its own key
+            return {"target": self.target}
+        assert defaults is not None
+        source = f"{defaults.source}: {defaults.context_source}" if defaults.context_bytes is not None else ""
+        return {"target": self.target, "target_context_bytes": defaults.context_bytes, "target_context_source": source}
 
     @model_validator(mode="after")
     def _each_pass_needs_verify(self) -> PipelineConfig:

@@ -206,7 +206,7 @@ def _markdown_findings(report: RunReport) -> list[str]:
 
 
 def _markdown_accuracy(report: RunReport) -> list[str]:
-    """``verify.accuracy``'s figures per session, and its failures."""
+    """``verify.accuracy``'s figures per session, the ``cache_policy``'s cost against the full context, failures."""
     a = report.accuracy
     if a is None:
         return []
@@ -224,10 +224,18 @@ def _markdown_accuracy(report: RunReport) -> list[str]:
             f"| {name} | {level} | {packed} | {fig.positions} | {fig.mean_kl:.4g} | {fig.max_kl:.4g} | "
             f"{fig.top1_agreement:.3f} | {fig.ppl_original:.4g} | {fig.ppl_candidate:.4g} | {fig.ppl_ratio:.4f} |"
         )
+    q = a.policy_quality
+    if q is not None and q.mean_kl is not None and q.top1_agreement is not None:  # beside the figures, its own row
+        lines.append(
+            f"| cache_policy vs full context | - | - | {q.evicting_positions} | {q.mean_kl:.4g} | - | "
+            f"{q.top1_agreement:.3f} | - | - | - |"
+        )
     same = ["", "- both rows are one measurement: the two settings open the same session"]
+    policy = [] if q is None else ["", f"- {q.text()} (the policy's cost, not a threshold: `accuracy.policy_quality`)"]
     return (
         lines
         + (same if a.default_is_weight_only else [])
+        + policy
         + [""]
         + [f"- **failed:** {line}" for line in a.failures]
         + [""]

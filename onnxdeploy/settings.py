@@ -24,6 +24,13 @@ class PipelineSettings:
             candidate (known once its file is read; None before, or without the section).
         prompt_key: the key the prompt's ids come from: ``verify.prompt``, or ``verify.prompt_text`` (encoded by
             the tokenizer), for messages that ask to shorten it.
+        target: the pipeline's ``target`` id, or None.
+        target_context_bytes: the largest weight bytes one graph may hold on the target (its matrix's
+            ``context_bytes`` limit, e.g. ort-qnn's HTP context), or None (no target, or no such limit sourced).
+        target_context_source: where that limit is stated (``matrices/<target>.yaml`` and the limit's source), for
+            messages; empty without one.
+        passes: the pipeline's pass names in order (a pass checks what runs before it, e.g. ``split`` whether a
+            ``quantize_weights`` changes the weight bytes first).
     """
 
     verify_positions: int | None = None
@@ -33,6 +40,10 @@ class PipelineSettings:
     verify_runtimes: tuple[str, ...] = ()
     accuracy_tokens: int | None = None
     prompt_key: str = "verify.prompt"
+    target: str | None = None
+    target_context_bytes: int | None = None
+    target_context_source: str = ""
+    passes: tuple[str, ...] = ()
 
 
 class SettingsConflict(ConfigError):

@@ -329,16 +329,19 @@ class EmbedExternalDataConfig(PassConfig):
 
 
 class SplitConfig(PassConfig):
-    """Config of ``split``: how many parts, chosen directly or from a size limit per part."""
+    """Config of ``split``: how many parts, given, chosen from a size limit per part, or from the target's limit."""
 
-    parts: int | None = Field(
-        None, ge=2, description="Parts K to cut the decoder into, at layer boundaries (K <= the layer count)."
+    parts: int | Literal["auto"] | None = Field(
+        None,
+        description="Parts K to cut the decoder into, at layer boundaries (2 <= K <= the layer count), or auto: the "
+        "fewest parts whose weights each fit the target's context_bytes limit (matrices/<target>.yaml, e.g. "
+        "ort-qnn's 4 GB HTP context).",
     )
     max_part_bytes: int | None = Field(
         None,
         ge=1,
         description="Instead of parts: the fewest parts whose weights each fit this many bytes (e.g. an NPU "
-        "context's limit); a layer larger than it is refused.",
+        "context's limit); a layer larger than it is refused before any pass.",
     )
 
     weights: Literal["shared", "per_part"] = Field(
@@ -352,6 +355,8 @@ class SplitConfig(PassConfig):
     def _one_way(self) -> Self:
         if (self.parts is None) == (self.max_part_bytes is None):
             raise ValueError("give exactly one of parts and max_part_bytes")
+        if isinstance(self.parts, int) and self.parts < 2:
+            raise ValueError(f"parts={self.parts}: give 2 or more (or auto, or max_part_bytes)")
         return self
 
 

@@ -96,11 +96,16 @@ class TargetDefaults:
         target: the target id (``rknn-rk3588``).
         cache_write: ``static_kv``/``kv_layout`` ``cache_write`` for this target, or None (scatter_elements).
         source: where the defaults were read (the matrix file), for messages.
+        context_bytes: the largest weight bytes one graph may hold (the matrix's ``context_bytes`` limit), which
+            ``split {parts: auto}`` fits each part to; None when the matrix states none.
+        context_source: the limit's source (document, section, version, address, date read), for the report.
     """
 
     target: str
     cache_write: str | None = None
     source: str = ""
+    context_bytes: int | None = None
+    context_source: str = ""
 
 
 @dataclass
@@ -151,6 +156,10 @@ class PassContext:
             "target": self.target,
             "target_defaults": None
             if defaults is None
-            else {"target": defaults.target, "cache_write": defaults.cache_write},
+            else {
+                "target": defaults.target,
+                "cache_write": defaults.cache_write,
+                "context_bytes": defaults.context_bytes,
+            },
             "decoder_source": self.decoder_source,
         }

@@ -15,8 +15,13 @@ after the cache passes):
 
 The layers are shared out once, for the primary graph, and every graph of the set is cut at the same layers, so
 a host's per-part buffers move between graphs as they do for a whole graph. ``parts: K`` shares them out so the
-largest part's weight bytes are as small as they can be; ``max_part_bytes`` takes the fewest parts whose weights
-each fit. Part 0 of a graph keeps its file name (``model.onnx``, ``model.s16.c64.onnx``); part ``i`` is
+largest part's weight bytes are as small as they can be; ``max_part_bytes`` takes the fewest parts K whose weights
+each fit, and ``parts: auto`` takes that limit from the target's matrix (its ``context_bytes`` limit, e.g.
+ort-qnn's 4 GB HTP context), both then sharing the layers out over K as ``parts: K`` does; a model that fits in one
+part is kept whole. A limit one layer's weights exceed is refused before any pass, on the export's own weights
+(:func:`~onnxdeploy.passes._layer_cuts.export_layer_weights`, a lower bound of the static graph's).
+
+Part 0 of a graph keeps its file name (``model.onnx``, ``model.s16.c64.onnx``); part ``i`` is
 ``<stem>.part<i>.onnx``. All parts share the run's one weights file (``weights: shared``), or each part index has a
 data file of its own (``weights: per_part``: ``<stem>.part<i>.data``, named in the part's contract, which the
 writer follows); a tensor several parts read (a tied embedding/LM head) is stored once, or once in each of their
@@ -37,7 +42,7 @@ from onnxdeploy.kv_cache import find_kv_cache
 from onnxdeploy.passes._catalog import SplitConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import clone, remove_dead_nodes
-from onnxdeploy.passes._layer_cuts import LayerCuts, find_layer_cuts
+from onnxdeploy.passes._layer_cuts import LayerCuts, export_layer_weights, find_layer_cuts
 from onnxdeploy.passes._order import CONTRACT, WHOLE_MODEL
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
@@ -64,21 +69,34 @@ def hidden_name(layer: int) -> str:
     return f"hidden_states.{layer}"
 
 
-def share_layers(layer_bytes: list[dict[int, int]], *, parts: int | None, max_bytes: int | None) -> list[int]:
+def _segment_note(layer: int, layers: int) -> str:
+    """What layer ``layer``'s segment holds besides the layer (:meth:`LayerCuts.segment_weights`)."""
+    return (
+        " (with the embedding)" if layer == 0 else " (with the final norm and LM head)" if layer == layers - 1 else ""
+    )
+
+
+def share_layers(
+    layer_bytes: list[dict[int, int]], *, parts: int | None, max_bytes: int | None, limit_name: str = ""
+) -> list[int]:
     """First layer of each part: ``parts`` parts minimising the largest, or the fewest within ``max_bytes``.
+
+    With ``max_bytes``, K is the fewest parts whose weights each fit (a greedy scan: a part's bytes only grow with
+    its layers, so filling each part before starting the next needs the fewest), and the layers are then shared
+    out over K parts as with ``parts: K``, so the largest part is as small as it can be (never above the limit).
 
     Args:
         layer_bytes: per layer, ``id(tensor) -> bytes`` of the weights its segment reads (a tensor two layers
             read counts once per part).
         parts: K, the number of parts (2 ≤ K ≤ layers), or None.
         max_bytes: the largest weight bytes a part may hold, or None (one of the two is given).
+        limit_name: what the limit is, for the refusal (default ``max_part_bytes=<max_bytes>``).
 
     Returns:
-        The first layer of every part, ascending, starting with 0.
+        The first layer of every part, ascending, starting with 0 (``[0]``: the whole model fits ``max_bytes``).
 
     Raises:
-        ConfigError: ``max_bytes`` below the weights of one layer's segment (names the layer and its bytes), or
-            it fits the whole model in one part.
+        ConfigError: ``max_bytes`` below the weights of one layer's segment (names the layer and its bytes).
     """
     n = len(layer_bytes)
 
@@ -89,20 +107,19 @@ def share_layers(layer_bytes: list[dict[int, int]], *, parts: int | None, max_by
         return sum(merged.values())
 
     if max_bytes is not None:
-        starts, a = [0], 0
+        parts, a = 1, 0
         for b in range(1, n + 1):
             if size(a, b) > max_bytes:
                 if b - 1 == a:
                     raise ConfigError(
-                        f"max_part_bytes={max_bytes}: layer {a}'s weights alone are {size(a, a + 1)} bytes; raise it"
+                        f"{limit_name or f'max_part_bytes={max_bytes}'}: layer {a}'s weights alone are "
+                        f"{size(a, a + 1)} bytes{_segment_note(a, n)}, more than one "
+                        "part may hold; "
+                        + ("raise it" if not limit_name else "quantize the weights first or use another target")
                     )
-                starts.append(b - 1)
-                a = b - 1
-        if len(starts) == 1:
-            raise ConfigError(
-                f"max_part_bytes={max_bytes} holds the whole model ({size(0, n)} bytes): nothing to split"
-            )
-        return starts
+                parts, a = parts + 1, b - 1
+        if parts == 1:
+            return [0]
     assert parts is not None
     # best[k][j]: the smallest largest part over layers [0, j) in k parts; a DP over contiguous cuts (L is small).
     inf = float("inf")
@@ -122,6 +139,37 @@ def share_layers(layer_bytes: list[dict[int, int]], *, parts: int | None, max_by
     return sorted(starts)
 
 
+def part_limit(
+    config: SplitConfig, target: str | None, context_bytes: int | None, source: str
+) -> tuple[int, str] | None:
+    """The weight bytes one part may hold and where that limit comes from, or None for ``parts: K``.
+
+    Args:
+        config: the pass's config.
+        target: the pipeline's target id, or None.
+        context_bytes: the target's ``context_bytes`` limit, or None.
+        source: that limit's source (the report names it; the label only its matrix file).
+
+    Raises:
+        ConfigError: ``parts: auto`` without a target, or with a target whose matrix states no ``context_bytes``.
+    """
+    if config.max_part_bytes is not None:
+        return config.max_part_bytes, "max_part_bytes"
+    if config.parts != "auto":
+        return None
+    if target is None:
+        raise ConfigError(
+            "parts: auto takes the part size from the pipeline's target (its context_bytes limit), but the pipeline "
+            "has no 'target'; set one (e.g. target: ort-qnn) or give parts: K or max_part_bytes"
+        )
+    if context_bytes is None:
+        raise ConfigError(
+            f"parts: auto: matrices/{target}.yaml states no context_bytes limit (the largest graph the target "
+            "holds), so K cannot be chosen from it; give parts: K or max_part_bytes"
+        )
+    return context_bytes, f"parts: auto: {target}'s context_bytes {context_bytes} (matrices/{target}.yaml)"
+
+
 @register_pass
 class SplitPass(Pass):
     """Cut each static graph into parts at layer boundaries (module docstring).
@@ -130,8 +178,10 @@ class SplitPass(Pass):
     per input graph, part 0 first, in the input's order; every part's contract lists the chain.
 
     Raises:
-        ConfigError: from :meth:`check_model`, ``parts`` above the decoder's layer count (before any pass); from
-            :meth:`call`, a ``max_part_bytes`` one layer does not fit.
+        ConfigError: from :meth:`check_settings`, ``parts: auto`` without a target limit; from :meth:`check_model`
+            (before any pass), ``parts`` above the decoder's layer count, or a part limit one layer of the export
+            does not fit; from :meth:`call`, the same on the static graph (a pass before ``split`` changed the
+            weights, e.g. ``quantize_weights``, or the pass runs on its own).
         PreconditionError: a graph without a contract or already split, or a boundary with no single hidden-state
             tensor (:func:`~onnxdeploy.passes._layer_cuts.find_layer_cuts`).
     """
@@ -147,32 +197,90 @@ class SplitPass(Pass):
         """The output is a chain of parts, no longer a whole model (the cache passes must run before)."""
         return frozenset({WHOLE_MODEL})
 
-    def check_model(self, model: ir.Model, settings: PipelineSettings) -> None:
-        """Refuse more parts than the input decoder has layers (its cache, found by data flow; no weights read).
+    def check_settings(self, settings: PipelineSettings) -> None:
+        """Refuse ``parts: auto`` when the pipeline's target states no part limit (:func:`part_limit`).
 
         Raises:
-            ConfigError: ``parts`` above the layer count (the message names both).
+            ConfigError: no ``target``, or its matrix has no ``context_bytes`` limit.
+        """
+        part_limit(self.config, settings.target, settings.target_context_bytes, settings.target_context_source)
+
+    def check_model(self, model: ir.Model, settings: PipelineSettings) -> None:
+        """Refuse more parts than the export has layers, or a part limit one of its layers exceeds (no weight read).
+
+        The layers and their weights are found on the export by data flow
+        (:func:`~onnxdeploy.passes._layer_cuts.export_layer_weights`: shapes and dtypes only). Its bytes are a
+        lower bound of the static graph's, so a layer above the limit here is above it in every graph; with a
+        ``quantize_weights`` before ``split`` the weights shrink first, and the pass itself decides.
+
+        Raises:
+            ConfigError: ``parts`` above the layer count (the message names both), or ``max_part_bytes`` /
+                the target's ``context_bytes`` below one layer's weights (names the layer and its bytes).
         """
         parts = self.config.parts
-        if parts is None:
-            return
         contract = read_contract(model)
-        layers = contract.num_layers if contract is not None else len(find_kv_cache(model, who=self.name).layers)
-        if parts > layers:
-            raise ConfigError(f"parts={parts} is more than the model's {layers} decoder layers; use 2..{layers}")
+        if isinstance(parts, int):
+            layers = contract.num_layers if contract is not None else len(find_kv_cache(model, who=self.name).layers)
+            if parts > layers:
+                raise ConfigError(f"parts={parts} is more than the model's {layers} decoder layers; use 2..{layers}")
+            return
+        limit = part_limit(self.config, settings.target, settings.target_context_bytes, settings.target_context_source)
+        before = settings.passes[: settings.passes.index(self.name)] if self.name in settings.passes else ()
+        if limit is None or "quantize_weights" in before:
+            return
+        if contract is None:
+            layer_bytes = export_layer_weights(model, who=self.name)
+        else:  # an input made static already: its own cuts, as the pass will find them
+            try:
+                cuts = find_layer_cuts(model.graph, contract, who=self.name)
+            except PreconditionError:
+                return  # refused by the pass itself, naming the boundary
+            layer_bytes = [
+                {k: b for k, (_, b) in cuts.segment_weights(model.graph, i).items()} for i in range(contract.num_layers)
+            ]
+        if layer_bytes is not None:
+            self._share(layer_bytes, limit)
+
+    def _share(self, layer_bytes: list[dict[int, int]], limit: tuple[int, str] | None) -> list[int]:
+        """:func:`share_layers` with ``parts: K`` or the limit, a refusal naming the key the limit came from."""
+        if limit is None:
+            return share_layers(layer_bytes, parts=int(self.config.parts or 0), max_bytes=None)
+        name = "" if limit[1] == "max_part_bytes" else limit[1]
+        return share_layers(layer_bytes, parts=None, max_bytes=limit[0], limit_name=name)
 
     def call(self, artifacts: ArtifactSet, context: PassContext, report: PassReport) -> tuple[ArtifactSet, bool]:
-        """Cut every graph of the set at the same layers (module docstring)."""
+        """Cut every graph of the set at the same layers (module docstring); kept whole when it fits one part."""
         contracts = list(artifacts.contracts(self.name))
         first = contracts[0][1]
-        if self.config.parts is not None and self.config.parts > first.num_layers:
+        if isinstance(self.config.parts, int) and self.config.parts > first.num_layers:
             raise ConfigError(f"parts={self.config.parts} is more than the model's {first.num_layers} decoder layers")
+        defaults = context.target_defaults
+        limit = part_limit(
+            self.config,
+            context.target,
+            None if defaults is None else defaults.context_bytes,
+            "" if defaults is None else defaults.context_source,
+        )
         primary = artifacts.primary
         cuts = find_layer_cuts(primary.graph, first, who=self.name)
         layer_bytes = [
             {k: b for k, (_, b) in cuts.segment_weights(primary.graph, i).items()} for i in range(first.num_layers)
         ]
-        starts = share_layers(layer_bytes, parts=self.config.parts, max_bytes=self.config.max_part_bytes)
+        starts = self._share(layer_bytes, limit)
+        if limit is not None:
+            source = "" if defaults is None or self.config.max_part_bytes is not None else defaults.context_source
+            report.details["part_limit"] = {"bytes": limit[0], "from": limit[1], "source": source, "parts": len(starts)}
+        if len(starts) == 1:
+            assert limit is not None
+            total = sum({k: b for layer in layer_bytes for k, b in layer.items()}.values())
+            report.changes.append(
+                f"not split: the whole model's {total} weight bytes fit the {limit[0]}-byte part limit ({limit[1]})"
+            )
+            return artifacts, False
+        if limit is not None:
+            report.changes.append(
+                f"K={len(starts)}: the fewest parts whose weights each fit {limit[0]} bytes ({limit[1]})"
+            )
         bounds = [*zip(starts, [*starts[1:], first.num_layers], strict=True)]
         out: list[Artifact] = []
         self._primary = contracts[0][0].name

@@ -1,4 +1,5 @@
-"""``verify.accuracy`` on a ``cache_policy`` model: the policy's quality cost in report.json and on the console.
+"""``verify.accuracy`` on a ``cache_policy`` model: the policy's quality cost in report.json, on the console (during
+the run and in the end summary) and in report.md / report.html beside the other accuracy figures.
 
 The trained byte-level fixture's held-out text (``eval.txt``, 4× ``max_cache_len`` bytes) is the accuracy text of a
 pipeline run; the usual figures are taken within the cache (where the policy evicts nothing) and
@@ -8,14 +9,17 @@ library call (:func:`onnxdeploy.runner.cache_policy.policy_quality`) on the writ
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
 from onnxdeploy.config import load_pipeline
-from onnxdeploy.pipeline import run_pipeline
+from onnxdeploy.console_report import print_run
+from onnxdeploy.pipeline import RunOutcome, run_pipeline
 from onnxdeploy.runner.cache_policy import evaluate_policy_accuracy, policy_quality
 from tests.conftest import fixture_entry
 
@@ -24,7 +28,7 @@ M = 32
 TEXT = list((Path(fixture_entry(NAME)["model_path"]).parent / "eval.txt").read_bytes()[: 4 * M])
 
 
-def _run(tmp_path: Path, max_tokens: int) -> tuple[dict, list[str]]:
+def _run(tmp_path: Path, max_tokens: int) -> tuple[dict, list[str], RunOutcome]:
     (tmp_path / "held_out.json").write_text(json.dumps(TEXT))
     pipeline = {
         "model": str(fixture_entry(NAME)["model_path"]),
@@ -44,11 +48,11 @@ def _run(tmp_path: Path, max_tokens: int) -> tuple[dict, list[str]]:
     said: list[str] = []
     outcome = run_pipeline(load_pipeline(tmp_path / "pipeline.yaml"), progress=said.append)
     assert outcome.exit_code == 0, outcome.report.failures
-    return json.loads(outcome.report_json.read_text())["accuracy"], said
+    return json.loads(outcome.report_json.read_text())["accuracy"], said, outcome
 
 
 def test_the_policy_cost_on_the_accuracy_text_is_a_report_figure(tmp_path: Path) -> None:
-    accuracy, said = _run(tmp_path, 4 * M)
+    accuracy, said, outcome = _run(tmp_path, 4 * M)
     assert accuracy["tokens"] == M and accuracy["weight_only"]["positions"] == M - 1  # within the cache
     assert accuracy["weight_only"]["mean_kl"] <= 1e-6 and accuracy["passed"]  # no eviction: the export's figures
     figures = accuracy["policy_quality"]
@@ -59,13 +63,23 @@ def test_the_policy_cost_on_the_accuracy_text_is_a_report_figure(tmp_path: Path)
     assert figures["top1_agreement"] == want.top1_agreement and 0.8 < figures["top1_agreement"] < 1.0
     line = next(s for s in said if s.startswith("cache_policy sinks 4 + recent 20 past max_cache_len 32: "))
     assert f"over the {3 * M} evicting positions of {4 * M} held-out tokens" in line
+    summary = io.StringIO()
+    print_run(Console(file=summary, width=400, color_system=None), outcome)
+    assert line in summary.getvalue()  # the end summary repeats it, after the accuracy line
+    kl, top1 = f"{figures['mean_kl']:.4g}", f"{figures['top1_agreement']:.3f}"
+    md, html = outcome.report_md.read_text(), outcome.report_html.read_text()
+    assert f"| cache_policy vs full context | - | - | {3 * M} | {kl} | - | {top1} |" in md and line in md
+    row = f'cache_policy vs full context</td><td class="num">{3 * M}</td><td class="num">{kl}</td>'
+    assert row in html and f"{top1}</td>" in html and "policy_quality</code>" in html
 
 
 def test_a_text_within_the_cache_says_the_cost_was_not_measured(tmp_path: Path) -> None:
-    accuracy, said = _run(tmp_path, M)
+    accuracy, said, outcome = _run(tmp_path, M)
     figures = accuracy["policy_quality"]
     assert figures["evicting_positions"] == 0 and figures["mean_kl"] is None and figures["top1_agreement"] is None
     assert any("quality not measured: the 32 held-out tokens never pass max_cache_len" in s for s in said)
+    md = outcome.report_md.read_text()
+    assert "quality not measured" in md and "| cache_policy vs full context |" not in md  # no figures: no row
 
 
 def test_a_candidate_without_a_policy_is_left_to_the_usual_figures() -> None:

@@ -5,7 +5,13 @@ The import package maps four top-level folders as subpackages (see pyproject.tom
 (step-by-step verification on ONNX Runtime) and ``onnxdeploy.matrices`` (target compatibility data).
 """
 
-__all__ = ["__version__"]
+import time
+
+__all__ = ["IMPORTED_AT", "__version__"]
+
+#: ``time.perf_counter()`` when this package was first imported: where a CLI run's clock starts when the process
+#: start is not this interpreter's (see :func:`onnxdeploy.resources.run_clock_start`).
+IMPORTED_AT = time.perf_counter()
 
 
 def __getattr__(name: str) -> str:

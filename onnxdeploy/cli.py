@@ -20,6 +20,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from onnxdeploy import IMPORTED_AT
 from onnxdeploy.cli_common import (
     STATE,
     JsonOpt,
@@ -84,6 +85,7 @@ def run(
     try:
         config = _run_config(pipeline, output_dir, cache_dir=cache_dir, no_cache=no_cache, bisect=bisect)
         from onnxdeploy.pipeline import run_pipeline  # noqa: PLC0415  (onnx, ORT: only once the config is valid)
+        from onnxdeploy.resources import run_clock_start  # noqa: PLC0415
 
         with progress(err, quiet=quiet) as bar:
             on_step = progress_callback(bar)
@@ -92,6 +94,7 @@ def run(
                 progress=None if quiet else lambda msg: err.print(f"[dim]•[/] {escape(msg)}", highlight=False),
                 verify_progress=on_step,
                 step_progress=on_step,
+                started=run_clock_start(IMPORTED_AT),
             )
     except OnnxDeployError as exc:
         raise fail(err, exc, as_json=as_json) from None

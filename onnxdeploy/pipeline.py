@@ -37,7 +37,7 @@ from onnxdeploy.pass_cache import PassCache
 from onnxdeploy.pass_context import make_pass_context
 from onnxdeploy.passes import PassContext
 from onnxdeploy.report import PhaseReport, RunReport
-from onnxdeploy.resources import peak_rss_bytes, process_age_s, rss_bytes
+from onnxdeploy.resources import peak_rss_bytes, rss_bytes
 from onnxdeploy.run_report import REPORT_FILES, report_stage
 from onnxdeploy.run_scratch import STAGING_PREFIX, remove_stale, run_temp_root
 from onnxdeploy.run_stages import (
@@ -95,6 +95,7 @@ def run_pipeline(
     progress: Say | None = None,
     verify_progress: Callable[[str, int, int], None] | None = None,
     step_progress: StepProgress | None = None,
+    started: float | None = None,
 ) -> RunOutcome:
     """Run a validated pipeline; write ``<output_dir>/{model.onnx[, model.onnx.data], report.json|md|html}``.
 
@@ -107,6 +108,8 @@ def run_pipeline(
         progress: called with a one-line message at each stage (the CLI prints it).
         verify_progress: forwarded to the runner (mode, positions done, positions total).
         step_progress: called with ``("passes" | "checks", done, total)`` as passes and checks complete.
+        started: the ``time.perf_counter()`` value ``wall_time_s`` and the "startup" phase count from (the CLI
+            gives the process's start); None: this call.
 
     Returns:
         The outcome; ``exit_code`` is 0 (passed) or 1 (a check or the verification failed).
@@ -122,8 +125,9 @@ def run_pipeline(
         step=step_progress or (lambda _stage, _done, _total: None),
         verify=verify_progress,
     )
-    # the run's clock starts with the process: interpreter start, imports and config load are in wall_time_s too
-    start = time.perf_counter() - (process_age_s() or 0.0)
+    # the CLI's clock starts with the process (interpreter start, imports and config load are in wall_time_s
+    # too: resources.run_clock_start); a call from Python (a notebook) counts from the call
+    start = time.perf_counter() if started is None else started
     _check_output_location(config)
     # Token files are inputs too: a bad one is refused before the output folder exists, so nothing is written.
     vocab = _vocab(config)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 
-__all__ = ["available_memory_bytes", "format_bytes", "peak_rss_bytes", "process_age_s", "rss_bytes"]
+__all__ = ["available_memory_bytes", "format_bytes", "peak_rss_bytes", "process_age_s", "rss_bytes", "run_clock_start"]
 
 _CGROUP_V2_MAX = Path("/sys/fs/cgroup/memory.max")
 _CGROUP_V1_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
@@ -109,3 +110,26 @@ def process_age_s() -> float | None:
         return max(0.0, float(uptime.split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (IndexError, ValueError, OSError):
         return None
+
+
+#: The longest an interpreter may plausibly take from its process's start to importing onnxdeploy (s). Past it, the
+#: process was started by something else and exec'd python later (``bash -c "pip install … && exec onnxdeploy …"``
+#: keeps the shell's PID and start time), and the clock starts at the import instead.
+EXEC_SLACK_S = 3.0
+
+
+def run_clock_start(imported_at: float) -> float:
+    """Where a CLI run's wall clock starts, as a ``time.perf_counter()`` value (s).
+
+    The process's start (:func:`process_age_s`), so the interpreter's start and the imports are counted, unless
+    that lies more than :data:`EXEC_SLACK_S` before ``imported_at`` (the package's first import): then an exec
+    reused an older process and ``imported_at`` is the start. Without ``/proc``, ``imported_at``.
+
+    Args:
+        imported_at: ``time.perf_counter()`` at the package's first import (:data:`onnxdeploy.IMPORTED_AT`).
+    """
+    age = process_age_s()
+    if age is None:
+        return imported_at
+    started = time.perf_counter() - age
+    return started if imported_at - started <= EXEC_SLACK_S else imported_at

@@ -433,3 +433,20 @@ def test_the_phases_account_for_the_whole_run_from_the_process_start(tmp_path):
     total = sum(p["wall_time_s"] for p in report["phases"])
     assert report["phases"][0]["wall_time_s"] > 0.1  # the interpreter and the imports happened before the pipeline
     assert abs(total - report["wall_time_s"]) < 0.05, (total, report["wall_time_s"])
+
+
+def test_a_late_exec_into_the_cli_does_not_count_the_shell_before_it(tmp_path):
+    """``bash -c "...; exec onnxdeploy run"`` keeps the shell's PID and start time: its work is not the run's."""
+    import shlex  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    cfg = {"model": str(fixture_entry("llama_gqa_optimum")["model_path"]), "output_dir": str(tmp_path / "out")}
+    cfg |= {"passes": [{"static_kv": {"max_cache_len": 32}}], "verify": None}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg))
+    code = "import sys; from onnxdeploy.cli import main; sys.argv = ['onnxdeploy', 'run', sys.argv[1]]; main()"
+    python = shlex.join([sys.executable, "-c", code, str(tmp_path / "p.yaml")])
+    subprocess.run(["bash", "-c", f"sleep 4; exec {python}"], check=True, capture_output=True)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["phases"][0]["name"] == "startup" and report["phases"][0]["wall_time_s"] < 3.5, report["phases"]
+    assert abs(sum(p["wall_time_s"] for p in report["phases"]) - report["wall_time_s"]) < 0.05

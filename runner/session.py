@@ -36,6 +36,7 @@ import os
 import shutil
 import tempfile
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,6 +233,13 @@ class ModelSession:
     threads: int = 1
     settings: SessionSettings | None = None
     shared_weights: bool = False
+    _scratch_cleanup: weakref.finalize | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # a session never closed (an API caller's, or one dropped by an exception) still removes its scratch copy
+        # when it is collected or the interpreter exits
+        if self.scratch is not None:
+            self._scratch_cleanup = weakref.finalize(self, shutil.rmtree, str(self.scratch), True)
 
     def _live(self) -> ort.InferenceSession:
         if self.session is None:
@@ -266,9 +274,11 @@ class ModelSession:
         session, self.session = self.session, None
         if hasattr(session, "close"):
             session.close()
-        if self.scratch is not None:
+        if self._scratch_cleanup is not None:
+            self._scratch_cleanup()  # rmtree once, then the finalizer is dead
+        elif self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
-            self.scratch = None
+        self.scratch = None
 
     def __enter__(self) -> ModelSession:
         return self

@@ -179,6 +179,18 @@ def test_a_hugging_face_cache_model_opens_through_a_scratch_copy_removed_on_clos
     np.testing.assert_array_equal(first_logits(model), fixture_logits)
 
 
+def test_a_session_never_closed_removes_its_scratch_copy_once_collected(tmp_path: Path) -> None:
+    """An API caller that drops a session without closing it leaves no onnxdeploy-session-* folder behind."""
+    import gc  # noqa: PLC0415
+
+    loaded = open_session(hugging_face_layout(tmp_path), scratch_root=tmp_path)
+    scratch = loaded.scratch
+    assert scratch is not None and scratch.exists()
+    del loaded
+    gc.collect()
+    assert not scratch.exists()
+
+
 def test_a_scratch_copy_is_removed_when_ort_refuses_the_model(tmp_path: Path, monkeypatch) -> None:
     model = hugging_face_layout(tmp_path)
     scratch_root = tmp_path / "scratch"

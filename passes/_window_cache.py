@@ -28,11 +28,12 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxdeploy.contract import DecodeContract
+from onnxdeploy.contract import CacheWrite, DecodeContract
 from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.kv_cache import KVCache
 from onnxdeploy.passes._attention_decompose import decompose_attention
 from onnxdeploy.passes._attention_sites import find_attention_sites, key_cache_inputs
+from onnxdeploy.passes._cache_write import build_cache_write
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node
 from onnxdeploy.passes._mask_windows import choose_windows, window_candidates
@@ -188,20 +189,33 @@ def probe_layer_windows(
 
 
 def ring_views(
-    graph: ir.Graph, kv: KVCache, rings: dict[int, int], cache_position: ir.Value, *, L: int, S: int, B: int
+    graph: ir.Graph,
+    kv: KVCache,
+    rings: dict[int, int],
+    cache_position: ir.Value,
+    *,
+    L: int,
+    S: int,
+    B: int,
+    method: CacheWrite = "scatter_elements",
 ) -> list[str]:
     """Make each layer of ``rings`` (layer -> ring length) a ring read through a view (module docstring), in place.
 
-    Called on a graph ``rewrite_cache_writes`` made (``scatter_elements``, ``full_buffer``): each ring layer's past
-    input ``(B, H, L, D)`` becomes a ring input of the same name ``(B, H, n, D)`` read as ``Gather(ring,
-    arange(L) mod n, axis=2)``, and its present output the ring ``ScatterElements(ring, Mod(cache_position, n),
-    new, axis=2)``.
+    Called on a graph ``rewrite_cache_writes`` made (``full_buffer``, any ``cache_write``): each ring layer's past
+    input ``(B, H, L, D)`` becomes a ring input of the same name ``(B, H, n, D)``; the call's K/V ``(B, H, S, D)``
+    are written into it at ``Mod(cache_position, n)`` by ``method``
+    (:func:`~onnxdeploy.passes._cache_write.build_cache_write` on ``n`` slots), and that updated ring is both the
+    present output ``(B, H, n, D)`` and, read as ``Gather(ring, arange(L) mod n, axis=2)`` ``(B, H, L, D)``, what
+    attention reads (slot ``j`` shows position ``j`` for every ``j`` the layer's window and causal mask let through:
+    the ring holds the last ``n ≥ W + S − 1`` positions). Other readers of the past (the exporter's shape
+    arithmetic, folded away later) read the same view of the ring input. The linear write is left dead.
 
     Returns:
         One line per rewritten tensor.
 
     Raises:
-        PreconditionError: a present output not written by ScatterElements (another ``cache_write``).
+        PreconditionError: a present output not written by ScatterElements / ScatterND / Where
+            (``cache_update: new_token_only``, which ``window_cache`` refuses).
     """
     changes = []
     outputs = list(graph.outputs)
@@ -214,32 +228,40 @@ def ring_views(
             present_index = next(i for i, v in enumerate(outputs) if v.name == t.present_name)
             present = outputs[present_index]
             write = present.producer()
-            if write is None or write.op_type != "ScatterElements":
+            if write is None or write.op_type not in ("ScatterElements", "ScatterND", "Where") or t.new_operand is None:
                 raise PreconditionError(
-                    "static_kv", "window_cache with mixed layers needs cache_write scatter_elements and full_buffer"
+                    "static_kv", f"window_cache: {t.present_name!r} is not the updated buffer (needs full_buffer)"
                 )
             shape = list(past.shape)  # type: ignore[arg-type]
             ring = ir.Value(name=str(past.name), shape=ir.Shape([*shape[:2], n, *shape[3:]]), type=past.type)
             past.name = f"{t.past_name}/linear_view"
             tag = f"onnxdeploy/window_cache/{t.past_name}"
             index = add_initializer(graph, f"{tag}/view_index", np.arange(L, dtype=np.int64) % n)
-            view = make_node("Gather", [ring, index], name=f"{tag}/view", axis=2)
-            graph.insert_before(graph[0], view)
-            past.replace_all_uses_with(view.outputs[0])
+            past_view = make_node("Gather", [ring, index], name=f"{tag}/past_view", axis=2)
+            graph.insert_before(graph[0], past_view)
+            past.replace_all_uses_with(past_view.outputs[0])
             graph.inputs[graph.inputs.index(past)] = ring
             slots = ring_slots(graph, cache_position, n, S)  # one per length (reused by name: lengths differ)
-            dims = add_initializer(graph, f"{tag}/index_shape", np.array([1, 1, S, 1], dtype=np.int64))
-            full = add_initializer(graph, f"{tag}/index_full", np.array([B, shape[1], S, shape[3]], dtype=np.int64))
-            reshaped = make_node("Reshape", [slots, dims], name=f"{tag}/slots")
-            expanded = make_node("Expand", [reshaped.outputs[0], full], name=f"{tag}/index")
-            new = write.inputs[2]
-            written = make_node("ScatterElements", [ring, expanded.outputs[0], new], name=f"{tag}/ring_write", axis=2)
-            graph.insert_after(write, [reshaped, expanded, written])
+            nodes, written = build_cache_write(
+                graph,
+                ring,
+                t.new_operand,
+                slots,
+                method=method,
+                seq_axis=2,
+                update_shape=(B, int(shape[1]), S, int(shape[3])),  # type: ignore[arg-type]
+                max_cache_len=n,
+                prefix=f"{tag}/ring_write",
+            )
+            view = make_node("Gather", [written, index], name=f"{tag}/view", axis=2)
+            graph.insert_after(write, [*nodes, view])
             present.name = f"{t.present_name}/linear"
-            written.outputs[0].name = str(t.present_name)
-            written.outputs[0].type, written.outputs[0].shape = ring.type, ring.shape
-            graph.outputs[present_index] = written.outputs[0]
+            written.name = str(t.present_name)
+            written.type, written.shape = ring.type, ring.shape
+            graph.outputs[present_index] = written
+            write.outputs[0].replace_all_uses_with(view.outputs[0])
             changes.append(
-                f"'{t.past_name}': ring of {n} slots read through a view of {L} (window layer {layer.layer})"
+                f"'{t.past_name}': ring of {n} slots written by {method} at {cache_position.name} mod {n}, read "
+                f"through a view of {L} (window layer {layer.layer})"
             )
     return changes

@@ -525,7 +525,7 @@ class StaticKVCachePass(Pass):
         report.dims_fixed += fix_io_dims(graph, kv, batch=B, step_len=S, max_cache_len=L if ring is None else ring)
         rings = getattr(self, "_layer_rings", None)
         if rings and kv.attention_op is None:  # mixed layers: the windowed ones are rings read through a view
-            report.changes += ring_views(graph, kv, rings, cache_position, L=L, S=S, B=B)
+            report.changes += ring_views(graph, kv, rings, cache_position, L=L, S=S, B=B, method=self._cache_write)
 
     def _fold(self, model: ir.Model, report: PassReport) -> ir.Model:
         """Fold the shape arithmetic (a new model), ``-inf`` constants made finite before and after."""

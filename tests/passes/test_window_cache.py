@@ -28,9 +28,10 @@ NAME = "mistral_sw_optimum"
 WINDOW = 8
 
 
-def _write(folder: Path, layout: str | None = None, name: str = NAME, **static) -> Path:
+def _write(folder: Path, layout: str | None = None, name: str | Path = NAME, **static) -> Path:
+    path = name if isinstance(name, Path) else fixture_entry(name)["model_path"]
     artifacts = StaticKVCachePass(StaticKVConfig(window_cache=True, **static))(
-        load_model(fixture_entry(name)["model_path"]).model, make_pass_context()
+        load_model(path).model, make_pass_context()
     ).artifacts
     artifacts = MaskRewritePass()(artifacts, make_pass_context()).artifacts
     if layout is not None:
@@ -82,39 +83,37 @@ def test_a_window_not_smaller_than_the_cache_is_refused(tmp_path: Path) -> None:
 MIXED = REPO / "fixtures" / "gemma3_mixed" / "optimum" / "model.onnx"
 """Random-init Gemma-3-style text decoder: 5 layers with window 16, then 1 global (fixtures/_export_gemma3.py)."""
 
-
-def _write_mixed(folder: Path, **static) -> Path:
-    artifacts = StaticKVCachePass(StaticKVConfig(window_cache=True, **static))(
-        load_model(MIXED).model, make_pass_context()
-    ).artifacts
-    artifacts = MaskRewritePass()(artifacts, make_pass_context()).artifacts
-    folder.mkdir(parents=True)
-    stage_artifacts(
-        [(a.name, a.model) for a in artifacts.artifacts], folder, external=True, data_name="model.onnx.data"
-    ).commit()
-    return folder / "model.onnx"
+_SET = {"step_lens": [1, 4], "max_cache_lens": [64, 128]}  # a prefill bucket and a cache-length switch at 64
 
 
-@pytest.mark.parametrize("static", [{"max_cache_len": 128}, {"step_lens": [1, 4], "max_cache_lens": [64, 128]}])
-def test_mixed_local_and_global_layers_get_rings_and_decode_as_the_export(static: dict, tmp_path: Path) -> None:
-    model = _write_mixed(tmp_path / "out", **static)
-    contract = read_contract(onnx.load(str(model), load_external_data=False))
-    assert contract is not None
+@pytest.mark.parametrize(
+    ("layout", "cache_write", "static"),
+    [  # every layout and every full_buffer cache_write at least once, each layout as a graph set
+        (None, "scatter_elements", {"max_cache_len": 128}),
+        (None, "scatter_nd", _SET),
+        ("BSH2D", "where", _SET),
+        ("BHDS_K", "scatter_elements", _SET),
+    ],
+)
+def test_mixed_local_and_global_layers_get_rings_and_decode_as_the_export(
+    layout: str | None, cache_write: str, static: dict, tmp_path: Path
+) -> None:
+    model = _write(tmp_path / "out", layout, name=MIXED, cache_write=cache_write, **static)
     ring = 16 + max(static.get("step_lens", [1])) - 1
-    assert [(e.cache_len, e.slot_mapping) for e in contract.cache] == [(ring, "ring")] * 5 + [(None, "position")]
-    cache = sum(math.prod(s) for s in contract.pair_input_shapes())
-    uniform = 2 * len(contract.cache) * math.prod(contract.pair_input_shapes()[-1])
+    ring_shapes = set()
+    for graph in sorted(model.parent.glob("*.onnx")):  # every graph of the set: the rings never change length
+        contract = read_contract(onnx.load(str(graph), load_external_data=False))
+        assert contract is not None and contract.kv_layout == (layout or "BHSD")
+        assert [(e.cache_len, e.slot_mapping) for e in contract.cache] == [(ring, "ring")] * 5 + [(None, "position")]
+        shapes, axes = contract.pair_input_shapes(), contract.pair_sequence_axes()
+        per = len(shapes) // 6  # buffers per layer: 1 packed (BSH2D), else K and V
+        assert [s[a] for s, a in zip(shapes, axes, strict=True)] == [ring] * 5 * per + [contract.max_cache_len] * per
+        ring_shapes.add(tuple(shapes[: 5 * per]))
+    assert len(ring_shapes) == 1
     if "max_cache_len" in static:  # max_cache_len 128 = 8x the window: (5 x 16 + 128) / (6 x 128) = 0.27
-        assert cache / uniform <= 0.3
+        cache = sum(math.prod(s) for s in contract.pair_input_shapes())
+        assert cache / (len(shapes) * math.prod(shapes[-1])) <= 0.3
     prompt = np.random.default_rng(0).integers(1, 512, size=11).tolist()
     report = verify(MIXED, model, prompt=prompt, steps=60, max_abs_logit_diff=1e-5)  # 71 positions: > 4 windows
     assert report.passed, report.failures
     assert all(m.top1_agreement == 1.0 for m in report.modes.values())
-
-
-def test_kv_layout_refuses_the_mixed_ring_form(tmp_path: Path) -> None:
-    artifacts = StaticKVCachePass(StaticKVConfig(window_cache=True, max_cache_len=64))(
-        load_model(MIXED).model, make_pass_context()
-    ).artifacts
-    with pytest.raises(PreconditionError, match="mixed local and global layers keeps the BHSD layout"):
-        KVLayoutPass(KVLayoutConfig(layout="BSH2D"))(artifacts, make_pass_context())

@@ -39,7 +39,15 @@ from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_n
 from onnxdeploy.passes._mask_windows import choose_windows, window_candidates
 from onnxdeploy.passes._position_mask import PositionMaskBuilder
 
-__all__ = ["plan_rings", "probe_layer_windows", "refuse_oversized_window", "ring_length", "ring_slots", "ring_views"]
+__all__ = [
+    "plan_rings",
+    "probe_layer_windows",
+    "refuse_oversized_window",
+    "refuse_window_cache",
+    "ring_length",
+    "ring_slots",
+    "ring_views",
+]
 
 
 def ring_length(window: int, step_lens: list[int]) -> int:
@@ -126,6 +134,45 @@ def refuse_oversized_window(graph: ir.Graph, step_lens: list[int], smallest_cach
             f"reads), so a ring needs at least {window} + max(step_lens) {max(step_lens)} - 1 = {length} slots, not "
             f"smaller than max_cache_len {smallest_cache}; raise max_cache_len above {length} or drop window_cache"
         )
+
+
+def refuse_window_cache(graph: ir.Graph, kv: KVCache, step_lens: list[int], smallest_cache: int, key: str) -> None:
+    """Refuse, before any pass, a ``window_cache`` the input graph cannot give, from the graph alone (no weight read).
+
+    * The cache is held inside an attention op (``com.microsoft::GroupQueryAttention``): the op reads its whole
+      cache buffer, so no ring can be written in front of it.
+    * No attention mask has a window constant: neither the mask operand of an attention Softmax nor the mask
+      input of an opset-23 ``Attention`` reaches a comparison with an integer constant
+      (:func:`~onnxdeploy.passes._mask_windows.window_candidates`, what the probe tries), so every layer is global
+      and :func:`plan_rings` would refuse after ``static_kv`` built its probe graph (a fresh user's case).
+    * A ring not smaller than the cache (:func:`refuse_oversized_window`).
+
+    Args:
+        graph: the input export.
+        kv: its cache (:func:`onnxdeploy.kv_cache.find_kv_cache`).
+        step_lens: the set's step lengths.
+        smallest_cache: the smallest ``max_cache_len`` of the set.
+        key: the config key naming the cache length (``max_cache_len=8``), for the message.
+
+    Raises:
+        ConfigError: naming ``window_cache`` and what the graph lacks (the pipeline prefixes the pass's key).
+    """
+    if kv.attention_op is not None:
+        raise ConfigError(
+            f"window_cache: true, but the cache is held inside {kv.attention_op}, which reads the whole cache "
+            "buffer itself: no ring can be written in front of it; drop window_cache or use a decomposed export"
+        )
+    masks = [n.inputs[0] for n in graph if n.op_type == "Softmax"]
+    masks += [
+        n.inputs[3] for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx") and len(n.inputs) > 3
+    ]
+    if not any(m is not None and window_candidates(m) for m in masks):
+        raise ConfigError(
+            f"window_cache: true, but no attention mask of the graph ({len(masks)} read) compares positions with a "
+            "window constant: no layer has a sliding window, so there is nothing to make a ring of; drop "
+            "window_cache (max_cache_len slots per layer are what a global layer needs)"
+        )
+    refuse_oversized_window(graph, step_lens, smallest_cache, key)
 
 
 def ring_slots(graph: ir.Graph, cache_position: ir.Value, length: int, step_len: int) -> ir.Value:

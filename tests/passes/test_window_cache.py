@@ -23,17 +23,16 @@ from onnxdeploy.passes.kv_layout import KVLayoutConfig, KVLayoutPass
 from onnxdeploy.passes.mask_rewrite import MaskRewritePass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
-from tests.conftest import REPO, fixture_entry
+from tests.conftest import fixture_entry
 
 NAME = "mistral_sw_optimum"
 WINDOW = 8
 
 
-def _build(name: str | Path = NAME, **static) -> ArtifactSet:
-    """``static_kv {window_cache: true, **static}`` then ``mask_rewrite`` on a fixture (a registry name or a path)."""
-    path = name if isinstance(name, Path) else fixture_entry(name)["model_path"]
+def _build(name: str = NAME, **static) -> ArtifactSet:
+    """``static_kv {window_cache: true, **static}`` then ``mask_rewrite`` on the registry's fixture ``name``."""
     artifacts = StaticKVCachePass(StaticKVConfig(window_cache=True, **static))(
-        load_model(path).model, make_pass_context()
+        load_model(fixture_entry(name)["model_path"]).model, make_pass_context()
     ).artifacts
     return MaskRewritePass()(artifacts, make_pass_context()).artifacts
 
@@ -50,7 +49,7 @@ def _stage(artifacts: ArtifactSet, folder: Path, layout: str | None = None, cach
     return folder / "model.onnx"
 
 
-def _write(folder: Path, layout: str | None = None, name: str | Path = NAME, **static) -> Path:
+def _write(folder: Path, layout: str | None = None, name: str = NAME, **static) -> Path:
     return _stage(_build(name, **static), folder, layout)
 
 
@@ -91,13 +90,13 @@ def test_a_window_not_smaller_than_the_cache_is_refused(tmp_path: Path) -> None:
         StaticKVConfig(window_cache=True, max_cache_len=32, cache_update="new_token_only")
 
 
-MIXED = REPO / "fixtures" / "gemma3_mixed" / "optimum" / "model.onnx"
-"""Random-init Gemma-3-style text decoder: 5 layers with window 16, then 1 global (fixtures/_export_gemma3.py)."""
+MIXED = "gemma3_mixed_optimum"
+"""Random-init Gemma-3-style text decoder: 5 layers with window 16, then 1 global (fixtures/registry.json)."""
 
 _SET = {"step_lens": [1, 4], "max_cache_lens": [64, 128]}  # a prefill bucket and a cache-length switch at 64
 
 
-def _mixed_report(model: Path, layout: str | None, ring: int) -> None:
+def _mixed_report(model: Path, layout: str | None, ring: int, name: str = MIXED) -> None:
     """Every graph of the set: 5 rings of ``ring`` slots (one shape for the whole set) and the global layer at the
     graph's max_cache_len, in ``layout``; then the set decodes as the export, exact, over 71 positions (> 4 windows)."""
     ring_shapes = set()
@@ -111,19 +110,20 @@ def _mixed_report(model: Path, layout: str | None, ring: int) -> None:
         ring_shapes.add(tuple(shapes[: 5 * per]))
     assert len(ring_shapes) == 1  # a host never re-slots a ring when it switches graphs
     prompt = np.random.default_rng(0).integers(1, 512, size=11).tolist()
-    report = verify(MIXED, model, prompt=prompt, steps=60, max_abs_logit_diff=1e-5)
+    report = verify(fixture_entry(name)["model_path"], model, prompt=prompt, steps=60, max_abs_logit_diff=1e-5)
     assert report.passed, report.failures
     assert all(m.top1_agreement == 1.0 for m in report.modes.values())
 
 
-def test_mixed_layers_ring_caches_are_0_27x_and_decode_as_the_export(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", [MIXED, "gemma3_mixed_torchscript"])  # both exporters
+def test_mixed_layers_ring_caches_are_0_27x_and_decode_as_the_export(name: str, tmp_path: Path) -> None:
     """scatter_elements, one graph at max_cache_len 128 = 8x the window: (5 x 16 + 128) / (6 x 128) = 0.27."""
-    model = _write(tmp_path / "out", name=MIXED, max_cache_len=128)
+    model = _write(tmp_path / "out", name=name, max_cache_len=128)
     contract = read_contract(onnx.load(str(model), load_external_data=False))
     assert contract is not None
     shapes = contract.pair_input_shapes()
     assert sum(math.prod(s) for s in shapes) / (len(shapes) * math.prod(shapes[-1])) <= 0.3
-    _mixed_report(model, None, 16)
+    _mixed_report(model, None, 16, name)
 
 
 @pytest.fixture(scope="module")

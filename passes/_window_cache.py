@@ -19,8 +19,10 @@ mix (Gemma 2/3: 5 local : 1 global) the shape arithmetic the layers share must s
 windowed layer's ring is read through a **view** (:func:`ring_views`): ``Gather(ring, arange(L) mod length)``, whose
 slot ``j`` shows ring slot ``j mod length``. Every slot inside the window shows its own position (the ring holds the
 last ``length ≥ W + S − 1`` positions), the others are hidden by the layer's window mask, which stays the linear one;
-the present output is the ring written at ``cache_position mod length``. The cache is the ring; attention still
-spans ``L`` slots.
+the call's K/V are written into the ring at ``cache_position mod length`` by the run's ``cache_write`` (any
+full-buffer method of :func:`~onnxdeploy.passes._cache_write.build_cache_write`, on ``length`` slots), and that
+updated ring is both the present output and what the view reads. The cache is the ring; attention still spans
+``L`` slots. ``kv_layout`` repacks such a graph as any other, each layer at its own length and slots.
 """
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ mix (Gemma 2/3: 5 local : 1 global) the shape arithmetic the layers share must s
 windowed layer's ring is read through a **view** (:func:`ring_views`): ``Gather(ring, arange(L) mod length)``, whose
 slot ``j`` shows ring slot ``j mod length``. Every slot inside the window shows its own position (the ring holds the
 last ``length ≥ W + S − 1`` positions), the others are hidden by the layer's window mask, which stays the linear one;
-the present output is the ring written at ``cache_position mod length``. The cache is the ring; attention still
-spans ``L`` slots.
+the call's K/V are written into the ring at ``cache_position mod length`` by the run's ``cache_write`` (any
+full-buffer method of :func:`~onnxdeploy.passes._cache_write.build_cache_write`, on ``length`` slots), and that
+updated ring is both the present output and what the view reads. The cache is the ring; attention still spans
+``L`` slots. ``kv_layout`` repacks such a graph as any other, each layer at its own length and slots.
 """
 
 from __future__ import annotations
@@ -28,17 +30,26 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxdeploy.contract import DecodeContract
+from onnxdeploy.contract import CacheWrite, DecodeContract
 from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.kv_cache import KVCache
 from onnxdeploy.passes._attention_decompose import decompose_attention
 from onnxdeploy.passes._attention_sites import find_attention_sites, key_cache_inputs
+from onnxdeploy.passes._cache_write import build_cache_write
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, infer_shapes, make_node
 from onnxdeploy.passes._mask_windows import choose_windows, window_candidates
 from onnxdeploy.passes._position_mask import PositionMaskBuilder
 
-__all__ = ["plan_rings", "probe_layer_windows", "refuse_oversized_window", "ring_length", "ring_slots", "ring_views"]
+__all__ = [
+    "plan_rings",
+    "probe_layer_windows",
+    "refuse_oversized_window",
+    "refuse_window_cache",
+    "ring_length",
+    "ring_slots",
+    "ring_views",
+]
 
 
 def ring_length(window: int, step_lens: list[int]) -> int:
@@ -127,6 +138,45 @@ def refuse_oversized_window(graph: ir.Graph, step_lens: list[int], smallest_cach
         )
 
 
+def refuse_window_cache(graph: ir.Graph, kv: KVCache, step_lens: list[int], smallest_cache: int, key: str) -> None:
+    """Refuse, before any pass, a ``window_cache`` the input graph cannot give, from the graph alone (no weight read).
+
+    * The cache is held inside an attention op (``com.microsoft::GroupQueryAttention``): the op reads its whole
+      cache buffer, so no ring can be written in front of it.
+    * No attention mask has a window constant: neither the mask operand of an attention Softmax nor the mask
+      input of an opset-23 ``Attention`` reaches a comparison with an integer constant
+      (:func:`~onnxdeploy.passes._mask_windows.window_candidates`, what the probe tries), so every layer is global
+      and :func:`plan_rings` would refuse after ``static_kv`` built its probe graph (a fresh user's case).
+    * A ring not smaller than the cache (:func:`refuse_oversized_window`).
+
+    Args:
+        graph: the input export.
+        kv: its cache (:func:`onnxdeploy.kv_cache.find_kv_cache`).
+        step_lens: the set's step lengths.
+        smallest_cache: the smallest ``max_cache_len`` of the set.
+        key: the config key naming the cache length (``max_cache_len=8``), for the message.
+
+    Raises:
+        ConfigError: naming ``window_cache`` and what the graph lacks (the pipeline prefixes the pass's key).
+    """
+    if kv.attention_op is not None:
+        raise ConfigError(
+            f"window_cache: true, but the cache is held inside {kv.attention_op}, which reads the whole cache "
+            "buffer itself: no ring can be written in front of it; drop window_cache or use a decomposed export"
+        )
+    masks = [n.inputs[0] for n in graph if n.op_type == "Softmax"]
+    masks += [
+        n.inputs[3] for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx") and len(n.inputs) > 3
+    ]
+    if not any(m is not None and window_candidates(m) for m in masks):
+        raise ConfigError(
+            f"window_cache: true, but no attention mask of the graph ({len(masks)} read) compares positions with a "
+            "window constant: no layer has a sliding window, so there is nothing to make a ring of; drop "
+            "window_cache (max_cache_len slots per layer are what a global layer needs)"
+        )
+    refuse_oversized_window(graph, step_lens, smallest_cache, key)
+
+
 def ring_slots(graph: ir.Graph, cache_position: ir.Value, length: int, step_len: int) -> ir.Value:
     """``Mod(cache_position, length)``: the ring slots a call writes, int64 ``[S]`` (nodes at the graph's front).
 
@@ -188,20 +238,33 @@ def probe_layer_windows(
 
 
 def ring_views(
-    graph: ir.Graph, kv: KVCache, rings: dict[int, int], cache_position: ir.Value, *, L: int, S: int, B: int
+    graph: ir.Graph,
+    kv: KVCache,
+    rings: dict[int, int],
+    cache_position: ir.Value,
+    *,
+    L: int,
+    S: int,
+    B: int,
+    method: CacheWrite = "scatter_elements",
 ) -> list[str]:
     """Make each layer of ``rings`` (layer -> ring length) a ring read through a view (module docstring), in place.
 
-    Called on a graph ``rewrite_cache_writes`` made (``scatter_elements``, ``full_buffer``): each ring layer's past
-    input ``(B, H, L, D)`` becomes a ring input of the same name ``(B, H, n, D)`` read as ``Gather(ring,
-    arange(L) mod n, axis=2)``, and its present output the ring ``ScatterElements(ring, Mod(cache_position, n),
-    new, axis=2)``.
+    Called on a graph ``rewrite_cache_writes`` made (``full_buffer``, any ``cache_write``): each ring layer's past
+    input ``(B, H, L, D)`` becomes a ring input of the same name ``(B, H, n, D)``; the call's K/V ``(B, H, S, D)``
+    are written into it at ``Mod(cache_position, n)`` by ``method``
+    (:func:`~onnxdeploy.passes._cache_write.build_cache_write` on ``n`` slots), and that updated ring is both the
+    present output ``(B, H, n, D)`` and, read as ``Gather(ring, arange(L) mod n, axis=2)`` ``(B, H, L, D)``, what
+    attention reads (slot ``j`` shows position ``j`` for every ``j`` the layer's window and causal mask let through:
+    the ring holds the last ``n ≥ W + S − 1`` positions). Other readers of the past (the exporter's shape
+    arithmetic, folded away later) read the same view of the ring input. The linear write is left dead.
 
     Returns:
         One line per rewritten tensor.
 
     Raises:
-        PreconditionError: a present output not written by ScatterElements (another ``cache_write``).
+        PreconditionError: a present output not written by ScatterElements / ScatterND / Where
+            (``cache_update: new_token_only``, which ``window_cache`` refuses).
     """
     changes = []
     outputs = list(graph.outputs)
@@ -214,32 +277,40 @@ def ring_views(
             present_index = next(i for i, v in enumerate(outputs) if v.name == t.present_name)
             present = outputs[present_index]
             write = present.producer()
-            if write is None or write.op_type != "ScatterElements":
+            if write is None or write.op_type not in ("ScatterElements", "ScatterND", "Where") or t.new_operand is None:
                 raise PreconditionError(
-                    "static_kv", "window_cache with mixed layers needs cache_write scatter_elements and full_buffer"
+                    "static_kv", f"window_cache: {t.present_name!r} is not the updated buffer (needs full_buffer)"
                 )
             shape = list(past.shape)  # type: ignore[arg-type]
             ring = ir.Value(name=str(past.name), shape=ir.Shape([*shape[:2], n, *shape[3:]]), type=past.type)
             past.name = f"{t.past_name}/linear_view"
             tag = f"onnxdeploy/window_cache/{t.past_name}"
             index = add_initializer(graph, f"{tag}/view_index", np.arange(L, dtype=np.int64) % n)
-            view = make_node("Gather", [ring, index], name=f"{tag}/view", axis=2)
-            graph.insert_before(graph[0], view)
-            past.replace_all_uses_with(view.outputs[0])
+            past_view = make_node("Gather", [ring, index], name=f"{tag}/past_view", axis=2)
+            graph.insert_before(graph[0], past_view)
+            past.replace_all_uses_with(past_view.outputs[0])
             graph.inputs[graph.inputs.index(past)] = ring
             slots = ring_slots(graph, cache_position, n, S)  # one per length (reused by name: lengths differ)
-            dims = add_initializer(graph, f"{tag}/index_shape", np.array([1, 1, S, 1], dtype=np.int64))
-            full = add_initializer(graph, f"{tag}/index_full", np.array([B, shape[1], S, shape[3]], dtype=np.int64))
-            reshaped = make_node("Reshape", [slots, dims], name=f"{tag}/slots")
-            expanded = make_node("Expand", [reshaped.outputs[0], full], name=f"{tag}/index")
-            new = write.inputs[2]
-            written = make_node("ScatterElements", [ring, expanded.outputs[0], new], name=f"{tag}/ring_write", axis=2)
-            graph.insert_after(write, [reshaped, expanded, written])
+            nodes, written = build_cache_write(
+                graph,
+                ring,
+                t.new_operand,
+                slots,
+                method=method,
+                seq_axis=2,
+                update_shape=(B, int(shape[1]), S, int(shape[3])),  # type: ignore[arg-type]
+                max_cache_len=n,
+                prefix=f"{tag}/ring_write",
+            )
+            view = make_node("Gather", [written, index], name=f"{tag}/view", axis=2)
+            graph.insert_after(write, [*nodes, view])
             present.name = f"{t.present_name}/linear"
-            written.outputs[0].name = str(t.present_name)
-            written.outputs[0].type, written.outputs[0].shape = ring.type, ring.shape
-            graph.outputs[present_index] = written.outputs[0]
+            written.name = str(t.present_name)
+            written.type, written.shape = ring.type, ring.shape
+            graph.outputs[present_index] = written
+            write.outputs[0].replace_all_uses_with(view.outputs[0])
             changes.append(
-                f"'{t.past_name}': ring of {n} slots read through a view of {L} (window layer {layer.layer})"
+                f"'{t.past_name}': ring of {n} slots written by {method} at {cache_position.name} mod {n}, read "
+                f"through a view of {L} (window layer {layer.layer})"
             )
     return changes

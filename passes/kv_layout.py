@@ -269,7 +269,7 @@ class _Relayout:
     Dp: int
     method: CacheWrite
     update_mode: str
-    cache_position: ir.Value
+    slots: dict[int, tuple[int, ir.Value]]  # layer -> (its buffers' slots, the int64 [S] slots a call writes)
     new_outputs: dict[int, ir.Value] = field(default_factory=dict)
     drop_outputs: set[int] = field(default_factory=set)
     entries: list[CacheBinding] = field(default_factory=list)
@@ -286,7 +286,7 @@ class _Relayout:
             self.entries.append(self._packed(b, entry, key, value, (new_k, new_v), compute))
             return
         names = {
-            tag: self._separate(b, t, tag, new, compute)
+            tag: self._separate(b, t, tag, new, compute, self.slots[entry.layer])
             for t, tag, new in ((key, "key", new_k), (value, "value", new_v))
         }
         self.entries.append(
@@ -310,7 +310,7 @@ class _Relayout:
     ) -> CacheBinding:
         """BSH2D: one input and one output ``(B, L, H, 2·Dp)``, K in ``[..., :Dp]``, V in ``[..., Dp:]``."""
         c, Dp, graph = self.contract, self.Dp, self.graph
-        B, H, L, S, D = c.batch, c.num_kv_heads, c.max_cache_len, c.step_len, c.head_dim
+        (L, slots), B, H, S, D = self.slots[entry.layer], c.batch, c.num_kv_heads, c.step_len, c.head_dim
         kv_type = c.kv_onnx_type
         bhsd = b.node("Concat", list(new_kv), "kv_new_bhsd", (B, H, S, 2 * Dp), compute, axis=3)
         packed_new = b.transpose(bhsd, _BSH, "kv_new")
@@ -318,7 +318,7 @@ class _Relayout:
         past = _new_input(graph, key.past, base, (B, L, H, 2 * Dp), kv_type)
         graph.inputs.remove(value.past)
         buffer = b.cast(past, compute, "kv_compute")
-        updated = _write(b, buffer, packed_new, 1, "kv_write", self.method, self.cache_position, L)
+        updated = _write(b, buffer, packed_new, 1, "kv_write", self.method, slots, L)
         for t, start, tag in ((key, 0, "key"), (value, Dp, "value")):
             part = b.slice_last_or_axis(updated, start, start + D, 3, f"{tag}_bshd")
             _reroute(t, b.transpose(part, _BSH, f"{tag}_view"))
@@ -331,10 +331,21 @@ class _Relayout:
         self.drop_outputs.add(value.present_index)
         return CacheBinding(layer=entry.layer, kv_in=base, kv_out=out_name)
 
-    def _separate(self, b: _Builder, t: _CacheTensor, tag: str, new: ir.Value, compute: ir.DataType) -> tuple[str, str]:
-        """BHSD or BHDS_K: one buffer per tensor, K transposed ``(B, H, Dp, L)`` for BHDS_K; its in/out names."""
+    def _separate(
+        self,
+        b: _Builder,
+        t: _CacheTensor,
+        tag: str,
+        new: ir.Value,
+        compute: ir.DataType,
+        layer_slots: tuple[int, ir.Value],
+    ) -> tuple[str, str]:
+        """BHSD or BHDS_K: one buffer per tensor, K transposed ``(B, H, Dp, L)`` for BHDS_K; its in/out names.
+
+        ``layer_slots``: the layer's buffer slots ``L`` (a ring's length) and the int64 ``[S]`` slots a call writes.
+        """
         c, graph = self.contract, self.graph
-        B, H, L, D = c.batch, c.num_kv_heads, c.max_cache_len, c.head_dim
+        (L, slots), B, H, D = layer_slots, c.batch, c.num_kv_heads, c.head_dim
         kv_type = c.kv_onnx_type
         transposed = self.layout == "BHDS_K" and tag == "key"
         update = b.transpose(new, _SWAP_LAST, f"{tag}_new_t") if transposed else new
@@ -342,7 +353,7 @@ class _Relayout:
         past_name = str(t.past.name)
         past = _new_input(graph, t.past, past_name, shape, kv_type)
         buffer = b.cast(past, compute, f"{tag}_compute")
-        updated = _write(b, buffer, update, 3 if transposed else 2, f"{tag}_write", self.method, self.cache_position, L)
+        updated = _write(b, buffer, update, 3 if transposed else 2, f"{tag}_write", self.method, slots, L)
         if transposed:
             self._read_stored_key(b, t, b.slice_last_or_axis(updated, 0, D, 2, "key_t_view"))  # (B, H, D, L)
         else:
@@ -408,29 +419,27 @@ def _relayout(
     cache_position = inputs[c.inputs.cache_position] if c.inputs.cache_position else None
     if cache_position is None:
         raise PreconditionError(who, "the contract names no cache_position input; run static_kv first")
-    rings = {e.cache_len for e in c.cache if e.slot_mapping == "ring"}  # window_cache: one ring, slot = p mod it
-    if rings and (len(rings) > 1 or any(e.slot_mapping != "ring" for e in c.cache)):
-        raise PreconditionError(who, "window_cache with mixed local and global layers keeps the BHSD layout today")
     found = [
         [_find_tensor(graph, c, past, present, who) for past, present in c.layer_cache_pairs(entry)]
         for entry in c.cache
     ]
     method, update_mode = _write_method(found, c, cfg)
     Dp = padded_head_dim(c.head_dim, cfg.pad_head_dim_to)
-    view, slots = c, cache_position
-    if rings:
-        view = c.model_copy(update={"max_cache_len": next(iter(rings))})
-        slots = ring_slots(graph, cache_position, view.max_cache_len, c.step_len)
-    state = _Relayout(graph, view, cfg.layout, Dp, method, update_mode, slots)
+    slots = {  # window_cache: a ring layer's slot is its position mod its length (passes/_window_cache.py)
+        e.layer: (n, ring_slots(graph, cache_position, n, c.step_len) if e.slot_mapping == "ring" else cache_position)
+        for e in c.cache
+        for n in [c.layer_cache_len(e)]
+    }
+    state = _Relayout(graph, c, cfg.layout, Dp, method, update_mode, slots)
     for entry, (key, value) in zip(c.cache, found, strict=True):
         state.layer(entry, key, value)
     state.finish(model)
-    ring = {"cache_len": view.max_cache_len, "slot_mapping": "ring"} if rings else {}
+    rings = {e.layer: {"cache_len": e.cache_len, "slot_mapping": e.slot_mapping} for e in c.cache}
     new_contract = c.model_copy(
         update={
             "kv_layout": cfg.layout,
             "head_dim_padded": Dp,
-            "cache": [e.model_copy(update=ring) for e in state.entries],
+            "cache": [e.model_copy(update=rings[e.layer]) for e in state.entries],
             "cache_update": update_mode,
             "contract_version": max(c.contract_version, LAYOUT_VERSIONS[cfg.layout]),
         }

@@ -65,7 +65,7 @@ from onnxdeploy.passes._query_positions import export_batch, feed_query_position
 from onnxdeploy.passes._window_cache import (
     plan_rings,
     probe_layer_windows,
-    refuse_oversized_window,
+    refuse_window_cache,
     ring_slots,
     ring_views,
 )
@@ -173,9 +173,10 @@ class StaticKVCachePass(Pass):
         Raises:
             PreconditionError: no KV cache, no single logits output, a batch other than the export's, or an
                 ``is_causal`` Attention with q_len != kv_len (``causal_refusal``, naming the node).
-            ConfigError: with ``window_cache``, a ring not smaller than the smallest cache even at the graph's
-                smallest window constant (``refuse_oversized_window``); ``2 × layers × B × H_kv × max_cache_len × D
-                × dtype bytes × 3 copies`` plus the folded constants, or the peak of folding, exceed
+            ConfigError: with ``window_cache``, no window constant in any attention mask, a cache inside an
+                attention op, or a ring not smaller than the smallest cache (``refuse_window_cache``);
+                ``2 × layers × B × H_kv × max_cache_len × D × dtype bytes × 3 copies`` plus the folded constants, or
+                the peak of folding, exceed
                 :func:`onnxdeploy.resources.available_memory_bytes`; the message spells out the arithmetic.
         """
         self._refuse_contract(model)
@@ -194,7 +195,7 @@ class StaticKVCachePass(Pass):
                 if cfg.max_cache_lens is None
                 else f"max_cache_lens={cfg.max_cache_lens}"
             )
-            refuse_oversized_window(model.graph, cfg.steps(), cfg.caches()[0], key)
+            refuse_window_cache(model.graph, kv, cfg.steps(), cfg.caches()[0], key)
         available = available_memory_bytes()
         if available is None:
             return
@@ -525,7 +526,7 @@ class StaticKVCachePass(Pass):
         report.dims_fixed += fix_io_dims(graph, kv, batch=B, step_len=S, max_cache_len=L if ring is None else ring)
         rings = getattr(self, "_layer_rings", None)
         if rings and kv.attention_op is None:  # mixed layers: the windowed ones are rings read through a view
-            report.changes += ring_views(graph, kv, rings, cache_position, L=L, S=S, B=B)
+            report.changes += ring_views(graph, kv, rings, cache_position, L=L, S=S, B=B, method=self._cache_write)
 
     def _fold(self, model: ir.Model, report: PassReport) -> ir.Model:
         """Fold the shape arithmetic (a new model), ``-inf`` constants made finite before and after."""

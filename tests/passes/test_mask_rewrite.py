@@ -72,7 +72,9 @@ def test_rewritten_graphs_are_static_maskless_and_decode_the_same(tmp_path, name
         contract = read_contract(model)
         assert contract.inputs.attention_mask is None and contract.mask == "cache_position"
         assert contract.cache_init == "zeros" and contract.contract_version >= 2
-        assert contract.sliding_window == (8 if name == "mistral_sw_optimum" else None)
+        assert contract.sliding_window == {"mistral_sw_optimum": 8}.get(
+            name, fixture_entry(name)["config"].get("sliding_window")
+        )
     assert [read_contract(a.model).step_len for a in static.artifacts] == [1, 4]  # the input set is untouched
     changes = result.report.changes
     if expect.exporter_mask:

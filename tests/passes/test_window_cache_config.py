@@ -67,6 +67,31 @@ def test_a_window_larger_than_the_cache_exits_2_before_any_pass(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("llama_gqa_optimum", "no attention mask of the graph \\(2 read\\) compares positions with a window constant"),
+        ("llama_gqa_dynamo23", "no attention mask of the graph \\(2 read\\)"),  # opset-23 Attention's mask input
+        ("llama_gqa_genai", "the cache is held inside com.microsoft::GroupQueryAttention"),
+    ],
+)
+def test_window_cache_on_a_model_without_a_window_exits_2_before_any_pass(
+    name: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh user's case: every layer global (or the cache inside an op), the run built and probed a static graph
+    before plan_rings refused it; now the input graph's masks decide, naming the pass key and window_cache."""
+
+    def ran(*args: object, **kwargs: object) -> None:
+        raise AssertionError("static_kv ran")
+
+    monkeypatch.setattr(StaticKVCachePass, "call", ran)
+    path = _pipeline(tmp_path, Path(fixture_entry(name)["model_path"]), {"max_cache_len": 32})
+    with pytest.raises(ConfigError, match=f"key 'passes\\[0\\].static_kv': window_cache: true, but {message}") as err:
+        run_pipeline(load_pipeline(path))
+    assert err.value.exit_code == 2
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_window_the_cache_holds_is_not_refused_before_the_passes(tmp_path: Path) -> None:
     """One slot more than the smallest ring: the check lets it through (the run builds and verifies it)."""
     path = _pipeline(tmp_path, Path(fixture_entry("mistral_sw_optimum")["model_path"]), {"max_cache_len": 9})

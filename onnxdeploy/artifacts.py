@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from onnxdeploy.contract import DecodeContract, read_contract
 from onnxdeploy.errors import OutputError, PreconditionError
+from onnxdeploy.mapped_tensor import RangeMappedTensor
 from onnxdeploy.model_io import WeightsPolicy, default_file_mode, sha256_file
 
 __all__ = ["Artifact", "ArtifactSet", "EarlierOutputs", "ScratchWriter", "graph_file_name", "write_text_atomic"]
@@ -179,7 +180,7 @@ class ScratchWriter:
         # An absolute location and no base_dir, as model_io.load_model gives the input's weights: the file is
         # ours, and onnx_ir's containment checks (base_dir set) refuse a data file with a second hard link,
         # which write_for_ort makes while a probe session maps it.
-        return ir.ExternalTensor(
+        return RangeMappedTensor(
             str(self.path.resolve()),
             start,
             len(data),

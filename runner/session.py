@@ -51,7 +51,7 @@ from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import ConfigError, ContractError, ModelLoadError
 from onnxdeploy.graph import ort_numpy_dtype
 from onnxdeploy.report import SessionSettings
-from onnxdeploy.runner import shared_weights
+from onnxdeploy.runner import shared_weights, tied_weights
 
 __all__ = [
     "ACCURACY_LEVEL_KEY",
@@ -424,11 +424,15 @@ def open_session(
     requested = _known_providers(providers)
     scratch: Path | None = None
     target = source
+    tied = bool(tied_weights.find_tied(header))
     try:
-        if rewrite or relevel is not None:
+        if rewrite or relevel is not None or tied:
             scratch = Path(tempfile.mkdtemp(prefix="onnxdeploy-session-", dir=scratch_root))
+        if rewrite or relevel is not None:
             linked = None if rewrite or relevel is None else _relevelled_header(Path(path), scratch, relevel)
             target = linked or _scratch_copy(Path(path), scratch, relevel)
+        if tied:  # ORT would fold Transpose(W) into a private copy per session (runner/tied_weights.py)
+            target = tied_weights.untied_copy(Path(target), scratch) or target
         share = _in_graph_set(header) if share_weights is None else share_weights
         share = share and not settings.prepacking and set(requested) == {"CPUExecutionProvider"}
         session, shared = _create(target, session_options(entries, threads=threads), requested, share)

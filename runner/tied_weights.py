@@ -73,13 +73,28 @@ def _attr(node: onnx.NodeProto, name: str, default):
     return default if found is None else onnx.helper.get_attribute_value(found)
 
 
-def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
-    """Known ranks of the graph's inputs and annotated values."""
-    return {
-        v.name: len(v.type.tensor_type.shape.dim)
-        for v in [*graph.input, *graph.value_info]
-        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
-    }
+def _ranks(header: onnx.ModelProto, names: set[str]) -> dict[str, int]:
+    """Ranks of ``names`` known from the graph's inputs and ``value_info``, else from onnx's shape inference.
+
+    Inference runs on the header (no weight is read: initializers carry their dims) only when a name is not
+    annotated; a model it cannot infer leaves that name out.
+    """
+
+    def known(graph: onnx.GraphProto) -> dict[str, int]:
+        return {
+            v.name: len(v.type.tensor_type.shape.dim)
+            for v in [*graph.input, *graph.value_info]
+            if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
+        }
+
+    ranks = known(header.graph)
+    if names <= ranks.keys():
+        return ranks
+    try:
+        inferred = onnx.shape_inference.infer_shapes(header, strict_mode=False)
+    except Exception:  # noqa: BLE001  (onnx raises several types for graphs it cannot infer)
+        return ranks
+    return {**known(inferred.graph), **ranks}
 
 
 def find_tied(header: onnx.ModelProto) -> list[TiedWeight]:
@@ -87,8 +102,8 @@ def find_tied(header: onnx.ModelProto) -> list[TiedWeight]:
 
     A candidate: a 2-D external float initializer of at least :data:`MIN_BYTES`, not a graph input or output,
     every reader of which is a default-domain ``Transpose`` with perm [1, 0] (or none) or ``Gather`` with axis 0
-    reading it as data, at least one of each, the ``Gather`` indices' rank known (a graph input or
-    ``value_info``), no ``Transpose`` output a graph output.
+    reading it as data, at least one of each, the ``Gather`` indices' rank known (a graph input, ``value_info``
+    or onnx's shape inference), no ``Transpose`` output a graph output.
     """
     graph = header.graph
     inits = {
@@ -98,12 +113,15 @@ def find_tied(header: onnx.ModelProto) -> list[TiedWeight]:
     }
     outputs = {v.name for v in graph.output}
     blocked = {v.name for v in graph.input} | outputs
-    ranks = _ranks(graph)
     readers: dict[str, list[int]] = {}
     for i, node in enumerate(graph.node):
         for name in node.input:
             if name in inits:
                 readers.setdefault(name, []).append(i)
+    if not any(graph.node[i].op_type == "Transpose" for nodes in readers.values() for i in nodes):
+        return []
+    indices = {graph.node[i].input[1] for nodes in readers.values() for i in nodes if graph.node[i].op_type == "Gather"}
+    ranks = _ranks(header, indices)
     found = []
     for name, nodes in readers.items():
         tensor = inits[name]

@@ -9,6 +9,12 @@ runner's sessions set one thread and spinning off). Sections (``--only``):
 * ``chain``  — the fast chain ``static_kv {step_lens: [1, 16], max_cache_lens: [128, 512]}`` → ``mask_rewrite`` →
   ``grouped_attention`` → ``fuse_matmuls``, verified with ``prompt_text`` (issue: max |Δ| 4.9e-5, top-1 100%);
   wall time, peak RSS / the input's bytes, per-mode figures, step p50 of both models, the generations as text.
+* ``memory`` — the same chain and verify on the optimum export in both input forms, interleaved (``--rounds``):
+  ``inline`` (the one 539 MB file, weights inline, as optimum writes it) and ``external`` (its twin saved by
+  ``onnx_ir`` as ``model.onnx`` + ``model.onnx.data``), each written afresh into ``WORK_DIR/forms/`` by plain
+  ``write()``s, as an export leaves it (Linux 6.18 then caches it in large folios, which a touched byte of a
+  memory map makes resident 2 MiB at a time: the state the runner must cope with); peak tree RSS and PSS /
+  the form's bytes (issue 15: ≤ 1.5×), inline / external, and each phase's peak RSS from ``report.json``.
 * ``quant``  — each ``quantize_weights`` candidate (``--quant`` JSON configs; default RTN symmetric MatMulNBits at
   block 32 and 128, and INT8 per-channel QDQ) with ``verify.accuracy.text_file`` = the held-out text: mean KL,
   top-1, perplexity ratio (weight-only and ORT-default sessions), bits per weight (read off the written graph:
@@ -31,8 +37,8 @@ come from Q4_1 blocks of 32, so block-32 INT4 figures measure alignment with tha
 Figures are printed and saved to ``WORK_DIR/real_results.json``; nothing is asserted. Usage::
 
     python3 fixtures/_export_real.py                      # once (~10 min): the exports
-    nice -n 10 .venv/bin/python benchmarks/real.py [--only chain,quant,ort,ort_all,accuracy_phase,accuracy_baseline]
-        [--model optimum|dynamo]
+    nice -n 10 .venv/bin/python benchmarks/real.py [--only chain,memory,quant,ort,ort_all,accuracy_phase,
+        accuracy_baseline] [--model optimum|dynamo] [--rounds 1]
         [--quant '{"bits": 4, "block_size": 128, "format": "matmulnbits"}' ...] [--positions 300]
 """
 
@@ -42,6 +48,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -208,6 +215,54 @@ def chain(work: Path, model: Path, tokenizer: Path) -> dict[str, Any]:
     """The fast chain with a text prompt (see the module docstring)."""
     verify = {"prompt_text": PROMPT_TEXT, "tokenizer": str(tokenizer), "steps": 16}
     return _figures(run_pipeline(work, "chain", model, FAST_CHAIN, verify))
+
+
+FRESH_COPY = """
+import sys
+import onnx_ir as ir
+src, form, dest = sys.argv[1:4]
+if form == "external":
+    ir.save(ir.load(src), dest, external_data="model.onnx.data")
+else:
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        while chunk := fin.read(64 << 20):
+            fout.write(chunk)
+"""
+
+
+def fresh_form(work: Path, model: Path, form: str) -> Path:
+    """``model`` written afresh into ``work/forms/FORM/`` by plain writes: as is (inline) or with external data."""
+    folder = work / "forms" / form
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for extra in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (model.parent / extra).is_file():
+            shutil.copyfile(model.parent / extra, folder / extra)
+    dest = folder / "model.onnx"
+    subprocess.run([sys.executable, "-c", FRESH_COPY, str(model), form, str(dest)], check=True)
+    return dest
+
+
+def memory(work: Path, model: Path, rounds: int) -> dict[str, Any]:
+    """The fast chain + text verify on both input forms of ``model``, interleaved (see the module docstring)."""
+    runs: dict[str, list[dict[str, Any]]] = {"inline": [], "external": []}
+    for r in range(rounds):
+        for form in ("inline", "external") if r % 2 == 0 else ("external", "inline"):
+            src = fresh_form(work, model, form)
+            verify = {"prompt_text": PROMPT_TEXT, "tokenizer": str(src.parent), "steps": 16}
+            out = run_pipeline(work, f"memory-{form}-{r}", src, FAST_CHAIN, verify)
+            m = out["peak_rss"] / out["model_bytes"]
+            rep = out["report"] or {}
+            phases = {p["name"]: round(p["peak_rss_bytes"] / out["model_bytes"], 2) for p in rep.get("phases", [])}
+            runs[form].append({"exit_code": out["exit_code"], "peak_rss_over_model": round(m, 3),
+                               "peak_rss_mib": round(out["peak_rss"] / 2**20), "model_bytes": out["model_bytes"],
+                               "wall_s": round(out["wall_s"], 1), "phase_peak_over_model": phases})  # fmt: skip
+            print(f"[memory] {form} round {r}: peak RSS {m:.2f}x ({out['peak_rss'] / 2**20:.0f} MiB), phases {phases}",
+                  flush=True)  # fmt: skip
+    worst = {f: max(x["peak_rss_over_model"] for x in v) for f, v in runs.items()}
+    print(f"[memory] worst peak RSS / model bytes: {worst}; inline / external "
+          f"{worst['inline'] / worst['external']:.3f} (goal <= 1.5x each)", flush=True)  # fmt: skip
+    return {"runs": runs, "worst": worst}
 
 
 def calibration_ids(work: Path, tokenizer: Path, tokens: int) -> Path:
@@ -433,6 +488,7 @@ def main() -> int:
     ap.add_argument("--only", default="chain,quant,ort,accuracy_baseline")
     ap.add_argument("--model", choices=["optimum", "dynamo"], default="optimum")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/onnxdeploy-real"))
+    ap.add_argument("--rounds", type=int, default=1, help="memory: rounds of both forms (order alternates)")
     ap.add_argument("--quant", action="append", type=json.loads, help="a quantize_weights config as JSON (repeat)")
     ap.add_argument("--positions", type=int, default=300, help="held-out positions (tokens fed: one more)")
     ap.add_argument("--accuracy-level", type=int, default=0, help="ORT baselines' MatMulNBits accuracy_level")
@@ -458,6 +514,8 @@ def main() -> int:
     if "chain" in only:
         results["chain"] = chain(work, model, tokenizer)
         print(f"[chain] {json.dumps(results['chain'], indent=1)}", flush=True)
+    if "memory" in only:
+        results["memory"] = memory(work, model, args.rounds)
     if "quant" in only:
         calib = calibration_ids(work, tokenizer, args.calibration_tokens) if args.calibration_tokens else None
         configs = args.quant or DEFAULT_QUANT

@@ -37,6 +37,7 @@ from onnxdeploy.cli_model import check_cmd, inspect, sdk_app
 from onnxdeploy.cli_verify import verify_cmd
 from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError, OnnxDeployError
 from onnxdeploy.plan_cli import plan_cmd
+from onnxdeploy.resources import fixed_mmap_threshold, run_clock_start
 
 if TYPE_CHECKING:  # the commands import the library lazily: `onnxdeploy --help` stays fast
     from onnxdeploy.config import PipelineConfig
@@ -85,7 +86,6 @@ def run(
     try:
         config = _run_config(pipeline, output_dir, cache_dir=cache_dir, no_cache=no_cache, bisect=bisect)
         from onnxdeploy.pipeline import run_pipeline  # noqa: PLC0415  (onnx, ORT: only once the config is valid)
-        from onnxdeploy.resources import run_clock_start  # noqa: PLC0415
 
         with progress(err, quiet=quiet) as bar:
             on_step = progress_callback(bar)
@@ -197,6 +197,7 @@ def main() -> None:
     Usage errors (bad options, missing arguments) exit 2 with typer's message on stderr; with ``--json``
     a JSON error object is also written to stdout, so CI parsers always get JSON.
     """
+    fixed_mmap_threshold()  # freed large blocks go back to the kernel (resources.fixed_mmap_threshold)
     try:
         app()
     except SystemExit as exc:

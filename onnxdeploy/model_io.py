@@ -51,6 +51,7 @@ from onnxdeploy.external_refs import (
     iter_external,
 )
 from onnxdeploy.inline_weights import PROTOBUF_LIMIT_BYTES, STAND_IN_THRESHOLD_BYTES, read_header_bytes, tensor_nbytes
+from onnxdeploy.mapped_tensor import range_mapped
 from onnxdeploy.model_write import StagedArtifacts, WeightsPolicy, default_file_mode, stage_artifacts, write_for_ort
 from onnxdeploy.stand_in import proto_round_trip, stand_in_proto
 
@@ -259,7 +260,8 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
 
     External tensors are re-pointed at the data files :func:`check_external_data` resolved (so onnx_ir's
     own containment and hard-link refusals, made for untrusted locations, do not apply twice: the
-    Hugging Face layout is accepted here on purpose). Large inline initializers map their byte ranges of the
+    Hugging Face layout is accepted here on purpose); each maps only its own byte range when read
+    (:class:`~onnxdeploy.mapped_tensor.RangeMappedTensor`). Large inline initializers map their byte ranges of the
     ``.onnx`` itself the same way (:func:`read_model_header`): nothing of a single-file model's weights is
     copied, and every later stage handles them by reference as it does external data. A graph out of
     topological order is sorted (onnx_ir's ``TopologicalSortPass``) and ``sorted_at_load`` says which node was
@@ -294,17 +296,7 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor):
-                value.const_value = ir.ExternalTensor(
-                    location=str(resolved[str(tensor.location)]),
-                    offset=tensor.offset,
-                    length=tensor.length if tensor.length is not None else tensor.nbytes,
-                    dtype=tensor.dtype,
-                    shape=tensor.shape,
-                    name=tensor.name,
-                    doc_string=tensor.doc_string,
-                    metadata_props=dict(tensor.metadata_props),
-                    base_dir="",
-                )
+                value.const_value = range_mapped(tensor, resolved[str(tensor.location)])
     note = None
     late = _unsorted_node(model.graph)
     if late is not None:

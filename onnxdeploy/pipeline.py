@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import os
 import shutil
 import time
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxdeploy.artifacts import EarlierOutputs
+from onnxdeploy.artifacts import EarlierOutputs, header_only
 from onnxdeploy.config import PipelineConfig, check_pass_settings
 from onnxdeploy.errors import (
     EXIT_FAILED,
@@ -41,6 +42,8 @@ from onnxdeploy.resources import peak_rss_bytes, rss_bytes
 from onnxdeploy.run_report import REPORT_FILES, report_stage
 from onnxdeploy.run_scratch import STAGING_PREFIX, remove_stale, run_temp_root
 from onnxdeploy.run_stages import (
+    Loaded,
+    Passed,
     Say,
     StepProgress,
     check_input_stage,
@@ -194,6 +197,7 @@ def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _P
     built = sdk_stage(config, written.staged, passes.artifacts, checks.findings, inputs.calibration, told.say)
     if built.report is not None and built.report.get("ran"):
         clock.done("sdk")
+    _drop_graphs(load, passes)
     verified = verify_stage(
         config, written.staged, passes.artifacts, inputs.held_out, told.say, told.verify, inputs.calibration
     )
@@ -202,6 +206,20 @@ def _run_stages(config: PipelineConfig, run: _Held, inputs: _RunInputs, told: _P
     report = report_stage(config, load, passes, written, checks, verified, clock=clock, start=start, sdk=built)
     commit_stage(config, written, wrote_model=True, say=told.say)
     return report
+
+
+def _drop_graphs(load: Loaded, passes: Passed) -> None:
+    """Replace the input's and every written graph's model by its header (``artifacts.header_only``), then collect.
+
+    Verification opens the written files in ONNX Runtime and the report reads only contracts and I/O, so the
+    graphs' Python objects (and the heap they fragment) are not held across the sessions' peak.
+    """
+    for artifact_set in (load.artifacts, passes.artifacts):
+        for artifact in artifact_set.artifacts if artifact_set is not None else []:
+            artifact.model = header_only(artifact.model)
+    if load.loaded is not None:
+        load.loaded.model = header_only(load.loaded.model)
+    gc.collect()
 
 
 class _PhaseClock:

@@ -6,18 +6,57 @@ Used to refuse, before any work, a configuration whose buffers cannot fit (e.g. 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import resource
 import sys
 import time
 from pathlib import Path
 
-__all__ = ["available_memory_bytes", "format_bytes", "peak_rss_bytes", "process_age_s", "rss_bytes", "run_clock_start"]
+__all__ = [
+    "MMAP_THRESHOLD_BYTES",
+    "available_memory_bytes",
+    "fixed_mmap_threshold",
+    "format_bytes",
+    "peak_rss_bytes",
+    "process_age_s",
+    "rss_bytes",
+    "run_clock_start",
+]
 
 _CGROUP_V2_MAX = Path("/sys/fs/cgroup/memory.max")
 _CGROUP_V1_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
 _MEMINFO = Path("/proc/meminfo")
 _NO_LIMIT = 1 << 60  # cgroup v1 reports "unlimited" as a huge number (PAGE_COUNTER_MAX pages)
+
+
+MMAP_THRESHOLD_BYTES = 128 << 10
+"""glibc's default ``M_MMAP_THRESHOLD`` (128 KiB): allocations at least this large get their own ``mmap``."""
+
+_M_MMAP_THRESHOLD = -3  # glibc malloc.h
+
+
+def fixed_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Pin glibc's mmap threshold, so every freed block of ``threshold`` bytes or more goes back to the kernel.
+
+    glibc raises the threshold each time a mmapped block is freed (up to 32 MiB on 64-bit), after which such
+    blocks come from the heap and stay resident once freed, fragmented between smaller live objects
+    (``mallopt(3)``, "M_MMAP_THRESHOLD": setting it disables the dynamic adjustment). A run frees many such
+    blocks (protobuf headers, numpy temporaries, ONNX Runtime's per-run activations): measured on SmolLM2-135M's
+    fast chain, the peak RSS of ``onnxdeploy run`` fell from 949 to 912 MiB with the threshold pinned
+    (``MALLOC_MMAP_THRESHOLD_=131072``, same run otherwise). The console command calls this at start; a library
+    caller's process is left as it is.
+
+    Returns:
+        True when set; False where the C library has no ``mallopt`` (musl, macOS) or refuses.
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError, TypeError):
+        return False
 
 
 def _read(path: Path) -> str | None:

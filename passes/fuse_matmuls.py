@@ -31,6 +31,7 @@ import onnx_ir as ir
 from onnxdeploy.artifacts import ArtifactSet, ScratchWriter
 from onnxdeploy.errors import PostconditionError
 from onnxdeploy.graph import FLOAT_TYPES, default_opset
+from onnxdeploy.mapped_tensor import unmap
 from onnxdeploy.passes._catalog import FuseMatMulsConfig
 from onnxdeploy.passes._context import PassContext
 from onnxdeploy.passes._edit import add_initializer, clone, make_node
@@ -166,6 +167,8 @@ def _fuse(
         array = np.concatenate([t.numpy() for t in tensors], axis=1)  # type: ignore[union-attr]
         fused[key] = writer.tensor(array, dtype, weight_name)
         del array
+        for t in tensors:  # unmap the input's pages now, not at the pass's end (they map again if read)
+            unmap(t)
     tensor = fused[key]
     w_value = ir.val(weight_name, const_value=tensor)
     graph.register_initializer(w_value)

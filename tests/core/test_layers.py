@@ -16,6 +16,7 @@ BOTTOM = {
     "stand_in",
     "model_write",
     "inline_weights",
+    "mapped_tensor",
     "contract",
     "contract_terms",
     "contract_parts",

@@ -17,8 +17,11 @@ import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
+from onnxdeploy.artifacts import header_only
 from onnxdeploy.config import load_pipeline
+from onnxdeploy.contract import read_contract
 from onnxdeploy.inline_weights import read_header_bytes, write_streamed
+from onnxdeploy.mapped_tensor import RangeMappedTensor, unmap
 from onnxdeploy.model_io import (
     STAND_IN_THRESHOLD_BYTES,
     check_external_data,
@@ -31,6 +34,7 @@ from onnxdeploy.model_io import (
     write_for_ort,
 )
 from onnxdeploy.pipeline import run_pipeline
+from onnxdeploy.run_stages import graph_io
 from onnxdeploy.runner import open_session
 from tests.conftest import fixture_entry
 from tests.core.test_model_io import save_external, sha256
@@ -173,3 +177,42 @@ def test_a_run_on_the_inline_input_writes_the_bytes_the_external_data_run_writes
     for name in files:
         assert sha256(from_inline / name) == sha256(from_external / name), name
     assert sha256(FIXTURE) == before  # the input is never written
+
+
+def test_the_header_walk_maps_nothing(monkeypatch):
+    want = read_model_header(FIXTURE)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the header walk memory-mapped the file")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)  # a map would make whole page-cache folios resident (inline_weights)
+    assert read_model_header(FIXTURE) == want
+
+
+def test_each_weight_maps_only_its_own_byte_range():
+    raw = FIXTURE.read_bytes()
+    loaded = load_model(FIXTURE)
+    large = [
+        v.const_value for v in loaded.model.graph.initializers.values() if isinstance(v.const_value, ir.ExternalTensor)
+    ]
+    assert len(large) == loaded.inline_in_place > 0
+    for tensor in large:
+        assert isinstance(tensor, RangeMappedTensor)
+        array = tensor.numpy()
+        assert isinstance(_mapping(array), mmap.mmap) and not array.flags.writeable
+        assert len(tensor.raw) < tensor.nbytes + mmap.ALLOCATIONGRANULARITY < len(raw)  # not the whole file
+        assert tensor.tobytes() == raw[tensor.offset : tensor.offset + tensor.nbytes] == array.tobytes()
+        del array
+        assert unmap(tensor) and tensor.raw is None
+        assert tensor.tobytes() == raw[tensor.offset : tensor.offset + tensor.nbytes]  # maps again when read
+    release_weights(loaded.model)
+
+
+def test_header_only_keeps_what_the_report_reads_and_nothing_else(tmp_path):
+    out = _run(tmp_path, FIXTURE, "run", None)
+    model = ir.load(out / "model.onnx")
+    header = header_only(model)
+    assert len(header.graph) == 0 and not header.graph.initializers
+    assert read_contract(header) == read_contract(model) is not None
+    assert graph_io(header) == graph_io(model)
+    assert all(v.producer() is None and not v.uses() for v in [*header.graph.inputs, *header.graph.outputs])

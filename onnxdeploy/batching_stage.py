@@ -140,6 +140,7 @@ def batching_report(config: PipelineConfig, candidate: Path, vocab: int | None) 
     tolerance = b.max_abs_logit_diff if b.max_abs_logit_diff is not None else config.verify.max_abs_logit_diff
     requests = batching_requests(config, vocab)
     result = verify_batching(config.model, candidate, requests, max_abs_logit_diff=tolerance, policy=b.policy)
+    arrival = {r.id: r.arrival for r in requests}
     return BatchingReport(
         passed=result.passed,
         policy=b.policy,
@@ -156,6 +157,7 @@ def batching_report(config: PipelineConfig, candidate: Path, vocab: int | None) 
                 max_abs_logit_diff=r.max_abs_logit_diff,
                 top1_agreement=r.top1,
                 row=r.row,
+                arrival=arrival.get(r.id),
                 admitted=r.admitted,
                 finished=r.finished,
                 passed=r.passed(tolerance),

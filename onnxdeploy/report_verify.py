@@ -284,6 +284,7 @@ class BatchRequestReport(BaseModel):
     max_abs_logit_diff: float
     top1_agreement: float
     row: int = Field(description="The decode row it ran in.")
+    arrival: int | None = Field(None, description="The decode step at which it entered the queue (the trace's).")
     admitted: int = Field(description="The host's decode step at which it was prefilled.")
     finished: int = Field(description="The decode step after which its row was free.")
     passed: bool

@@ -290,6 +290,40 @@ class BatchingHost:
             if self.prefill_mode == "graphs":
                 self.prefill_plan(len(r.prompt))
 
+    def _decode_step(
+        self,
+        rows: dict[int, int],
+        position: list[int],
+        last: list[int],
+        prompt_left: dict[int, list[int]],
+        step_ms: list[float],
+    ) -> dict[int, np.ndarray]:
+        """One decode call: each active row's last token, or its next prompt chunk (``rows``), at its position.
+
+        Advances ``position`` and ``prompt_left`` in place and appends the call's wall time to ``step_ms``.
+
+        Returns:
+            row -> float32 ``(V,)`` logits at the row's last real token, for each row that produces a token now
+            (a row still inside its prompt produces none).
+        """
+        S = self.decode.contract.step_len
+        fed = {r: left[:S] for r, left in prompt_left.items()}  # each prefilling row's next prompt chunk
+        chunks = [fed.get(r, [last[r]]) if r in rows else [0] for r in range(self.batch)]
+        at = [position[r] if r in rows else 0 for r in range(self.batch)]
+        logits, ms = self.decode.call(self.buffers, StepInputs.rows(self.decode.contract, chunks, at))
+        step_ms.append(ms)
+        every = self.decode.contract.logits_positions() == S  # logits (B, S, V), else (B, 1, V)
+        produced = {}
+        for row in rows:
+            position[row] += len(chunks[row])
+            if row in fed:
+                del prompt_left[row][:S]
+                if prompt_left[row]:
+                    continue  # more prompt to feed: these logits predict a prompt token
+                del prompt_left[row]
+            produced[row] = np.asarray(logits[row, len(chunks[row]) - 1 if every else 0], dtype=np.float32)
+        return produced
+
     def run(self, requests: Sequence[Request], *, policy: Policy = "continuous") -> BatchRun:
         """Serve ``requests`` to the end (module docstring) and return what each produced and the timings.
 
@@ -355,22 +389,10 @@ class BatchingHost:
                 elif waiting and not admit:
                     raise AssertionError("unreachable: the last requests are always admitted")
                 continue
-            S = self.decode.contract.step_len
-            fed = {r: left[:S] for r, left in prompt_left.items()}  # each prefilling row's next prompt chunk
-            chunks = [fed.get(r, [last[r]]) if r in rows else [0] for r in range(self.batch)]
-            at = [position[r] if r in rows else 0 for r in range(self.batch)]
-            logits, ms = self.decode.call(self.buffers, StepInputs.rows(self.decode.contract, chunks, at))
-            step_ms.append(ms)
+            produced = self._decode_step(rows, position, last, prompt_left, step_ms)
             clock += 1
-            every = self.decode.contract.logits_positions() == S  # logits (B, S, V), else (B, 1, V)
-            for row, index in list(rows.items()):
-                position[row] += len(chunks[row])
-                if row in fed:
-                    del prompt_left[row][:S]
-                    if prompt_left[row]:
-                        continue  # more prompt to feed: these logits predict a prompt token
-                    del prompt_left[row]
-                at_last = len(chunks[row]) - 1 if every else 0
-                emit(row, index, np.asarray(logits[row, at_last], dtype=np.float32))
+            for row, logits in produced.items():
+                index = rows[row]
+                emit(row, index, logits)
                 finish(row, index)
         return BatchRun(results, step_ms, prefill_ms, time.perf_counter() - start, len(step_ms))

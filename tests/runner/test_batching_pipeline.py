@@ -73,6 +73,16 @@ def test_a_trace_file_is_served_and_each_request_equals_its_batch1_decode(tmp_pa
         assert r["max_abs_logit_diff"] <= 1e-4
     assert {r["row"] for r in b["requests"]} == {0, 1, 2}  # every row used, one refilled mid-stream
     assert b["decode_steps"] < sum(r["new_tokens"] - 1 for r in b["requests"])  # calls carried several rows
+    assert [r["arrival"] for r in b["requests"]] == [0, 0, 1, 2, 3]  # the trace's, beside admitted/finished
+    md = (tmp_path / "out" / "report.md").read_text()  # the same figures, a row per request
+    assert "## Continuous batching (continuous, B=3, trace trace.yaml)" in md
+    for r in b["requests"]:
+        row = (f"| {r['id']} | {r['prompt_len']} | {r['arrival']} | {r['admitted']} | {r['finished']} | {r['row']} | "
+               f"{r['equal_tokens']}/{r['new_tokens']} | {r['max_abs_logit_diff']:.3g} | 1.000 | passed |")  # fmt: skip
+        assert row in md, row
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<h2>Continuous batching (continuous, B=3, trace trace.yaml)</h2>" in page
+    assert page.count('<table class="batching">') == 1 and page.count('<td class="num">9/9</td>') == 1
 
 
 def test_the_example_pipeline_passes(tmp_path: Path) -> None:
@@ -96,6 +106,9 @@ def test_a_request_off_its_batch1_decode_fails_the_run(tmp_path: Path, monkeypat
     assert code == 1 and not b["passed"] and b["policy"] == "static", out
     for r in broken:
         assert f"verify batching: request {r['id']} " in " ".join(report["failures"])
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "**Failed**: batching (static, B=3" in md and md.count("| **failed** |") == len(broken)
+    assert (tmp_path / "out" / "report.html").read_text().count('<tr class="error">') == len(broken)
 
 
 @pytest.mark.parametrize(

@@ -208,7 +208,7 @@ class Plan:
 
 
 def host_memory(
-    facts: ModelFacts, batch: int, max_len: int, steps: Sequence[int], kv_dtype: str
+    facts: ModelFacts, batch: int, max_len: int, steps: Sequence[int], kv_dtype: str, *, prefill: str = "graphs"
 ) -> tuple[int, int, int]:
     """``(weights, cache, activations)`` bytes the batching host holds at ``batch`` rows (module docstring).
 
@@ -216,18 +216,21 @@ def host_memory(
         facts: the model.
         batch: decode rows B.
         max_len: ``max_cache_len`` of every graph.
-        steps: the set's step lengths (1 and the prefill buckets: one session each).
+        steps: the set's step lengths (1 and the prefill buckets: one session each; ``rows``: the one graph's).
         kv_dtype: the cache dtype name.
+        prefill: ``graphs`` (batch-1 prefill graphs and their buffers) or ``rows`` (the prompts go through the
+            decode graph's rows: one session, no prefill buffers; :class:`~onnxdeploy.runner.batching.BatchingHost`).
 
     Returns:
         Bytes of the packed weights, of the cache buffers (``× RUNTIME_CACHE_COPIES``) and of the activations;
         add :data:`HOST_BASELINE_BYTES` for the process.
     """
     slot = facts.kv_row_slot_bytes(kv_dtype)
-    cache = RUNTIME_CACHE_COPIES * slot * max_len * (batch + 1)  # B decode rows + the batch-1 prefill buffers
-    width = max(batch, max(steps))  # rows × positions of the largest call
+    rows = prefill == "rows"
+    cache = RUNTIME_CACHE_COPIES * slot * max_len * (batch + (0 if rows else 1))  # + the batch-1 prefill buffers
+    width = batch * max(steps) if rows else max(batch, max(steps))  # rows × positions of the largest call
     activations = 4 * width * (16 * facts.hidden + facts.vocab)
-    sessions = len(steps)  # the decode graph and one prefill graph per step length > 1
+    sessions = 1 if rows else len(steps)  # the decode graph and one prefill graph per step length > 1
     packed = sessions * (facts.weights - facts.table_bytes) * PACKED_NUMERATOR // PACKED_DENOMINATOR
     return packed, cache, activations
 

@@ -12,6 +12,9 @@ vocabulary from the logits or the embedding table) and the budget, :func:`make_p
   (capped at 256 and at ``max_cache_len``): the median prompt takes one prefill call, the long ones few; without,
   ``[1, 64]``.
 * ``kv_dtype``: the model's; float16 when the model's does not fit one row.
+* ``prefill``: ``graphs`` (the default: batch-1 prefill buckets, one session each) or ``rows`` (the prompts go
+  through the decode graph's own rows in chunks of :data:`ROWS_STEP_LEN`: a one-graph set, one session, one
+  packed copy of the weights; ``step_lens`` is then ``[ROWS_STEP_LEN]``).
 * ``batch``: the largest power of two (at most ``max_batch``) whose memory fits the budget and, with a latency
   target, whose predicted step is within it. The step model: ``t(B) = t(1) × (1 + row_cost × (B − 1))``, ``t(1)``
   the bytes one step reads (every weight once, the decode buffers) over ``bandwidth`` bytes/s. Both constants are
@@ -44,6 +47,7 @@ __all__ = [
     "HOST_BASELINE_BYTES",
     "PACKED_DENOMINATOR",
     "PACKED_NUMERATOR",
+    "ROWS_STEP_LEN",
     "ModelFacts",
     "Plan",
     "host_memory",
@@ -65,6 +69,10 @@ graph) prepacks its own private copy of the MatMul weights (ORT's Python API sha
 sessions), 7/6 of their bytes with the session's own allocations (measured on the 125M export: two sessions added
 891 MiB for 381.8 MiB of MatMul weights, ``benchmarks/batching.py``, 2026-12-02). Gather tables (the embedding)
 stay mapped and only their looked-up rows are read."""
+ROWS_STEP_LEN = 4
+"""The one graph's step_len with ``prefill: rows``: a prefilling row feeds 4 prompt tokens per call, a decoding row 1
+padded to 4 (``benchmarks/batching.py`` measured step_len 2 and 4 on the 125M export; README, "Continuous
+batching")."""
 HOST_BASELINE_BYTES = 110 * 2**20
 """The host process before any model: Python, numpy, onnx, onnx_ir and ONNX Runtime imported (108-111 MiB RSS here)."""
 RUNTIME_CACHE_COPIES = 3
@@ -174,6 +182,7 @@ class Plan:
     Attributes:
         facts: the model's.
         batch, max_cache_len, step_lens, kv_dtype: the proposal.
+        prefill: ``graphs`` or ``rows`` (module docstring).
         budget: the device memory given.
         weights: resident weight bytes (every session's packed MatMul weights, :data:`PACKED_NUMERATOR`).
         cache: B-row decode buffers + batch-1 prefill buffers, × ``RUNTIME_CACHE_COPIES``.
@@ -195,6 +204,7 @@ class Plan:
     baseline: int
     step_ms: float
     lines: list[str] = field(default_factory=list)
+    prefill: str = "graphs"
 
     @property
     def total(self) -> int:
@@ -250,6 +260,7 @@ def make_plan(
     max_batch: int = 64,
     bandwidth: float = DEFAULT_BANDWIDTH,
     row_cost: float = DEFAULT_ROW_COST,
+    prefill: str = "graphs",
 ) -> Plan:
     """Propose ``batch``, ``max_cache_len``, ``step_lens`` and ``kv_dtype`` for ``memory`` bytes (module docstring).
 
@@ -263,11 +274,14 @@ def make_plan(
         max_batch: the largest batch proposed.
         bandwidth: bytes/s a step reads at on the device.
         row_cost: extra step time per added row, a fraction of ``t(1)``.
+        prefill: ``graphs`` or ``rows`` (module docstring).
 
     Raises:
         ConfigError: not even one row fits the budget (float16 KV included), or the latency target is below
-            ``t(1)``; the message spells out the arithmetic.
+            ``t(1)``; the message spells out the arithmetic; ``prefill`` neither ``graphs`` nor ``rows``.
     """
+    if prefill not in ("graphs", "rows"):
+        raise ConfigError(f"--prefill: expected graphs or rows, got {prefill!r}")
     if prompt_lengths:
         lengths = np.asarray(prompt_lengths)
         max_cache_len = _round_up(int(np.ceil(np.percentile(lengths, 99))) + new_tokens, 64)
@@ -275,9 +289,11 @@ def make_plan(
         steps = [1, *sorted(b for b in buckets if b <= max_cache_len)]
     else:
         max_cache_len, steps = max_len, [1, 64]
+    if prefill == "rows":
+        steps = [ROWS_STEP_LEN]
     kv_dtype = facts.kv_dtype
     if (
-        sum(host_memory(facts, 1, max_cache_len, steps, kv_dtype)) + HOST_BASELINE_BYTES > memory
+        sum(host_memory(facts, 1, max_cache_len, steps, kv_dtype, prefill=prefill)) + HOST_BASELINE_BYTES > memory
         and kv_dtype != "float16"
     ):
         kv_dtype = "float16"
@@ -290,21 +306,25 @@ def make_plan(
     best = None
     b = 1
     while b <= max_batch:
-        fits = sum(host_memory(facts, b, max_cache_len, steps, kv_dtype)) + HOST_BASELINE_BYTES <= memory
+        fits = (
+            sum(host_memory(facts, b, max_cache_len, steps, kv_dtype, prefill=prefill)) + HOST_BASELINE_BYTES <= memory
+        )
         fast = latency_p99_ms is None or step_ms(b) <= latency_p99_ms
         if not (fits and fast):
             break
         best, b = b, b * 2
-    weights, cache, act = host_memory(facts, best or 1, max_cache_len, steps, kv_dtype)
+    weights, cache, act = host_memory(facts, best or 1, max_cache_len, steps, kv_dtype, prefill=prefill)
+    prefill_row, per_position = "" if prefill == "rows" else " + 1 prefill row", 4 * (16 * facts.hidden + facts.vocab)
     lines = [
         f"weights: {', '.join(f'{k} {format_bytes(v)}' for k, v in facts.weight_bytes.items())}; "
-        f"{len(steps)} sessions × ({facts.weights} − {facts.table_bytes} table) B × {PACKED_NUMERATOR}/"
+        f"{1 if prefill == 'rows' else len(steps)} sessions × ({facts.weights} − {facts.table_bytes} table) B × "
+        f"{PACKED_NUMERATOR}/"
         f"{PACKED_DENOMINATOR} packed = {format_bytes(weights)}",
         f"KV per row and slot: 2 × {facts.layers} layers × {facts.kv_heads} KV heads × {facts.head_dim} × "
         f"{_KV_BYTES[kv_dtype]} bytes ({kv_dtype}) = {slot} B",
-        f"KV cache: {slot} B × {max_cache_len} slots × ({best or 1} rows + 1 prefill row) × {RUNTIME_CACHE_COPIES} "
+        f"KV cache: {slot} B × {max_cache_len} slots × ({best or 1} rows{prefill_row}) × {RUNTIME_CACHE_COPIES} "
         f"copies = {format_bytes(cache)}",
-        f"activations: 4 B × {max(best or 1, max(steps))} rows·positions × (16 × {facts.hidden} hidden + "
+        f"activations: 4 B × {act // per_position} rows·positions × (16 × {facts.hidden} hidden + "
         f"{facts.vocab} vocab) = {format_bytes(act)}",
         f"host baseline: {format_bytes(HOST_BASELINE_BYTES)}",
         f"t(B) = {t1:.1f} ms × (1 + {row_cost} × (B − 1)) + B−1 rows of cache / {bandwidth / 1e9:.1f} GB/s",
@@ -318,12 +338,20 @@ def make_plan(
         )
         raise ConfigError(f"plan: nothing fits: {why}\n" + "\n".join(lines))
     return Plan(facts, best, max_cache_len, steps, kv_dtype, memory, weights, cache, act, HOST_BASELINE_BYTES,
-                step_ms(best), lines)  # fmt: skip
+                step_ms(best), lines, prefill)  # fmt: skip
 
 
 def pipeline_snippet(plan: Plan) -> str:
     """The proposal as the ``passes:`` of a pipeline config (YAML)."""
     kv = f", kv_dtype: {plan.kv_dtype}" if plan.kv_dtype != plan.facts.kv_dtype else ""
+    if plan.prefill == "rows":  # one graph: the prompts go through its rows
+        static = f"step_len: {plan.step_lens[0]}, max_cache_len: {plan.max_cache_len}"
+        return (
+            "passes:\n"
+            f"  - static_kv: {{batch: {plan.batch}, row_positions: true, {static}{kv}}}\n"
+            "  - mask_rewrite: {}\n"
+            "  - grouped_attention: {}\n"
+        )
     return (
         "passes:\n"
         f"  - static_kv: {{batch: {plan.batch}, row_positions: true, prefill_batch: 1, step_lens: {plan.step_lens}, "

@@ -1,7 +1,7 @@
 """The ``onnxdeploy plan`` command (registered by :mod:`onnxdeploy.cli`): sizing arithmetic and a pipeline snippet.
 
-``onnxdeploy plan MODEL --memory BYTES [--latency-p99-ms X] [--prompt-lengths FILE] [--measure]`` prints
-:func:`onnxdeploy.plan.make_plan`'s arithmetic and proposal; ``--measure`` builds the proposed set and serves a
+``onnxdeploy plan MODEL --memory BYTES [--latency-p99-ms X] [--prompt-lengths FILE] [--prefill rows] [--measure]``
+prints :func:`onnxdeploy.plan.make_plan`'s arithmetic and proposal; ``--measure`` builds the proposed set and serves a
 trace on ONNX Runtime (:func:`onnxdeploy.plan_measure.measure_plan`) and prints the measured figures beside the
 predicted ones. Exit status: 0, or 2 on bad input (a one-line error naming the option or file).
 """
@@ -53,6 +53,10 @@ def plan_cmd(
     bandwidth_gbs: Annotated[
         float | None, typer.Option("--bandwidth-gbs", help="GB/s a step reads at on the device (default: ORT CPU).")
     ] = None,
+    prefill: Annotated[
+        str,
+        typer.Option("--prefill", help="graphs (batch-1 prefill buckets) or rows (prompts through the decode rows)."),
+    ] = "graphs",
     measure: Annotated[
         bool, typer.Option("--measure", help="Build the proposed set, serve a trace on ORT, print measured figures.")
     ] = False,
@@ -76,7 +80,7 @@ def plan_cmd(
         bandwidth = bandwidth_gbs * 1e9 if bandwidth_gbs is not None else DEFAULT_BANDWIDTH
         plan = make_plan(
             facts, budget, latency_p99_ms=latency_p99_ms, prompt_lengths=lengths, new_tokens=new_tokens,
-            bandwidth=bandwidth,
+            bandwidth=bandwidth, prefill=prefill,
         )  # fmt: skip
         measured = None
         if measure:
@@ -90,6 +94,7 @@ def plan_cmd(
         "max_cache_len": plan.max_cache_len,
         "step_lens": plan.step_lens,
         "kv_dtype": plan.kv_dtype,
+        "prefill": plan.prefill,
         "predicted": {"memory_bytes": plan.total, "step_ms": round(plan.step_ms, 2),
                       "tokens_per_s": round(plan.tokens_per_s, 1)},
         "arithmetic": plan.lines,
@@ -102,9 +107,9 @@ def plan_cmd(
     for line in plan.lines:
         out.print(line, highlight=False, markup=False)
     out.print(
-        f"proposal: batch {plan.batch}, max_cache_len {plan.max_cache_len}, step_lens {plan.step_lens}, kv_dtype "
-        f"{plan.kv_dtype}; predicted memory {plan.total / 2**20:.1f} MiB of {budget / 2**20:.1f} MiB, step "
-        f"{plan.step_ms:.1f} ms, {plan.tokens_per_s:.1f} tokens/s",
+        f"proposal: batch {plan.batch}, prefill {plan.prefill}, max_cache_len {plan.max_cache_len}, step_lens "
+        f"{plan.step_lens}, kv_dtype {plan.kv_dtype}; predicted memory {plan.total / 2**20:.1f} MiB of "
+        f"{budget / 2**20:.1f} MiB, step {plan.step_ms:.1f} ms, {plan.tokens_per_s:.1f} tokens/s",
         highlight=False,
         markup=False,
     )

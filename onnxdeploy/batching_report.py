@@ -57,7 +57,8 @@ def _row(r: BatchRequestReport) -> list[str]:
 
 
 def _title(b: BatchingReport) -> str:
-    return f"Continuous batching ({b.policy}, B={b.batch}, trace {b.trace})"
+    prefill = f", prefill {b.prefill}" if b.prefill else ""
+    return f"Continuous batching ({b.policy}, B={b.batch}{prefill}, trace {b.trace})"
 
 
 def batching_markdown(b: BatchingReport | None) -> list[str]:

@@ -299,6 +299,9 @@ class BatchingReport(BaseModel):
     policy: str = Field(description="continuous or static.")
     trace: str = Field(description="The trace file, or 'inline' (verify.batching's own requests / poisson).")
     batch: int = Field(description="Rows of the candidate's decode graph.")
+    prefill: str | None = Field(
+        None, description="graphs (batch-1 prefill graphs) or rows (prompts through the decode graph's rows)."
+    )
     decode_steps: int = Field(description="Decode calls the host made over the trace.")
     max_abs_logit_diff_threshold: float
     requests: list[BatchRequestReport]

@@ -314,21 +314,8 @@ def make_plan(
             break
         best, b = b, b * 2
     weights, cache, act = host_memory(facts, best or 1, max_cache_len, steps, kv_dtype, prefill=prefill)
-    prefill_row, per_position = "" if prefill == "rows" else " + 1 prefill row", 4 * (16 * facts.hidden + facts.vocab)
-    lines = [
-        f"weights: {', '.join(f'{k} {format_bytes(v)}' for k, v in facts.weight_bytes.items())}; "
-        f"{1 if prefill == 'rows' else len(steps)} sessions × ({facts.weights} − {facts.table_bytes} table) B × "
-        f"{PACKED_NUMERATOR}/"
-        f"{PACKED_DENOMINATOR} packed = {format_bytes(weights)}",
-        f"KV per row and slot: 2 × {facts.layers} layers × {facts.kv_heads} KV heads × {facts.head_dim} × "
-        f"{_KV_BYTES[kv_dtype]} bytes ({kv_dtype}) = {slot} B",
-        f"KV cache: {slot} B × {max_cache_len} slots × ({best or 1} rows{prefill_row}) × {RUNTIME_CACHE_COPIES} "
-        f"copies = {format_bytes(cache)}",
-        f"activations: 4 B × {act // per_position} rows·positions × (16 × {facts.hidden} hidden + "
-        f"{facts.vocab} vocab) = {format_bytes(act)}",
-        f"host baseline: {format_bytes(HOST_BASELINE_BYTES)}",
-        f"t(B) = {t1:.1f} ms × (1 + {row_cost} × (B − 1)) + B−1 rows of cache / {bandwidth / 1e9:.1f} GB/s",
-    ]
+    lines = _arithmetic(facts, (weights, cache, act), best or 1, max_cache_len, steps, kv_dtype, prefill)
+    lines.append(f"t(B) = {t1:.1f} ms × (1 + {row_cost} × (B − 1)) + B−1 rows of cache / {bandwidth / 1e9:.1f} GB/s")
     if best is None:
         total = weights + cache + act + HOST_BASELINE_BYTES
         why = (
@@ -339,6 +326,33 @@ def make_plan(
         raise ConfigError(f"plan: nothing fits: {why}\n" + "\n".join(lines))
     return Plan(facts, best, max_cache_len, steps, kv_dtype, memory, weights, cache, act, HOST_BASELINE_BYTES,
                 step_ms(best), lines, prefill)  # fmt: skip
+
+
+def _arithmetic(
+    facts: ModelFacts,
+    memory: tuple[int, int, int],
+    batch: int,
+    max_cache_len: int,
+    steps: Sequence[int],
+    kv_dtype: str,
+    prefill: str,
+) -> list[str]:
+    """The memory lines of a plan (weights, KV per row and slot, cache, activations, baseline) as printed."""
+    weights, cache, act = memory
+    slot = facts.kv_row_slot_bytes(kv_dtype)
+    prefill_row, per_position = "" if prefill == "rows" else " + 1 prefill row", 4 * (16 * facts.hidden + facts.vocab)
+    return [
+        f"weights: {', '.join(f'{k} {format_bytes(v)}' for k, v in facts.weight_bytes.items())}; "
+        f"{1 if prefill == 'rows' else len(steps)} sessions × ({facts.weights} − {facts.table_bytes} table) B × "
+        f"{PACKED_NUMERATOR}/{PACKED_DENOMINATOR} packed = {format_bytes(weights)}",
+        f"KV per row and slot: 2 × {facts.layers} layers × {facts.kv_heads} KV heads × {facts.head_dim} × "
+        f"{_KV_BYTES[kv_dtype]} bytes ({kv_dtype}) = {slot} B",
+        f"KV cache: {slot} B × {max_cache_len} slots × ({batch} rows{prefill_row}) × {RUNTIME_CACHE_COPIES} "
+        f"copies = {format_bytes(cache)}",
+        f"activations: 4 B × {act // per_position} rows·positions × (16 × {facts.hidden} hidden + "
+        f"{facts.vocab} vocab) = {format_bytes(act)}",
+        f"host baseline: {format_bytes(HOST_BASELINE_BYTES)}",
+    ]
 
 
 def pipeline_snippet(plan: Plan) -> str:

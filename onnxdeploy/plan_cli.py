@@ -12,11 +12,16 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from onnxdeploy.errors import EXIT_OK, ConfigError, OnnxDeployError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from onnxdeploy.plan import Plan
 
 __all__ = ["parse_bytes", "plan_cmd"]
 
@@ -104,6 +109,14 @@ def plan_cmd(
     if as_json:
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         raise typer.Exit(EXIT_OK)
+    _print_plan(out, plan, budget, measured)
+    raise typer.Exit(EXIT_OK)
+
+
+def _print_plan(out: Console, plan: Plan, budget: int, measured: dict[str, Any] | None) -> None:
+    """The arithmetic, the proposal line, the measured figures (``--measure``) and the pipeline snippet."""
+    from onnxdeploy.plan import pipeline_snippet  # noqa: PLC0415
+
     for line in plan.lines:
         out.print(line, highlight=False, markup=False)
     out.print(
@@ -121,4 +134,3 @@ def plan_cmd(
             markup=False,
         )
     out.print(pipeline_snippet(plan), highlight=False, markup=False, end="")
-    raise typer.Exit(EXIT_OK)

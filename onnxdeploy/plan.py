@@ -14,7 +14,8 @@ vocabulary from the logits or the embedding table) and the budget, :func:`make_p
 * ``kv_dtype``: the model's; float16 when the model's does not fit one row.
 * ``prefill``: ``graphs`` (the default: batch-1 prefill buckets, one session each) or ``rows`` (the prompts go
   through the decode graph's own rows in chunks of :data:`ROWS_STEP_LEN`: a one-graph set, one session, one
-  packed copy of the weights; ``step_lens`` is then ``[ROWS_STEP_LEN]``).
+  packed copy of the weights; ``step_lens`` is then ``[ROWS_STEP_LEN]``, and the predicted step ``×
+  ROWS_STEP_COST``).
 * ``batch``: the largest power of two (at most ``max_batch``) whose memory fits the budget and, with a latency
   target, whose predicted step is within it. The step model: ``t(B) = t(1) × (1 + row_cost × (B − 1))``, ``t(1)``
   the bytes one step reads (every weight once, the decode buffers) over ``bandwidth`` bytes/s. Both constants are
@@ -73,6 +74,10 @@ ROWS_STEP_LEN = 4
 """The one graph's step_len with ``prefill: rows``: a prefilling row feeds 4 prompt tokens per call, a decoding row 1
 padded to 4 (``benchmarks/batching.py`` measured step_len 2 and 4 on the 125M export; README, "Continuous
 batching")."""
+ROWS_STEP_COST = 1.34
+"""A decode call of step_len :data:`ROWS_STEP_LEN` over the same call at step_len 1, both at B = 4 with prepacking:
+91.7 / 68.6 ms on the 125M export (``benchmarks/batching.py``, 2026-12-02 13:53 UTC, load average 4.1-4.6); the
+step model's ``t(B)`` is multiplied by it with ``prefill: rows``."""
 HOST_BASELINE_BYTES = 110 * 2**20
 """The host process before any model: Python, numpy, onnx, onnx_ir and ONNX Runtime imported (108-111 MiB RSS here)."""
 RUNTIME_CACHE_COPIES = 3
@@ -249,6 +254,21 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+def _lengths(
+    prompt_lengths: Sequence[int] | None, new_tokens: int, max_len: int, prefill: str
+) -> tuple[int, list[int]]:
+    """``(max_cache_len, step_lens)`` from the prompt lengths (module docstring; rows: + the last call's padding)."""
+    if prompt_lengths:
+        lengths = np.asarray(prompt_lengths)
+        pad = ROWS_STEP_LEN - 1 if prefill == "rows" else 0
+        max_cache_len = _round_up(int(np.ceil(np.percentile(lengths, 99))) + new_tokens + pad, 64)
+        buckets = {min(2 ** math.ceil(math.log2(max(2, float(np.percentile(lengths, q))))), 256) for q in (50, 90)}
+        steps = [1, *sorted(b for b in buckets if b <= max_cache_len)]
+    else:
+        max_cache_len, steps = max_len, [1, 64]
+    return max_cache_len, [ROWS_STEP_LEN] if prefill == "rows" else steps
+
+
 def make_plan(
     facts: ModelFacts,
     memory: int,
@@ -282,15 +302,7 @@ def make_plan(
     """
     if prefill not in ("graphs", "rows"):
         raise ConfigError(f"--prefill: expected graphs or rows, got {prefill!r}")
-    if prompt_lengths:
-        lengths = np.asarray(prompt_lengths)
-        max_cache_len = _round_up(int(np.ceil(np.percentile(lengths, 99))) + new_tokens, 64)
-        buckets = {min(2 ** math.ceil(math.log2(max(2, float(np.percentile(lengths, q))))), 256) for q in (50, 90)}
-        steps = [1, *sorted(b for b in buckets if b <= max_cache_len)]
-    else:
-        max_cache_len, steps = max_len, [1, 64]
-    if prefill == "rows":
-        steps = [ROWS_STEP_LEN]
+    max_cache_len, steps = _lengths(prompt_lengths, new_tokens, max_len, prefill)
     kv_dtype = facts.kv_dtype
     if (
         sum(host_memory(facts, 1, max_cache_len, steps, kv_dtype, prefill=prefill)) + HOST_BASELINE_BYTES > memory
@@ -300,8 +312,10 @@ def make_plan(
     slot = facts.kv_row_slot_bytes(kv_dtype)
     t1 = (facts.weights + slot * max_cache_len) / bandwidth * 1e3
 
+    chunk = ROWS_STEP_COST if prefill == "rows" else 1.0  # a call of step_len 4 through the rows
+
     def step_ms(b: int) -> float:
-        return t1 * (1 + row_cost * (b - 1)) + (slot * max_cache_len * (b - 1)) / bandwidth * 1e3
+        return (t1 * (1 + row_cost * (b - 1)) + (slot * max_cache_len * (b - 1)) / bandwidth * 1e3) * chunk
 
     best = None
     b = 1
@@ -315,7 +329,10 @@ def make_plan(
         best, b = b, b * 2
     weights, cache, act = host_memory(facts, best or 1, max_cache_len, steps, kv_dtype, prefill=prefill)
     lines = _arithmetic(facts, (weights, cache, act), best or 1, max_cache_len, steps, kv_dtype, prefill)
-    lines.append(f"t(B) = {t1:.1f} ms × (1 + {row_cost} × (B − 1)) + B−1 rows of cache / {bandwidth / 1e9:.1f} GB/s")
+    rows = f", × {ROWS_STEP_COST} for step_len {ROWS_STEP_LEN} through the rows" if prefill == "rows" else ""
+    lines.append(
+        f"t(B) = {t1:.1f} ms × (1 + {row_cost} × (B − 1)) + B−1 rows of cache / {bandwidth / 1e9:.1f} GB/s{rows}"
+    )
     if best is None:
         total = weights + cache + act + HOST_BASELINE_BYTES
         why = (

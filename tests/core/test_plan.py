@@ -48,6 +48,8 @@ def test_llama_fixture_plan_with_prefill_through_the_rows_by_hand() -> None:
     assert plan.total == 496_981 + 50_331_648 + 786_432 + HOST_BASELINE_BYTES
     assert "1 sessions ×" in plan.lines[0] and "(32 rows) × 3 copies" in plan.lines[2]
     assert "static_kv: {batch: 32, row_positions: true, step_len: 4, max_cache_len: 1024}" in pipeline_snippet(plan)
+    graphs = make_plan(facts, 200 * MiB)  # the same step model, × 1.34 for a call of 4 positions per row
+    assert plan.step_ms == pytest.approx(graphs.step_ms * 1.34, rel=1e-9) and "× 1.34 for step_len 4" in plan.lines[-1]
     with pytest.raises(ConfigError, match="--prefill: expected graphs or rows, got 'chunks'"):
         make_plan(facts, 200 * MiB, prefill="chunks")
 

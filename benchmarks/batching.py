@@ -52,6 +52,7 @@ from onnxdeploy.plan import HOST_BASELINE_BYTES, host_memory, model_facts
 from onnxdeploy.runner.batching import BatchingHost, BatchRun, poisson_trace
 from onnxdeploy.runner.graph_set import GraphSetDecoder, open_graph_set
 from onnxdeploy.runner.host import StepInputs, allocate_buffers
+from onnxdeploy.runner.prepacked_sessions import SharedPrepacking
 from onnxdeploy.runner.session import PREPACKING_KEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -152,8 +153,12 @@ def serve(sets: dict[str, Path], chunks: list[int], host_chunk: int, rounds: int
     """
     requests = poisson_trace(vocab=SIZE.vocab, **TRACE)  # type: ignore[arg-type]
     opened = {k: open_host_set(p, True) for k, p in sets.items()}
+    sharing = SharedPrepacking()
+    opened["b4 shared"] = open_graph_set(sets["b4"], opener=sharing.open)
+    sharing.drop_mapped_pages()
     try:
         hosts = {"continuous": (BatchingHost(opened["b4"], prefill="graphs"), "continuous")}
+        hosts["continuous shared prepacking"] = (BatchingHost(opened["b4 shared"], prefill="graphs"), "continuous")
         for c in chunks:
             hosts[f"continuous rows S={c}"] = (BatchingHost(opened[f"b4-s{c}"], prefill="rows"), "continuous")
         hosts["batch 1"] = (BatchingHost(opened["b1"], prefill="graphs"), "continuous")
@@ -180,15 +185,26 @@ def serve(sets: dict[str, Path], chunks: list[int], host_chunk: int, rounds: int
             d.close()
 
 
-def child_rss(primary: Path, prefill: str) -> int:
+def child_rss(primary: Path, prefill: str) -> dict[str, int]:
     """Peak RSS (bytes, ``VmHWM``) of this process after serving the trace once continuous on ``primary``.
 
-    ``VmHWM`` belongs to the process's own memory map; ``ru_maxrss`` would carry the parent's peak over exec.
+    ``VmHWM`` belongs to the process's own memory map; ``ru_maxrss`` would carry the parent's peak over exec. With
+    ``prefill="shared"`` the set opens through one :class:`SharedPrepacking` (graph prefill), its mapped pages are
+    dropped after the load, and the peak is also read after the load (``load_peak``) and reset
+    (``/proc/self/clear_refs`` 5) so that ``peak_rss`` is the serving peak.
     """
     requests = poisson_trace(vocab=SIZE.vocab, **TRACE)  # type: ignore[arg-type]
-    with open_host_set(primary, True) as decoder:
-        BatchingHost(decoder, prefill=prefill).run(requests)  # type: ignore[arg-type]
-    return peak_rss()
+    if prefill != "shared":
+        with open_host_set(primary, True) as decoder:
+            BatchingHost(decoder, prefill=prefill).run(requests)  # type: ignore[arg-type]
+        return {"peak_rss": peak_rss()}
+    sharing = SharedPrepacking()
+    with open_graph_set(primary, opener=sharing.open) as decoder:
+        load_peak = peak_rss()
+        sharing.drop_mapped_pages()
+        Path("/proc/self/clear_refs").write_text("5")
+        BatchingHost(decoder, prefill="graphs").run(requests)
+    return {"peak_rss": peak_rss(), "load_peak": load_peak}
 
 
 def peak_rss() -> int:
@@ -209,7 +225,7 @@ def main() -> int:
     ap.add_argument("--child-rss", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_rss is not None:
-        print(json.dumps({"peak_rss": child_rss(Path(args.child_rss[0]), args.child_rss[1])}))
+        print(json.dumps(child_rss(Path(args.child_rss[0]), args.child_rss[1])))
         return 0
     chunks = sorted({int(c) for c in args.chunks.split(",")} | {args.host_chunk})
     work = args.work_dir.resolve()
@@ -229,13 +245,15 @@ def main() -> int:
     cache = 2 * SIZE.layers * HOST_B * CACHE * SIZE.kv_heads * SIZE.head_dim * 4
     result["memory"] = {"weights": weights, "cache": cache, "goal": int(1.5 * weights + cache)}
     for way, primary, prefill, steps in (("continuous", sets["b4"], "graphs", [1, PREFILL]),
+                                         ("continuous shared prepacking", sets["b4"], "shared", [1, PREFILL]),
                                          (f"continuous rows S={args.host_chunk}", sets[f"b4-s{args.host_chunk}"],
                                           "rows", [args.host_chunk])):  # fmt: skip
         out = subprocess.run([sys.executable, __file__, "--child-rss", str(primary), prefill],
                              capture_output=True, text=True, check=True)  # fmt: skip
-        rss = json.loads(out.stdout)["peak_rss"]
+        measured = json.loads(out.stdout)
+        rss = measured["peak_rss"]
         predicted = sum(host_memory(facts, HOST_B, CACHE, steps, facts.kv_dtype, prefill=prefill)) + HOST_BASELINE_BYTES
-        result["memory"][way] = {"peak_rss": rss, "plan_predicted": predicted,
+        result["memory"][way] = {**measured, "plan_predicted": predicted,
                                  "peak rss / goal": round(rss / result["memory"]["goal"], 3),
                                  "plan predicted / peak rss": round(predicted / rss, 3)}  # fmt: skip
     result["load_after"] = os.getloadavg()
@@ -244,7 +262,7 @@ def main() -> int:
     tr = result["trace"]
     result["ratios"] = {"ceiling 4*t(1)/t(4)": round(ceiling, 2)}
     for way in [k for k in tr if k.startswith("continuous")]:
-        static = tr["static"] if way == "continuous" else tr.get(f"static rows S={args.host_chunk}")
+        static = tr.get(f"static rows S={args.host_chunk}") if "rows" in way else tr["static"]
         c, b1 = tr[way]["tokens_per_s"], tr["batch 1"]["tokens_per_s"]
         mine, single = tr[way]["rounds_tokens_per_s"], tr["batch 1"]["rounds_tokens_per_s"]
         per_round = [x / y for x, y in zip(mine, single, strict=True)]
@@ -271,8 +289,10 @@ def main() -> int:
         f"weights {m['weights'] / 2**20:.0f} MiB, cache {m['cache'] / 2**20:.1f} MiB, goal {m['goal'] / 2**20:.0f} MiB"
     )
     for way in [k for k in m if k.startswith("continuous")]:
-        print(f"{way}: peak RSS {m[way]['peak_rss'] / 2**20:.0f} MiB ({m[way]['peak rss / goal']} of the goal), "
-              f"plan {m[way]['plan_predicted'] / 2**20:.0f} MiB ({m[way]['plan predicted / peak rss']}x)")  # fmt: skip
+        w = m[way]
+        load = f", load peak {w['load_peak'] / 2**20:.0f} MiB" if "load_peak" in w else ""
+        print(f"{way}: peak RSS {w['peak_rss'] / 2**20:.0f} MiB ({w['peak rss / goal']} of the goal), "
+              f"plan {w['plan_predicted'] / 2**20:.0f} MiB ({w['plan predicted / peak rss']}x){load}")  # fmt: skip
     for k, v in result["ratios"].items():
         print(f"{k}: {v}")
     print(json.dumps(result))

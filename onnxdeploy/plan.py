@@ -12,7 +12,9 @@ vocabulary from the logits or the embedding table) and the budget, :func:`make_p
   (capped at 256 and at ``max_cache_len``): the median prompt takes one prefill call, the long ones few; without,
   ``[1, 64]``.
 * ``kv_dtype``: the model's; float16 when the model's does not fit one row.
-* ``prefill``: ``graphs`` (the default: batch-1 prefill buckets, one session each) or ``rows`` (the prompts go
+* ``prefill``: ``graphs`` (the default: batch-1 prefill buckets, one session each), ``shared`` (the same graphs,
+  their sessions sharing one packed copy through ORT's C API container,
+  :mod:`onnxdeploy.runner.prepacked_sessions`) or ``rows`` (the prompts go
   through the decode graph's own rows in chunks of :data:`ROWS_STEP_LEN`: a one-graph set, one session, one
   packed copy of the weights; ``step_lens`` is then ``[ROWS_STEP_LEN]``, and the predicted step ``×
   ROWS_STEP_COST``).
@@ -233,8 +235,10 @@ def host_memory(
         max_len: ``max_cache_len`` of every graph.
         steps: the set's step lengths (1 and the prefill buckets: one session each; ``rows``: the one graph's).
         kv_dtype: the cache dtype name.
-        prefill: ``graphs`` (batch-1 prefill graphs and their buffers) or ``rows`` (the prompts go through the
-            decode graph's rows: one session, no prefill buffers; :class:`~onnxdeploy.runner.batching.BatchingHost`).
+        prefill: ``graphs`` (batch-1 prefill graphs and their buffers), ``shared`` (the same, every session in one
+            prepacked-weights container: one packed copy, :mod:`onnxdeploy.runner.prepacked_sessions`) or ``rows``
+            (the prompts go through the decode graph's rows: one session, no prefill buffers;
+            :class:`~onnxdeploy.runner.batching.BatchingHost`).
 
     Returns:
         Bytes of the packed weights, of the cache buffers (``× RUNTIME_CACHE_COPIES``) and of the activations;
@@ -245,7 +249,7 @@ def host_memory(
     cache = RUNTIME_CACHE_COPIES * slot * max_len * (batch + (0 if rows else 1))  # + the batch-1 prefill buffers
     width = batch * max(steps) if rows else max(batch, max(steps))  # rows × positions of the largest call
     activations = 4 * width * (16 * facts.hidden + facts.vocab)
-    sessions = 1 if rows else len(steps)  # the decode graph and one prefill graph per step length > 1
+    sessions = 1 if prefill in ("rows", "shared") else len(steps)  # the decode graph and one per prefill bucket
     packed = sessions * (facts.weights - facts.table_bytes) * PACKED_NUMERATOR // PACKED_DENOMINATOR
     return packed, cache, activations
 
@@ -300,8 +304,8 @@ def make_plan(
         ConfigError: not even one row fits the budget (float16 KV included), or the latency target is below
             ``t(1)``; the message spells out the arithmetic; ``prefill`` neither ``graphs`` nor ``rows``.
     """
-    if prefill not in ("graphs", "rows"):
-        raise ConfigError(f"--prefill: expected graphs or rows, got {prefill!r}")
+    if prefill not in ("graphs", "shared", "rows"):
+        raise ConfigError(f"--prefill: expected graphs, shared or rows, got {prefill!r}")
     max_cache_len, steps = _lengths(prompt_lengths, new_tokens, max_len, prefill)
     kv_dtype = facts.kv_dtype
     if (
@@ -360,8 +364,8 @@ def _arithmetic(
     prefill_row, per_position = "" if prefill == "rows" else " + 1 prefill row", 4 * (16 * facts.hidden + facts.vocab)
     return [
         f"weights: {', '.join(f'{k} {format_bytes(v)}' for k, v in facts.weight_bytes.items())}; "
-        f"{1 if prefill == 'rows' else len(steps)} sessions × ({facts.weights} − {facts.table_bytes} table) B × "
-        f"{PACKED_NUMERATOR}/{PACKED_DENOMINATOR} packed = {format_bytes(weights)}",
+        f"{1 if prefill in ('rows', 'shared') else len(steps)} sessions × ({facts.weights} − {facts.table_bytes} "
+        f"table) B × {PACKED_NUMERATOR}/{PACKED_DENOMINATOR} packed = {format_bytes(weights)}",
         f"KV per row and slot: 2 × {facts.layers} layers × {facts.kv_heads} KV heads × {facts.head_dim} × "
         f"{_KV_BYTES[kv_dtype]} bytes ({kv_dtype}) = {slot} B",
         f"KV cache: {slot} B × {max_cache_len} slots × ({batch} rows{prefill_row}) × {RUNTIME_CACHE_COPIES} "

@@ -60,7 +60,11 @@ def plan_cmd(
     ] = None,
     prefill: Annotated[
         str,
-        typer.Option("--prefill", help="graphs (batch-1 prefill buckets) or rows (prompts through the decode rows)."),
+        typer.Option(
+            "--prefill",
+            help="graphs (batch-1 prefill buckets), shared (the same, one packed copy: C API container) or rows "
+            "(prompts through the decode rows).",
+        ),
     ] = "graphs",
     measure: Annotated[
         bool, typer.Option("--measure", help="Build the proposed set, serve a trace on ORT, print measured figures.")

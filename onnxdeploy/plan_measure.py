@@ -3,7 +3,8 @@
 The set is written by the library's passes (the plan's pipeline snippet) into a temporary folder; a child process
 (``python -m onnxdeploy.plan_measure SET TRACE_JSON``) opens it with the batching host's session options (ORT CPU,
 one intra-op thread, weight prepacking on, past and present bound to one buffer; the prompts through the batch-1
-prefill graphs, or with ``prefill: rows`` through the one graph's rows) and serves a
+prefill graphs — with ``prefill: shared`` their sessions sharing one packed copy — or with ``prefill: rows``
+through the one graph's rows) and serves a
 :func:`~onnxdeploy.runner.batching.poisson_trace` of 16 requests (prompt lengths uniform between the shortest and
 longest given, max new tokens between a quarter of ``new_tokens`` and ``new_tokens``, a mean gap of 2 steps, seed
 0), so its peak RSS (``VmHWM``) is the host's alone, not the build's.
@@ -62,7 +63,7 @@ def measure_plan(model: str | Path, plan: Plan, lengths: Sequence[int] | None, n
     longest = min(longest, plan.max_cache_len - new_tokens - (plan.step_lens[0] - 1 if plan.prefill == "rows" else 0))
     trace = {"count": 16, "prompt_lens": [min(shortest, longest), longest],
              "new_tokens": [max(1, new_tokens // 4), new_tokens], "mean_gap": 2.0, "seed": 0,
-             "vocab": plan.facts.vocab}  # fmt: skip
+             "vocab": plan.facts.vocab, "prefill": plan.prefill}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="onnxdeploy-plan-") as tmp:
         primary = build_plan_set(model, plan, Path(tmp))
         done = subprocess.run(
@@ -86,7 +87,15 @@ def _serve(primary: str, trace: dict[str, Any]) -> dict[str, Any]:
         trace["count"], tuple(trace["prompt_lens"]), tuple(trace["new_tokens"]), trace["mean_gap"],
         seed=trace["seed"], vocab=trace["vocab"],
     )  # fmt: skip
-    with open_graph_set(primary, config_entries={PREPACKING_KEY: "0"}, threads=1, bind_buffers=True) as decoder:
+    if trace.get("prefill") == "shared":  # one packed copy for every graph (onnxdeploy.runner.prepacked_sessions)
+        from onnxdeploy.runner.prepacked_sessions import SharedPrepacking  # noqa: PLC0415
+
+        sharing = SharedPrepacking()
+        opened = open_graph_set(primary, opener=sharing.open)
+        sharing.drop_mapped_pages()
+    else:
+        opened = open_graph_set(primary, config_entries={PREPACKING_KEY: "0"}, threads=1, bind_buffers=True)
+    with opened as decoder:
         host = BatchingHost(decoder)
         host.run(requests[:2])
         run = host.run(requests)

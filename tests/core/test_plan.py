@@ -50,7 +50,9 @@ def test_llama_fixture_plan_with_prefill_through_the_rows_by_hand() -> None:
     assert "static_kv: {batch: 32, row_positions: true, step_len: 4, max_cache_len: 1024}" in pipeline_snippet(plan)
     graphs = make_plan(facts, 200 * MiB)  # the same step model, × 1.34 for a call of 4 positions per row
     assert plan.step_ms == pytest.approx(graphs.step_ms * 1.34, rel=1e-9) and "× 1.34 for step_len 4" in plan.lines[-1]
-    with pytest.raises(ConfigError, match="--prefill: expected graphs or rows, got 'chunks'"):
+    shared = make_plan(facts, 200 * MiB, prefill="shared")  # the graphs' set and buffers, one packed copy
+    assert shared.weights == plan.weights and shared.step_lens == [1, 64] and shared.cache == 3 * 512 * 1024 * 33
+    with pytest.raises(ConfigError, match="--prefill: expected graphs, shared or rows, got 'chunks'"):
         make_plan(facts, 200 * MiB, prefill="chunks")
 
 

@@ -21,12 +21,13 @@ inside the ``onnxruntime`` wheel (``onnxruntime/capi/``), by ctypes:
   :meth:`SharedPrepacking.drop_mapped_pages` drops them with ``madvise(MADV_DONTNEED)`` (a read-only file mapping: a
   page read again is faulted back from the file, so nothing can change what a session computes).
 
-Measured on the 125M export's B = 4 set (``benchmarks/batching.py``): peak RSS while serving the trace 634 MiB
-against 1068 MiB for the Python sessions, the same tokens; the load itself peaks higher (1015 MiB: each weight's
-pages are read while its packed copy is written) before the pages are dropped. A :class:`PrepackedSession` offers
-the part of ``onnxruntime.InferenceSession`` the decoders use (``get_inputs``, ``get_outputs``, ``get_providers``,
-``run``), so :func:`~onnxdeploy.runner.graph_set.open_graph_set` drives it through its ``opener`` (no IOBinding: each
-call's outputs are written into arrays allocated for it). CPU only; float32/float16/int64 tensors only.
+Measured on the 125M export's B = 4 set (``benchmarks/batching.py``, 2026-12-02 14:16 UTC): peak RSS while serving
+the trace 632 MiB against 1068 MiB for the Python sessions, the same tokens, the same tokens/s; the load itself
+peaks higher (1015 MiB: each weight's pages are read while its packed copy is written) before the pages are
+dropped. A :class:`PrepackedSession` offers the part of ``onnxruntime.InferenceSession`` the decoders use
+(``get_inputs``, ``get_outputs``, ``get_providers``, ``run``), so :func:`~onnxdeploy.runner.graph_set.open_graph_set`
+drives it through its ``opener`` (no IOBinding: each call's outputs are written into arrays allocated for it). CPU
+only; float32/float16/int64 tensors only.
 """
 
 from __future__ import annotations

@@ -1,32 +1,41 @@
-"""Continuous batching on a static graph: t(B), then a fixed request trace served three ways (issue 17).
+"""Continuous batching on a static graph: t(B), then a fixed request trace served every way (issue 17).
 
 On the ~125M LLaMA export of ``benchmarks/decode.py`` (``scale.py``'s :func:`ensure_export`, cached in
 ``WORK_DIR/models/125m/``), one graph set per B in 1, 2, 4, 8: ``static_kv {batch: B, row_positions: true,
-prefill_batch: 1, step_lens: [1, 16], max_cache_lens: [256]}`` → ``mask_rewrite`` → ``grouped_attention``.
+prefill_batch: 1, step_lens: [1, 16], max_cache_lens: [256]}`` → ``mask_rewrite`` → ``grouped_attention``; and per
+``--chunks`` S a one-graph B=4 set ``static_kv {batch: 4, row_positions: true, step_len: S, max_cache_len: 256}``
+(same passes) whose host feeds the prompts through its rows (``BatchingHost(prefill="rows")``).
 
 1. ``t(B)``: the decode graph's step with every row at position 200, prepacking off (the runner's default for
-   float weights) and on, one intra-op thread, median of ``--rounds`` calls interleaved over B.
+   float weights) and on, one intra-op thread, median of ``--rounds`` calls interleaved over B; with prepacking
+   also the rows graphs' step (one real token per row padded to S).
 2. The fixed trace (:func:`onnxdeploy.runner.batching.poisson_trace`): 16 requests, prompt lengths uniform in
    4..48, max new tokens uniform in 8..64, arrivals Poisson with a mean gap of 2 steps, seed 0. Served by the
-   continuous-batching host on the B=4 set, by batch 1 (the host on the B=1 set: one request at a time), and by
-   static batching on the B=4 set (a batch starts when 4 requests wait and ends when its longest finishes), the
-   three interleaved in one run for ``--trace-rounds`` rounds, every session with the host's options (prepacking
-   on: ORT's MatMul re-packs the weights for every M > 1 call without it; one thread; past and present bound to one
-   buffer). Tokens/s counts generated
-   tokens over the wall time of the whole run (prefill, copies, host work; idle waits for arrivals take none).
-3. Peak RSS (``VmHWM``) of a child process that opens the B=4 set with the host's options and serves the trace
-   once, against the model's bytes plus the cache and against ``onnxdeploy plan``'s prediction.
+   continuous-batching host on the B=4 set (batch-1 prefill graphs), by the continuous host on each rows set, by
+   batch 1 (the host on the B=1 set: one request at a time), and by static batching on the B=4 set and on the
+   ``--host-chunk`` rows set (a batch starts when 4 requests wait and ends when its longest finishes), interleaved
+   in one run for ``--trace-rounds`` rounds, every session with the host's options (prepacking on: ORT's MatMul
+   re-packs the weights for every M > 1 call without it; one thread; past and present bound to one buffer).
+   Tokens/s counts generated tokens over the wall time of the whole run (prefill, copies, host work; idle waits
+   for arrivals take none); each way's figures are its best round, and the ratios are given per round too
+   (adjacent runs of the same round).
+3. Peak RSS (``VmHWM``) of a child process that opens the B=4 set, and one that opens the ``--host-chunk`` rows
+   set, with the host's options and serves the trace once, against the goal (1.5 × the model's bytes + the B=4
+   cache) and against ``onnxdeploy plan``'s prediction (:func:`onnxdeploy.plan.host_memory`).
+
+The load average is printed before and after (the machine may be shared).
 
 Usage::
 
     nice -n 10 .venv/bin/python benchmarks/batching.py [--work-dir /tmp/onnxdeploy-batching] [--rounds 10]
-        [--trace-rounds 2] [--json]
+        [--trace-rounds 4] [--chunks 4] [--host-chunk 4] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -43,6 +52,7 @@ from onnxdeploy.plan import HOST_BASELINE_BYTES, host_memory, model_facts
 from onnxdeploy.runner.batching import BatchingHost, BatchRun, poisson_trace
 from onnxdeploy.runner.graph_set import GraphSetDecoder, open_graph_set
 from onnxdeploy.runner.host import StepInputs, allocate_buffers
+from onnxdeploy.runner.prepacked_sessions import SharedPrepacking
 from onnxdeploy.runner.session import PREPACKING_KEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,14 +67,15 @@ TRACE = {"count": 16, "prompt_lens": (4, 48), "new_tokens": (8, 64), "mean_gap":
 HOST_B = 4
 
 
-def build_set(model_path: Path, work: Path, batch: int) -> Path:
-    """Write (or reuse) the B-row set; return its primary graph."""
-    out = work / "sets" / f"b{batch}"
+def build_set(model_path: Path, work: Path, batch: int, *, chunk: int | None = None) -> Path:
+    """Write (or reuse) the B-row set (with ``chunk``: its one graph of that step_len); return its primary graph."""
+    out = work / "sets" / (f"b{batch}" if chunk is None else f"b{batch}-s{chunk}")
     primary = out / "model.onnx"
     if primary.exists() and (out / "done").exists():
         return primary
     passes = [
-        ("static_kv", {"batch": batch, "row_positions": True, "prefill_batch": 1, "step_lens": [1, PREFILL],
+        ("static_kv", {"batch": batch, "row_positions": True, "step_len": chunk, "max_cache_len": CACHE} if chunk else
+                      {"batch": batch, "row_positions": True, "prefill_batch": 1, "step_lens": [1, PREFILL],
                        "max_cache_lens": [CACHE]}),
         ("mask_rewrite", {}),
         ("grouped_attention", {}),
@@ -92,25 +103,29 @@ def open_host_set(primary: Path, prepack: bool) -> GraphSetDecoder:
     )
 
 
-def t_of_b(sets: dict[int, Path], prepack: bool, rounds: int) -> dict[int, float]:
-    """Median decode step (ms) per B, every row at POSITION, calls interleaved over B."""
-    decoders = {b: open_host_set(p, prepack) for b, p in sets.items()}
+def t_of_b(graphs: dict[str, tuple[Path, int]], prepack: bool, rounds: int) -> dict[str, float]:
+    """Median decode step (ms) per graph ``label -> (primary, B)``, every row 1 token at POSITION, interleaved.
+
+    A graph of step_len S > 1 (the rows sets) is fed one real token per row padded to S: a decoding row's call.
+    """
+    decoders = {k: open_host_set(p, prepack) for k, (p, _) in graphs.items()}
     try:
         calls = {}
-        for b, d in decoders.items():
-            member = d.member(1, CACHE)
+        for k, d in decoders.items():
+            b = graphs[k][1]
+            member = d.member(min(s for _, s, _ in d.graphs()), CACHE)
             buffers = allocate_buffers(member.contract)
             inputs = StepInputs.rows(member.contract, [[17]] * b, [POSITION] * b)
-            calls[b] = (member, buffers, inputs)
-        times: dict[int, list[float]] = {b: [] for b in calls}
+            calls[k] = (member, buffers, inputs)
+        times: dict[str, list[float]] = {k: [] for k in calls}
         for r in range(rounds + 2):
             order = list(calls)[r % len(calls) :] + list(calls)[: r % len(calls)]
-            for b in order:
-                member, buffers, inputs = calls[b]
+            for k in order:
+                member, buffers, inputs = calls[k]
                 _, ms = member.call(buffers, inputs)
                 if r >= 2:  # two warm-up rounds
-                    times[b].append(ms)
-        return {b: float(np.median(v)) for b, v in times.items()}
+                    times[k].append(ms)
+        return {k: round(float(np.median(v)), 2) for k, v in times.items()}
     finally:
         for d in decoders.values():
             d.close()
@@ -129,42 +144,67 @@ def summary(run: BatchRun) -> dict[str, Any]:
     }
 
 
-def serve(sets: dict[int, Path], rounds: int) -> dict[str, dict[str, Any]]:
-    """The trace served continuous (B=4), batch 1, static (B=4), interleaved; the best-throughput round of each."""
+def serve(sets: dict[str, Path], chunks: list[int], host_chunk: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """The trace served every way, interleaved; per way the round of median throughput and every round's tokens/s.
+
+    Ways: continuous on the B=4 set (batch-1 prefill graphs), continuous with the prompts through the rows of each
+    B=4 one-graph set of step_len in ``chunks``, batch 1, static batching on the B=4 set and on the rows set of
+    ``host_chunk``.
+    """
     requests = poisson_trace(vocab=SIZE.vocab, **TRACE)  # type: ignore[arg-type]
-    batched, single = open_host_set(sets[HOST_B], True), open_host_set(sets[1], True)
+    opened = {k: open_host_set(p, True) for k, p in sets.items()}
+    sharing = SharedPrepacking()
+    opened["b4 shared"] = open_graph_set(sets["b4"], opener=sharing.open)
+    sharing.drop_mapped_pages()
     try:
-        hosts = {
-            "continuous": (BatchingHost(batched), "continuous"),
-            "batch 1": (BatchingHost(single), "continuous"),
-            "static": (BatchingHost(batched), "static"),
-        }
+        hosts = {"continuous": (BatchingHost(opened["b4"], prefill="graphs"), "continuous")}
+        hosts["continuous shared prepacking"] = (BatchingHost(opened["b4 shared"], prefill="graphs"), "continuous")
+        for c in chunks:
+            hosts[f"continuous rows S={c}"] = (BatchingHost(opened[f"b4-s{c}"], prefill="rows"), "continuous")
+        hosts["batch 1"] = (BatchingHost(opened["b1"], prefill="graphs"), "continuous")
+        hosts["static"] = (BatchingHost(opened["b4"], prefill="graphs"), "static")
+        hosts[f"static rows S={host_chunk}"] = (BatchingHost(opened[f"b4-s{host_chunk}"], prefill="rows"), "static")
         for host, _ in hosts.values():  # warm-up: first-call allocations out of the timed runs
             host.run(requests[:2])
         runs: dict[str, list[BatchRun]] = {k: [] for k in hosts}
         for r in range(rounds):
-            names = list(hosts)[r % 3 :] + list(hosts)[: r % 3]
+            names = list(hosts)[r % len(hosts) :] + list(hosts)[: r % len(hosts)]
             for name in names:
                 host, policy = hosts[name]
                 runs[name].append(host.run(requests, policy=policy))  # type: ignore[arg-type]
                 print(f"[trace] round {r} {name}: {summary(runs[name][-1])}", flush=True)
-        tokens = {k: [f.tokens for f in v[0].finished] for k, v in runs.items()}
-        assert tokens["continuous"] == tokens["batch 1"] == tokens["static"], "the three served different tokens"
-        return {k: summary(max(v, key=lambda run: run.tokens_per_s)) for k, v in runs.items()}
+        tokens = [[f.tokens for f in v[0].finished] for v in runs.values()]
+        assert all(t == tokens[0] for t in tokens), "the ways served different tokens"
+        out = {}
+        for k, v in runs.items():  # the best round (the least disturbed on a shared machine), and every round's
+            best = max(v, key=lambda run: run.tokens_per_s)
+            out[k] = {**summary(best), "rounds_tokens_per_s": [round(x.tokens_per_s, 2) for x in v]}
+        return out
     finally:
-        batched.close()
-        single.close()
+        for d in opened.values():
+            d.close()
 
 
-def child_rss(primary: Path) -> int:
+def child_rss(primary: Path, prefill: str) -> dict[str, int]:
     """Peak RSS (bytes, ``VmHWM``) of this process after serving the trace once continuous on ``primary``.
 
-    ``VmHWM`` belongs to the process's own memory map; ``ru_maxrss`` would carry the parent's peak over exec.
+    ``VmHWM`` belongs to the process's own memory map; ``ru_maxrss`` would carry the parent's peak over exec. With
+    ``prefill="shared"`` the set opens through one :class:`SharedPrepacking` (graph prefill), its mapped pages are
+    dropped after the load, and the peak is also read after the load (``load_peak``) and reset
+    (``/proc/self/clear_refs`` 5) so that ``peak_rss`` is the serving peak.
     """
     requests = poisson_trace(vocab=SIZE.vocab, **TRACE)  # type: ignore[arg-type]
-    with open_host_set(primary, True) as decoder:
-        BatchingHost(decoder).run(requests)
-    return peak_rss()
+    if prefill != "shared":
+        with open_host_set(primary, True) as decoder:
+            BatchingHost(decoder, prefill=prefill).run(requests)  # type: ignore[arg-type]
+        return {"peak_rss": peak_rss()}
+    sharing = SharedPrepacking()
+    with open_graph_set(primary, opener=sharing.open) as decoder:
+        load_peak = peak_rss()
+        sharing.drop_mapped_pages()
+        Path("/proc/self/clear_refs").write_text("5")
+        BatchingHost(decoder, prefill="graphs").run(requests)
+    return {"peak_rss": peak_rss(), "load_peak": load_peak}
 
 
 def peak_rss() -> int:
@@ -178,51 +218,81 @@ def main() -> int:
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/onnxdeploy-batching"))
     ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/onnxdeploy-fixture-venvs"))
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--trace-rounds", type=int, default=2)
+    ap.add_argument("--trace-rounds", type=int, default=4)
+    ap.add_argument("--chunks", default="4", help="step lengths of the rows sets (prompts through the rows)")
+    ap.add_argument("--host-chunk", type=int, default=4, help="the rows set measured for memory and static batching")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--child-rss", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--child-rss", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_rss is not None:
-        print(json.dumps({"peak_rss": child_rss(args.child_rss)}))
+        print(json.dumps(child_rss(Path(args.child_rss[0]), args.child_rss[1])))
         return 0
+    chunks = sorted({int(c) for c in args.chunks.split(",")} | {args.host_chunk})
     work = args.work_dir.resolve()
     info, _ = ensure_export(SIZE, work, args.venv_dir.resolve())
     model = work / "models" / SIZE.name / "model.onnx"
-    sets = {b: build_set(model, work, b) for b in BATCHES}
-    result: dict[str, Any] = {"t_ms": {}}
-    for prepack in (False, True):
-        result["t_ms"]["prepack on" if prepack else "prepack off"] = t_of_b(sets, prepack, args.rounds)
-    result["trace"] = serve(sets, args.trace_rounds)
-    out = subprocess.run(
-        [sys.executable, __file__, "--child-rss", str(sets[HOST_B])], capture_output=True, text=True, check=True
-    )
-    weights = (sets[HOST_B].parent / "model.onnx.data").stat().st_size
-    cache = 2 * SIZE.layers * HOST_B * CACHE * SIZE.kv_heads * SIZE.head_dim * 4
+    sets = {f"b{b}": build_set(model, work, b) for b in BATCHES}
+    sets |= {f"b4-s{c}": build_set(model, work, HOST_B, chunk=c) for c in chunks}
+    result: dict[str, Any] = {"load_before": os.getloadavg(), "t_ms": {}}
+    by_b = {f"B={b}": (sets[f"b{b}"], b) for b in BATCHES}
+    result["t_ms"]["prepack off"] = t_of_b(by_b, False, args.rounds)
+    rows_graphs = {f"B=4 S={c}": (sets[f"b4-s{c}"], HOST_B) for c in chunks if c > 1}
+    result["t_ms"]["prepack on"] = t_of_b(by_b | rows_graphs, True, args.rounds)
+    result["trace"] = serve({k: v for k, v in sets.items() if k in ("b1", "b4") or "-s" in k}, chunks,
+                            args.host_chunk, args.trace_rounds)  # fmt: skip
     facts = model_facts(model)
-    predicted = sum(host_memory(facts, HOST_B, CACHE, [1, PREFILL], facts.kv_dtype)) + HOST_BASELINE_BYTES
-    result["memory"] = {"peak_rss": json.loads(out.stdout)["peak_rss"], "weights": weights, "cache": cache,
-                        "plan_predicted": predicted}  # fmt: skip
+    weights = (sets["b4"].parent / "model.onnx.data").stat().st_size
+    cache = 2 * SIZE.layers * HOST_B * CACHE * SIZE.kv_heads * SIZE.head_dim * 4
+    result["memory"] = {"weights": weights, "cache": cache, "goal": int(1.5 * weights + cache)}
+    for way, primary, prefill, steps in (("continuous", sets["b4"], "graphs", [1, PREFILL]),
+                                         ("continuous shared prepacking", sets["b4"], "shared", [1, PREFILL]),
+                                         (f"continuous rows S={args.host_chunk}", sets[f"b4-s{args.host_chunk}"],
+                                          "rows", [args.host_chunk])):  # fmt: skip
+        out = subprocess.run([sys.executable, __file__, "--child-rss", str(primary), prefill],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        measured = json.loads(out.stdout)
+        rss = measured["peak_rss"]
+        predicted = sum(host_memory(facts, HOST_B, CACHE, steps, facts.kv_dtype, prefill=prefill)) + HOST_BASELINE_BYTES
+        result["memory"][way] = {**measured, "plan_predicted": predicted,
+                                 "peak rss / goal": round(rss / result["memory"]["goal"], 3),
+                                 "plan predicted / peak rss": round(predicted / rss, 3)}  # fmt: skip
+    result["load_after"] = os.getloadavg()
     t_on = result["t_ms"]["prepack on"]
-    c, b1, st = (result["trace"][k]["tokens_per_s"] for k in ("continuous", "batch 1", "static"))
-    result["ratios"] = {
-        "ceiling 4*t(1)/t(4)": round(4 * t_on[1] / t_on[4], 2),
-        "continuous / batch 1": round(c / b1, 2),
-        "continuous / static": round(c / st, 2),
-        "continuous / (0.8 * ceiling)": round(c / b1 / (0.8 * 4 * t_on[1] / t_on[4]), 2),
-        "peak rss / (1.5 * weights + cache)": round(result["memory"]["peak_rss"] / (1.5 * weights + cache), 2),
-        "plan predicted / peak rss": round(predicted / result["memory"]["peak_rss"], 3),
-    }
+    ceiling = 4 * t_on["B=1"] / t_on["B=4"]
+    tr = result["trace"]
+    result["ratios"] = {"ceiling 4*t(1)/t(4)": round(ceiling, 2)}
+    for way in [k for k in tr if k.startswith("continuous")]:
+        static = tr.get(f"static rows S={args.host_chunk}") if "rows" in way else tr["static"]
+        c, b1 = tr[way]["tokens_per_s"], tr["batch 1"]["tokens_per_s"]
+        mine, single = tr[way]["rounds_tokens_per_s"], tr["batch 1"]["rounds_tokens_per_s"]
+        per_round = [x / y for x, y in zip(mine, single, strict=True)]
+        result["ratios"][way] = {
+            "/ batch 1": round(c / b1, 2),
+            "/ static (same prefill)": round(c / static["tokens_per_s"], 2) if static else None,
+            "/ ceiling": round(c / b1 / ceiling, 2),
+            "/ batch 1 per round (same round)": [round(x, 2) for x in per_round],
+            "/ static per round": [round(x / y, 2) for x, y in zip(mine, static["rounds_tokens_per_s"], strict=True)]
+            if static else None,
+        }  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
+    print(f"load average before {result['load_before']}, after {result['load_after']}")
     for option, t in result["t_ms"].items():
-        print(f"t(B) {option}: " + ", ".join(f"B={b} {ms:.1f} ms" for b, ms in t.items()))
-    for name, s in result["trace"].items():
-        print(f"{name:>10}: {s['tokens_per_s']:7.2f} tok/s, step P50 {s['step_p50_ms']:.1f} ms, P99 "
-              f"{s['step_p99_ms']:.1f} ms, {s['steps']} steps, {s['generated']} tokens, {s['wall_s']} s")  # fmt: skip
+        print(f"t(B) {option}: " + ", ".join(f"{k} {ms:.1f} ms" for k, ms in t.items()))
+    for name, s in tr.items():
+        print(f"{name:>22}: {s['tokens_per_s']:7.2f} tok/s (rounds {s['rounds_tokens_per_s']}), step P50 "
+              f"{s['step_p50_ms']:.1f} ms, P99 {s['step_p99_ms']:.1f} ms, {s['steps']} steps, {s['prefill_calls']} "
+              f"prefill calls, {s['generated']} tokens, {s['wall_s']} s")  # fmt: skip
     m = result["memory"]
-    print(f"peak RSS {m['peak_rss'] / 2**20:.0f} MiB; weights {m['weights'] / 2**20:.0f} MiB, cache "
-          f"{m['cache'] / 2**20:.1f} MiB")  # fmt: skip
+    print(
+        f"weights {m['weights'] / 2**20:.0f} MiB, cache {m['cache'] / 2**20:.1f} MiB, goal {m['goal'] / 2**20:.0f} MiB"
+    )
+    for way in [k for k in m if k.startswith("continuous")]:
+        w = m[way]
+        load = f", load peak {w['load_peak'] / 2**20:.0f} MiB" if "load_peak" in w else ""
+        print(f"{way}: peak RSS {w['peak_rss'] / 2**20:.0f} MiB ({w['peak rss / goal']} of the goal), "
+              f"plan {w['plan_predicted'] / 2**20:.0f} MiB ({w['plan predicted / peak rss']}x){load}")  # fmt: skip
     for k, v in result["ratios"].items():
         print(f"{k}: {v}")
     print(json.dumps(result))

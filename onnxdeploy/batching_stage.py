@@ -1,14 +1,17 @@
 """``verify.batching``: refuse what cannot be served before any pass; after the write, serve the trace and report.
 
 Before any pass (:func:`check_batching`, exit 2 naming the key): the pipeline must build a row-positions set the
-host can drive (a ``static_kv {row_positions: true}`` pass with a prefill step length > 1 at batch 1, and
-``mask_rewrite`` after it when ``batch > 1``), the trace file must exist and parse, and every request must fit the
-set's largest ``max_cache_len`` (``prompt + max_new_tokens - 1`` slots: the last token is never fed, as the host
-counts in :meth:`~onnxdeploy.runner.batching.BatchingHost.run`) and its prompt a prefill graph of the set, padding
+host can drive (a ``static_kv {row_positions: true}`` pass, and ``mask_rewrite`` after it when ``batch > 1``), the
+trace file must exist and parse, and every request must fit the set's largest ``max_cache_len`` (``prompt +
+max_new_tokens - 1`` slots: the last token is never fed, as the host counts in
+:meth:`~onnxdeploy.runner.batching.BatchingHost.run`). With a prefill step length > 1 built at batch 1
+(``prefill_batch: 1``) the host prefills through those graphs and every prompt must fit one of them, padding
 included (the host's own :meth:`~onnxdeploy.runner.batching.BatchingHost.prefill_plan`, run on the pass's
-``(step_len, max_cache_len)`` pairs). In the verify stage (:func:`batching_report`) the
-candidate serves the trace (:func:`~onnxdeploy.runner.batching_verify.verify_batching`) and every request is
-compared with its own batch-1 decode of the original; a failing request fails the run (exit 1).
+``(step_len, max_cache_len)`` pairs); without, the prompts go through the decode graph's rows (``prefill: rows``,
+the decode graph the set's smallest step length S, whose last call's S − 1 padding slots must fit too). In the
+verify stage (:func:`batching_report`) the candidate serves the trace
+(:func:`~onnxdeploy.runner.batching_verify.verify_batching`) and every request is compared with its own batch-1
+decode of the original; a failing request fails the run (exit 1).
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ def _row_set(config: PipelineConfig) -> tuple[int, StaticKVConfig]:
     """``(i, config)`` of the ``static_kv`` pass that builds the row-positions set.
 
     Raises:
-        ConfigError: no such pass, ``row_positions`` off, no batch-1 prefill bucket, or no ``mask_rewrite`` after a
-            ``batch > 1`` static_kv (names ``verify.batching`` and the pass).
+        ConfigError: no such pass, ``row_positions`` off, or no ``mask_rewrite`` after a ``batch > 1`` static_kv
+            (names ``verify.batching`` and the pass).
     """
     where = _where(config)
     found = [(i, spec.config) for i, spec in enumerate(config.passes) if spec.name == "static_kv"]
@@ -50,12 +53,6 @@ def _row_set(config: PipelineConfig) -> tuple[int, StaticKVConfig]:
             f"prefill_batch: 1, step_lens: [1, S]}} then mask_rewrite in passes{at}"
         )
     i, kv = found[-1]
-    prefill = kv.prefill_batch if kv.prefill_batch is not None else kv.batch
-    if max(kv.steps()) == 1 or prefill != 1:
-        raise ConfigError(
-            f"{where}: key '{KEY}': the host prefills each request alone: passes[{i}].static_kv needs a step length "
-            f"> 1 in step_lens (got {kv.steps()}) built at batch 1 (prefill_batch: 1, got {prefill})"
-        )
     if kv.batch > 1 and not any(spec.name == "mask_rewrite" for spec in config.passes[i + 1 :]):
         raise ConfigError(
             f"{where}: key '{KEY}': rows at different positions need mask_rewrite after passes[{i}].static_kv"
@@ -103,16 +100,22 @@ def check_batching(config: PipelineConfig, vocab: int | None) -> None:
 
     i, kv = _row_set(config)
     limit, where = max(kv.caches()), f"{_where(config)}: key '{KEY}'"
+    prefill = kv.prefill_batch if kv.prefill_batch is not None else kv.batch
+    rows = not (max(kv.steps()) > min(kv.steps()) and (prefill == 1 or kv.batch == 1))  # BatchingHost's choice
+    pad = min(kv.steps()) - 1 if rows else 0
     # the host's own prefill plan, on the (step_len, max_cache_len) pairs the pass will build (no graph yet)
     graphs = [SimpleNamespace(contract=SimpleNamespace(step_len=s, max_cache_len=c)) for s, c in kv.graphs() if s > 1]
     planner = SimpleNamespace(prefill=graphs)
     for r in batching_requests(config, vocab):
-        if len(r.prompt) + r.max_new_tokens - 1 > limit:
+        if len(r.prompt) + r.max_new_tokens - 1 + pad > limit:
+            padded = f" (+ {pad} padding slots of the last call)" if pad else ""
             raise ConfigError(
                 f"{where}: request {r.id}: {len(r.prompt)} prompt + {r.max_new_tokens} new tokens need "
-                f"{len(r.prompt) + r.max_new_tokens - 1} cache slots, more than max_cache_len {limit} of "
-                f"passes[{i}].static_kv; shorten the request or raise max_cache_len(s)"
+                f"{len(r.prompt) + r.max_new_tokens - 1 + pad} cache slots{padded}, more than max_cache_len {limit} "
+                f"of passes[{i}].static_kv; shorten the request or raise max_cache_len(s)"
             )
+        if rows:
+            continue
         try:
             BatchingHost.prefill_plan(planner, len(r.prompt))  # type: ignore[arg-type]
         except ConfigError as exc:
@@ -140,11 +143,13 @@ def batching_report(config: PipelineConfig, candidate: Path, vocab: int | None) 
     tolerance = b.max_abs_logit_diff if b.max_abs_logit_diff is not None else config.verify.max_abs_logit_diff
     requests = batching_requests(config, vocab)
     result = verify_batching(config.model, candidate, requests, max_abs_logit_diff=tolerance, policy=b.policy)
+    arrival = {r.id: r.arrival for r in requests}
     return BatchingReport(
         passed=result.passed,
         policy=b.policy,
         trace=str(b.trace) if b.trace is not None else "inline",
         batch=result.batch,
+        prefill=result.prefill,
         decode_steps=result.steps,
         max_abs_logit_diff_threshold=tolerance,
         requests=[
@@ -156,6 +161,7 @@ def batching_report(config: PipelineConfig, candidate: Path, vocab: int | None) 
                 max_abs_logit_diff=r.max_abs_logit_diff,
                 top1_agreement=r.top1,
                 row=r.row,
+                arrival=arrival.get(r.id),
                 admitted=r.admitted,
                 finished=r.finished,
                 passed=r.passed(tolerance),

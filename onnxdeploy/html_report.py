@@ -127,6 +127,9 @@ def render_html(report: RunReport, *, max_rows: int = 200) -> str:
     if report.verify is not None:
         parts += _html_verify(report.verify, max_rows)
         parts += generations_html(report.verify.generations)
+        from onnxdeploy.batching_report import batching_html  # noqa: PLC0415  (verify.batching's section)
+
+        parts += batching_html(report.verify.batching)
     else:
         parts += ["<h2>Verification</h2>", "<p><b>Skipped</b> (<code>verify: null</code>): not compared.</p>"]
     parts += _html_runtimes(report)

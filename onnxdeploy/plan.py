@@ -12,6 +12,12 @@ vocabulary from the logits or the embedding table) and the budget, :func:`make_p
   (capped at 256 and at ``max_cache_len``): the median prompt takes one prefill call, the long ones few; without,
   ``[1, 64]``.
 * ``kv_dtype``: the model's; float16 when the model's does not fit one row.
+* ``prefill``: ``graphs`` (the default: batch-1 prefill buckets, one session each), ``shared`` (the same graphs,
+  their sessions sharing one packed copy through ORT's C API container,
+  :mod:`onnxdeploy.runner.prepacked_sessions`) or ``rows`` (the prompts go
+  through the decode graph's own rows in chunks of :data:`ROWS_STEP_LEN`: a one-graph set, one session, one
+  packed copy of the weights; ``step_lens`` is then ``[ROWS_STEP_LEN]``, and the predicted step ``×
+  ROWS_STEP_COST``).
 * ``batch``: the largest power of two (at most ``max_batch``) whose memory fits the budget and, with a latency
   target, whose predicted step is within it. The step model: ``t(B) = t(1) × (1 + row_cost × (B − 1))``, ``t(1)``
   the bytes one step reads (every weight once, the decode buffers) over ``bandwidth`` bytes/s. Both constants are
@@ -44,6 +50,7 @@ __all__ = [
     "HOST_BASELINE_BYTES",
     "PACKED_DENOMINATOR",
     "PACKED_NUMERATOR",
+    "ROWS_STEP_LEN",
     "ModelFacts",
     "Plan",
     "host_memory",
@@ -65,6 +72,14 @@ graph) prepacks its own private copy of the MatMul weights (ORT's Python API sha
 sessions), 7/6 of their bytes with the session's own allocations (measured on the 125M export: two sessions added
 891 MiB for 381.8 MiB of MatMul weights, ``benchmarks/batching.py``, 2026-12-02). Gather tables (the embedding)
 stay mapped and only their looked-up rows are read."""
+ROWS_STEP_LEN = 4
+"""The one graph's step_len with ``prefill: rows``: a prefilling row feeds 4 prompt tokens per call, a decoding row 1
+padded to 4 (``benchmarks/batching.py`` measured step_len 2 and 4 on the 125M export; README, "Continuous
+batching")."""
+ROWS_STEP_COST = 1.34
+"""A decode call of step_len :data:`ROWS_STEP_LEN` over the same call at step_len 1, both at B = 4 with prepacking:
+91.7 / 68.6 ms on the 125M export (``benchmarks/batching.py``, 2026-12-02 13:53 UTC, load average 4.1-4.6); the
+step model's ``t(B)`` is multiplied by it with ``prefill: rows``."""
 HOST_BASELINE_BYTES = 110 * 2**20
 """The host process before any model: Python, numpy, onnx, onnx_ir and ONNX Runtime imported (108-111 MiB RSS here)."""
 RUNTIME_CACHE_COPIES = 3
@@ -174,6 +189,7 @@ class Plan:
     Attributes:
         facts: the model's.
         batch, max_cache_len, step_lens, kv_dtype: the proposal.
+        prefill: ``graphs`` or ``rows`` (module docstring).
         budget: the device memory given.
         weights: resident weight bytes (every session's packed MatMul weights, :data:`PACKED_NUMERATOR`).
         cache: B-row decode buffers + batch-1 prefill buffers, × ``RUNTIME_CACHE_COPIES``.
@@ -195,6 +211,7 @@ class Plan:
     baseline: int
     step_ms: float
     lines: list[str] = field(default_factory=list)
+    prefill: str = "graphs"
 
     @property
     def total(self) -> int:
@@ -208,7 +225,7 @@ class Plan:
 
 
 def host_memory(
-    facts: ModelFacts, batch: int, max_len: int, steps: Sequence[int], kv_dtype: str
+    facts: ModelFacts, batch: int, max_len: int, steps: Sequence[int], kv_dtype: str, *, prefill: str = "graphs"
 ) -> tuple[int, int, int]:
     """``(weights, cache, activations)`` bytes the batching host holds at ``batch`` rows (module docstring).
 
@@ -216,24 +233,44 @@ def host_memory(
         facts: the model.
         batch: decode rows B.
         max_len: ``max_cache_len`` of every graph.
-        steps: the set's step lengths (1 and the prefill buckets: one session each).
+        steps: the set's step lengths (1 and the prefill buckets: one session each; ``rows``: the one graph's).
         kv_dtype: the cache dtype name.
+        prefill: ``graphs`` (batch-1 prefill graphs and their buffers), ``shared`` (the same, every session in one
+            prepacked-weights container: one packed copy, :mod:`onnxdeploy.runner.prepacked_sessions`) or ``rows``
+            (the prompts go through the decode graph's rows: one session, no prefill buffers;
+            :class:`~onnxdeploy.runner.batching.BatchingHost`).
 
     Returns:
         Bytes of the packed weights, of the cache buffers (``× RUNTIME_CACHE_COPIES``) and of the activations;
         add :data:`HOST_BASELINE_BYTES` for the process.
     """
     slot = facts.kv_row_slot_bytes(kv_dtype)
-    cache = RUNTIME_CACHE_COPIES * slot * max_len * (batch + 1)  # B decode rows + the batch-1 prefill buffers
-    width = max(batch, max(steps))  # rows × positions of the largest call
+    rows = prefill == "rows"
+    cache = RUNTIME_CACHE_COPIES * slot * max_len * (batch + (0 if rows else 1))  # + the batch-1 prefill buffers
+    width = batch * max(steps) if rows else max(batch, max(steps))  # rows × positions of the largest call
     activations = 4 * width * (16 * facts.hidden + facts.vocab)
-    sessions = len(steps)  # the decode graph and one prefill graph per step length > 1
+    sessions = 1 if prefill in ("rows", "shared") else len(steps)  # the decode graph and one per prefill bucket
     packed = sessions * (facts.weights - facts.table_bytes) * PACKED_NUMERATOR // PACKED_DENOMINATOR
     return packed, cache, activations
 
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def _lengths(
+    prompt_lengths: Sequence[int] | None, new_tokens: int, max_len: int, prefill: str
+) -> tuple[int, list[int]]:
+    """``(max_cache_len, step_lens)`` from the prompt lengths (module docstring; rows: + the last call's padding)."""
+    if prompt_lengths:
+        lengths = np.asarray(prompt_lengths)
+        pad = ROWS_STEP_LEN - 1 if prefill == "rows" else 0
+        max_cache_len = _round_up(int(np.ceil(np.percentile(lengths, 99))) + new_tokens + pad, 64)
+        buckets = {min(2 ** math.ceil(math.log2(max(2, float(np.percentile(lengths, q))))), 256) for q in (50, 90)}
+        steps = [1, *sorted(b for b in buckets if b <= max_cache_len)]
+    else:
+        max_cache_len, steps = max_len, [1, 64]
+    return max_cache_len, [ROWS_STEP_LEN] if prefill == "rows" else steps
 
 
 def make_plan(
@@ -247,6 +284,7 @@ def make_plan(
     max_batch: int = 64,
     bandwidth: float = DEFAULT_BANDWIDTH,
     row_cost: float = DEFAULT_ROW_COST,
+    prefill: str = "graphs",
 ) -> Plan:
     """Propose ``batch``, ``max_cache_len``, ``step_lens`` and ``kv_dtype`` for ``memory`` bytes (module docstring).
 
@@ -260,52 +298,45 @@ def make_plan(
         max_batch: the largest batch proposed.
         bandwidth: bytes/s a step reads at on the device.
         row_cost: extra step time per added row, a fraction of ``t(1)``.
+        prefill: ``graphs`` or ``rows`` (module docstring).
 
     Raises:
         ConfigError: not even one row fits the budget (float16 KV included), or the latency target is below
-            ``t(1)``; the message spells out the arithmetic.
+            ``t(1)``; the message spells out the arithmetic; ``prefill`` neither ``graphs`` nor ``rows``.
     """
-    if prompt_lengths:
-        lengths = np.asarray(prompt_lengths)
-        max_cache_len = _round_up(int(np.ceil(np.percentile(lengths, 99))) + new_tokens, 64)
-        buckets = {min(2 ** math.ceil(math.log2(max(2, float(np.percentile(lengths, q))))), 256) for q in (50, 90)}
-        steps = [1, *sorted(b for b in buckets if b <= max_cache_len)]
-    else:
-        max_cache_len, steps = max_len, [1, 64]
+    if prefill not in ("graphs", "shared", "rows"):
+        raise ConfigError(f"--prefill: expected graphs, shared or rows, got {prefill!r}")
+    max_cache_len, steps = _lengths(prompt_lengths, new_tokens, max_len, prefill)
     kv_dtype = facts.kv_dtype
     if (
-        sum(host_memory(facts, 1, max_cache_len, steps, kv_dtype)) + HOST_BASELINE_BYTES > memory
+        sum(host_memory(facts, 1, max_cache_len, steps, kv_dtype, prefill=prefill)) + HOST_BASELINE_BYTES > memory
         and kv_dtype != "float16"
     ):
         kv_dtype = "float16"
     slot = facts.kv_row_slot_bytes(kv_dtype)
     t1 = (facts.weights + slot * max_cache_len) / bandwidth * 1e3
 
+    chunk = ROWS_STEP_COST if prefill == "rows" else 1.0  # a call of step_len 4 through the rows
+
     def step_ms(b: int) -> float:
-        return t1 * (1 + row_cost * (b - 1)) + (slot * max_cache_len * (b - 1)) / bandwidth * 1e3
+        return (t1 * (1 + row_cost * (b - 1)) + (slot * max_cache_len * (b - 1)) / bandwidth * 1e3) * chunk
 
     best = None
     b = 1
     while b <= max_batch:
-        fits = sum(host_memory(facts, b, max_cache_len, steps, kv_dtype)) + HOST_BASELINE_BYTES <= memory
+        fits = (
+            sum(host_memory(facts, b, max_cache_len, steps, kv_dtype, prefill=prefill)) + HOST_BASELINE_BYTES <= memory
+        )
         fast = latency_p99_ms is None or step_ms(b) <= latency_p99_ms
         if not (fits and fast):
             break
         best, b = b, b * 2
-    weights, cache, act = host_memory(facts, best or 1, max_cache_len, steps, kv_dtype)
-    lines = [
-        f"weights: {', '.join(f'{k} {format_bytes(v)}' for k, v in facts.weight_bytes.items())}; "
-        f"{len(steps)} sessions × ({facts.weights} − {facts.table_bytes} table) B × {PACKED_NUMERATOR}/"
-        f"{PACKED_DENOMINATOR} packed = {format_bytes(weights)}",
-        f"KV per row and slot: 2 × {facts.layers} layers × {facts.kv_heads} KV heads × {facts.head_dim} × "
-        f"{_KV_BYTES[kv_dtype]} bytes ({kv_dtype}) = {slot} B",
-        f"KV cache: {slot} B × {max_cache_len} slots × ({best or 1} rows + 1 prefill row) × {RUNTIME_CACHE_COPIES} "
-        f"copies = {format_bytes(cache)}",
-        f"activations: 4 B × {max(best or 1, max(steps))} rows·positions × (16 × {facts.hidden} hidden + "
-        f"{facts.vocab} vocab) = {format_bytes(act)}",
-        f"host baseline: {format_bytes(HOST_BASELINE_BYTES)}",
-        f"t(B) = {t1:.1f} ms × (1 + {row_cost} × (B − 1)) + B−1 rows of cache / {bandwidth / 1e9:.1f} GB/s",
-    ]
+    weights, cache, act = host_memory(facts, best or 1, max_cache_len, steps, kv_dtype, prefill=prefill)
+    lines = _arithmetic(facts, (weights, cache, act), best or 1, max_cache_len, steps, kv_dtype, prefill)
+    rows = f", × {ROWS_STEP_COST} for step_len {ROWS_STEP_LEN} through the rows" if prefill == "rows" else ""
+    lines.append(
+        f"t(B) = {t1:.1f} ms × (1 + {row_cost} × (B − 1)) + B−1 rows of cache / {bandwidth / 1e9:.1f} GB/s{rows}"
+    )
     if best is None:
         total = weights + cache + act + HOST_BASELINE_BYTES
         why = (
@@ -315,12 +346,47 @@ def make_plan(
         )
         raise ConfigError(f"plan: nothing fits: {why}\n" + "\n".join(lines))
     return Plan(facts, best, max_cache_len, steps, kv_dtype, memory, weights, cache, act, HOST_BASELINE_BYTES,
-                step_ms(best), lines)  # fmt: skip
+                step_ms(best), lines, prefill)  # fmt: skip
+
+
+def _arithmetic(
+    facts: ModelFacts,
+    memory: tuple[int, int, int],
+    batch: int,
+    max_cache_len: int,
+    steps: Sequence[int],
+    kv_dtype: str,
+    prefill: str,
+) -> list[str]:
+    """The memory lines of a plan (weights, KV per row and slot, cache, activations, baseline) as printed."""
+    weights, cache, act = memory
+    slot = facts.kv_row_slot_bytes(kv_dtype)
+    prefill_row, per_position = "" if prefill == "rows" else " + 1 prefill row", 4 * (16 * facts.hidden + facts.vocab)
+    return [
+        f"weights: {', '.join(f'{k} {format_bytes(v)}' for k, v in facts.weight_bytes.items())}; "
+        f"{1 if prefill in ('rows', 'shared') else len(steps)} sessions × ({facts.weights} − {facts.table_bytes} "
+        f"table) B × {PACKED_NUMERATOR}/{PACKED_DENOMINATOR} packed = {format_bytes(weights)}",
+        f"KV per row and slot: 2 × {facts.layers} layers × {facts.kv_heads} KV heads × {facts.head_dim} × "
+        f"{_KV_BYTES[kv_dtype]} bytes ({kv_dtype}) = {slot} B",
+        f"KV cache: {slot} B × {max_cache_len} slots × ({batch} rows{prefill_row}) × {RUNTIME_CACHE_COPIES} "
+        f"copies = {format_bytes(cache)}",
+        f"activations: 4 B × {act // per_position} rows·positions × (16 × {facts.hidden} hidden + "
+        f"{facts.vocab} vocab) = {format_bytes(act)}",
+        f"host baseline: {format_bytes(HOST_BASELINE_BYTES)}",
+    ]
 
 
 def pipeline_snippet(plan: Plan) -> str:
     """The proposal as the ``passes:`` of a pipeline config (YAML)."""
     kv = f", kv_dtype: {plan.kv_dtype}" if plan.kv_dtype != plan.facts.kv_dtype else ""
+    if plan.prefill == "rows":  # one graph: the prompts go through its rows
+        static = f"step_len: {plan.step_lens[0]}, max_cache_len: {plan.max_cache_len}"
+        return (
+            "passes:\n"
+            f"  - static_kv: {{batch: {plan.batch}, row_positions: true, {static}{kv}}}\n"
+            "  - mask_rewrite: {}\n"
+            "  - grouped_attention: {}\n"
+        )
     return (
         "passes:\n"
         f"  - static_kv: {{batch: {plan.batch}, row_positions: true, prefill_batch: 1, step_lens: {plan.step_lens}, "

@@ -1,7 +1,7 @@
 """The ``onnxdeploy plan`` command (registered by :mod:`onnxdeploy.cli`): sizing arithmetic and a pipeline snippet.
 
-``onnxdeploy plan MODEL --memory BYTES [--latency-p99-ms X] [--prompt-lengths FILE] [--measure]`` prints
-:func:`onnxdeploy.plan.make_plan`'s arithmetic and proposal; ``--measure`` builds the proposed set and serves a
+``onnxdeploy plan MODEL --memory BYTES [--latency-p99-ms X] [--prompt-lengths FILE] [--prefill rows] [--measure]``
+prints :func:`onnxdeploy.plan.make_plan`'s arithmetic and proposal; ``--measure`` builds the proposed set and serves a
 trace on ONNX Runtime (:func:`onnxdeploy.plan_measure.measure_plan`) and prints the measured figures beside the
 predicted ones. Exit status: 0, or 2 on bad input (a one-line error naming the option or file).
 """
@@ -12,11 +12,16 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from onnxdeploy.errors import EXIT_OK, ConfigError, OnnxDeployError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from onnxdeploy.plan import Plan
 
 __all__ = ["parse_bytes", "plan_cmd"]
 
@@ -53,6 +58,14 @@ def plan_cmd(
     bandwidth_gbs: Annotated[
         float | None, typer.Option("--bandwidth-gbs", help="GB/s a step reads at on the device (default: ORT CPU).")
     ] = None,
+    prefill: Annotated[
+        str,
+        typer.Option(
+            "--prefill",
+            help="graphs (batch-1 prefill buckets), shared (the same, one packed copy: C API container) or rows "
+            "(prompts through the decode rows).",
+        ),
+    ] = "graphs",
     measure: Annotated[
         bool, typer.Option("--measure", help="Build the proposed set, serve a trace on ORT, print measured figures.")
     ] = False,
@@ -76,7 +89,7 @@ def plan_cmd(
         bandwidth = bandwidth_gbs * 1e9 if bandwidth_gbs is not None else DEFAULT_BANDWIDTH
         plan = make_plan(
             facts, budget, latency_p99_ms=latency_p99_ms, prompt_lengths=lengths, new_tokens=new_tokens,
-            bandwidth=bandwidth,
+            bandwidth=bandwidth, prefill=prefill,
         )  # fmt: skip
         measured = None
         if measure:
@@ -90,6 +103,7 @@ def plan_cmd(
         "max_cache_len": plan.max_cache_len,
         "step_lens": plan.step_lens,
         "kv_dtype": plan.kv_dtype,
+        "prefill": plan.prefill,
         "predicted": {"memory_bytes": plan.total, "step_ms": round(plan.step_ms, 2),
                       "tokens_per_s": round(plan.tokens_per_s, 1)},
         "arithmetic": plan.lines,
@@ -99,12 +113,20 @@ def plan_cmd(
     if as_json:
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         raise typer.Exit(EXIT_OK)
+    _print_plan(out, plan, budget, measured)
+    raise typer.Exit(EXIT_OK)
+
+
+def _print_plan(out: Console, plan: Plan, budget: int, measured: dict[str, Any] | None) -> None:
+    """The arithmetic, the proposal line, the measured figures (``--measure``) and the pipeline snippet."""
+    from onnxdeploy.plan import pipeline_snippet  # noqa: PLC0415
+
     for line in plan.lines:
         out.print(line, highlight=False, markup=False)
     out.print(
-        f"proposal: batch {plan.batch}, max_cache_len {plan.max_cache_len}, step_lens {plan.step_lens}, kv_dtype "
-        f"{plan.kv_dtype}; predicted memory {plan.total / 2**20:.1f} MiB of {budget / 2**20:.1f} MiB, step "
-        f"{plan.step_ms:.1f} ms, {plan.tokens_per_s:.1f} tokens/s",
+        f"proposal: batch {plan.batch}, prefill {plan.prefill}, max_cache_len {plan.max_cache_len}, step_lens "
+        f"{plan.step_lens}, kv_dtype {plan.kv_dtype}; predicted memory {plan.total / 2**20:.1f} MiB of "
+        f"{budget / 2**20:.1f} MiB, step {plan.step_ms:.1f} ms, {plan.tokens_per_s:.1f} tokens/s",
         highlight=False,
         markup=False,
     )
@@ -116,4 +138,3 @@ def plan_cmd(
             markup=False,
         )
     out.print(pipeline_snippet(plan), highlight=False, markup=False, end="")
-    raise typer.Exit(EXIT_OK)

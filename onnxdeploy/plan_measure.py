@@ -2,7 +2,9 @@
 
 The set is written by the library's passes (the plan's pipeline snippet) into a temporary folder; a child process
 (``python -m onnxdeploy.plan_measure SET TRACE_JSON``) opens it with the batching host's session options (ORT CPU,
-one intra-op thread, weight prepacking on, past and present bound to one buffer) and serves a
+one intra-op thread, weight prepacking on, past and present bound to one buffer; the prompts through the batch-1
+prefill graphs — with ``prefill: shared`` their sessions sharing one packed copy — or with ``prefill: rows``
+through the one graph's rows) and serves a
 :func:`~onnxdeploy.runner.batching.poisson_trace` of 16 requests (prompt lengths uniform between the shortest and
 longest given, max new tokens between a quarter of ``new_tokens`` and ``new_tokens``, a mean gap of 2 steps, seed
 0), so its peak RSS (``VmHWM``) is the host's alone, not the build's.
@@ -31,8 +33,11 @@ def build_plan_set(model: str | Path, plan: Plan, folder: Path) -> Path:
     from onnxdeploy.pass_context import make_pass_context  # noqa: PLC0415
     from onnxdeploy.passes import ArtifactSet, get_pass  # noqa: PLC0415
 
-    static = {"batch": plan.batch, "row_positions": True, "prefill_batch": 1, "step_lens": plan.step_lens,
-              "max_cache_lens": [plan.max_cache_len]}  # fmt: skip
+    static: dict = {"batch": plan.batch, "row_positions": True, "prefill_batch": 1, "step_lens": plan.step_lens,
+                    "max_cache_lens": [plan.max_cache_len]}  # fmt: skip
+    if plan.prefill == "rows":  # one graph; the host feeds the prompts through its rows
+        static = {"batch": plan.batch, "row_positions": True, "step_len": plan.step_lens[0],
+                  "max_cache_len": plan.max_cache_len}  # fmt: skip
     if plan.kv_dtype != plan.facts.kv_dtype:
         static["kv_dtype"] = plan.kv_dtype
     artifacts = ArtifactSet([Artifact("model.onnx", load_model(model).model)], input_was_external=True)
@@ -55,10 +60,10 @@ def measure_plan(model: str | Path, plan: Plan, lengths: Sequence[int] | None, n
         ConfigError: the child failed (its last stderr line).
     """
     shortest, longest = (min(lengths), max(lengths)) if lengths else (4, 48)
-    longest = min(longest, plan.max_cache_len - new_tokens)
+    longest = min(longest, plan.max_cache_len - new_tokens - (plan.step_lens[0] - 1 if plan.prefill == "rows" else 0))
     trace = {"count": 16, "prompt_lens": [min(shortest, longest), longest],
              "new_tokens": [max(1, new_tokens // 4), new_tokens], "mean_gap": 2.0, "seed": 0,
-             "vocab": plan.facts.vocab}  # fmt: skip
+             "vocab": plan.facts.vocab, "prefill": plan.prefill}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="onnxdeploy-plan-") as tmp:
         primary = build_plan_set(model, plan, Path(tmp))
         done = subprocess.run(
@@ -82,7 +87,15 @@ def _serve(primary: str, trace: dict[str, Any]) -> dict[str, Any]:
         trace["count"], tuple(trace["prompt_lens"]), tuple(trace["new_tokens"]), trace["mean_gap"],
         seed=trace["seed"], vocab=trace["vocab"],
     )  # fmt: skip
-    with open_graph_set(primary, config_entries={PREPACKING_KEY: "0"}, threads=1, bind_buffers=True) as decoder:
+    if trace.get("prefill") == "shared":  # one packed copy for every graph (onnxdeploy.runner.prepacked_sessions)
+        from onnxdeploy.runner.prepacked_sessions import SharedPrepacking  # noqa: PLC0415
+
+        sharing = SharedPrepacking()
+        opened = open_graph_set(primary, opener=sharing.open)
+        sharing.drop_mapped_pages()
+    else:
+        opened = open_graph_set(primary, config_entries={PREPACKING_KEY: "0"}, threads=1, bind_buffers=True)
+    with opened as decoder:
         host = BatchingHost(decoder)
         host.run(requests[:2])
         run = host.run(requests)

@@ -89,6 +89,9 @@ def render_markdown(report: RunReport) -> str:
         from onnxdeploy.text_report import generations_markdown  # noqa: PLC0415  (see the TYPE_CHECKING import)
 
         lines += generations_markdown(report.verify.generations)
+        from onnxdeploy.batching_report import batching_markdown  # noqa: PLC0415  (verify.batching's section)
+
+        lines += batching_markdown(report.verify.batching)
     lines += _markdown_runtimes(report)
     lines += _markdown_accuracy(report)
     from onnxdeploy.sdk_report import sdk_markdown  # noqa: PLC0415  (the SDK stage's section: sdk_report)

@@ -284,6 +284,7 @@ class BatchRequestReport(BaseModel):
     max_abs_logit_diff: float
     top1_agreement: float
     row: int = Field(description="The decode row it ran in.")
+    arrival: int | None = Field(None, description="The decode step at which it entered the queue (the trace's).")
     admitted: int = Field(description="The host's decode step at which it was prefilled.")
     finished: int = Field(description="The decode step after which its row was free.")
     passed: bool
@@ -298,6 +299,9 @@ class BatchingReport(BaseModel):
     policy: str = Field(description="continuous or static.")
     trace: str = Field(description="The trace file, or 'inline' (verify.batching's own requests / poisson).")
     batch: int = Field(description="Rows of the candidate's decode graph.")
+    prefill: str | None = Field(
+        None, description="graphs (batch-1 prefill graphs) or rows (prompts through the decode graph's rows)."
+    )
     decode_steps: int = Field(description="Decode calls the host made over the trace.")
     max_abs_logit_diff_threshold: float
     requests: list[BatchRequestReport]

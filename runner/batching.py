@@ -13,6 +13,12 @@ The host drives a graph set made by ``static_kv {batch: B, row_positions: true, 
   into batch-1 buffers of their own, and slots ``[0, p)`` are copied into the free row of the B-row decode
   buffers (:func:`~onnxdeploy.runner.host.copy_row_slots`, the move graph sets make between cache lengths). The
   prefill's last logits give the request's first token; from the next step the row decodes with the others.
+* **Prefill through the rows** (``prefill="rows"``, and the default on a set without batch-1 prefill graphs: a
+  one-graph set ``static_kv {batch: B, row_positions: true}``). The admitted request's prompt is fed one token
+  per step in its row of the decode graph, from position 0, while the other rows decode; the logits of its last
+  prompt token give its first token. No other graph runs, so only the decode graph's session holds the weights:
+  with prepacking on (what an M > 1 call needs on ORT CPU) that is one packed copy instead of one per session
+  (README, "Continuous batching", the memory figures), at the price of one row-step per prompt token.
 * **Freeing.** A row whose request has its ``max_new_tokens`` tokens or has produced its ``stop_token`` is free
   at once; the next waiting request is admitted before the next step.
 * **Clock.** A request's ``arrival`` is counted in decode steps of this host (a deterministic trace). When no row
@@ -39,10 +45,13 @@ from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.graph_set import GraphSetDecoder
 from onnxdeploy.runner.host import StepInputs, allocate_buffers, copy_row_slots
 
-__all__ = ["BatchRun", "BatchingHost", "Finished", "Policy", "Request", "poisson_trace"]
+__all__ = ["BatchRun", "BatchingHost", "Finished", "Policy", "Prefill", "Request", "poisson_trace"]
 
 Policy = Literal["continuous", "static"]
 """``continuous``: a freed row is refilled at once; ``static``: a batch of B runs until its longest finishes."""
+Prefill = Literal["graphs", "rows"]
+"""``graphs``: a prompt runs alone through the set's batch-1 prefill graphs and is copied into its row; ``rows``: it
+is fed one token per step in its own row of the decode graph (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -166,11 +175,18 @@ class BatchingHost:
         decode_cache: the decode graph's ``max_cache_len``; None: the largest of the set.
         keep_logits: keep every generated token's logits (verification); False keeps only the tokens.
         idle_rows: rows never filled (always fed idle); a test may put anything, NaN included, in them.
+        prefill: ``graphs`` or ``rows`` (module docstring); None: ``graphs`` when the set has a batch-1 prefill
+            graph (step_len above the decode graph's), else ``rows``.
+        decode_step: the decode graph's step_len S; None: the smallest of the set (1 in a set with prefill
+            buckets). With S > 1 (``rows``: chunked prefill) a decoding row feeds 1 token padded to S, a prefilling
+            row up to S prompt tokens, and the logits are each row's at its last real token.
 
     Raises:
-        ContractError: no step-1 graph of that cache length, a decode graph of batch > 1 without
-            ``row_positions`` or not masked from ``cache_position``, or no batch-1 prefill graph (step_len > 1) with
-            trailing padding.
+        ContractError: no graph of that step length and cache length, a decode graph of step_len > 1 without
+            trailing padding, a decode graph of batch > 1 without
+            ``row_positions`` or not masked from ``cache_position``, or (``prefill="graphs"``) no batch-1 prefill
+            graph (step_len > 1) with trailing padding.
+        ConfigError: ``prefill`` neither ``graphs``, ``rows`` nor None.
     """
 
     def __init__(
@@ -180,23 +196,33 @@ class BatchingHost:
         decode_cache: int | None = None,
         keep_logits: bool = False,
         idle_rows: Collection[int] = (),
+        prefill: Prefill | None = None,
+        decode_step: int | None = None,
     ) -> None:
         graphs = decoder.graphs()
-        caches = sorted({c for _, s, c in graphs if s == 1})
+        step = decode_step if decode_step is not None else min(s for _, s, _ in graphs)
+        caches = sorted({c for _, s, c in graphs if s == step})
         if not caches:
-            raise ContractError(f"{decoder.source}: the set has no step_len 1 graph to decode with")
-        self.decode: ContractDecoder = decoder.member(1, decode_cache if decode_cache is not None else caches[-1])
+            raise ContractError(f"{decoder.source}: the set has no step_len {step} graph to decode with")
+        self.decode: ContractDecoder = decoder.member(step, decode_cache if decode_cache is not None else caches[-1])
         c = self.decode.contract
+        if c.step_len > 1 and c.padding is None:
+            raise ContractError(f"{self.decode.source}: a decode graph of step_len {c.step_len} needs trailing padding")
         if c.batch > 1 and not (c.row_positions and c.mask == "cache_position"):
             raise ContractError(
                 f"{self.decode.source}: a decode graph of {c.batch} rows needs row_positions and mask cache_position "
                 "(static_kv {row_positions: true} then mask_rewrite)"
             )
         self.prefill = sorted(
-            (m for _, s, cl in graphs if s > 1 and (m := decoder.member(s, cl)).contract.batch == 1),
+            (m for _, s, cl in graphs if s > step and (m := decoder.member(s, cl)).contract.batch == 1),
             key=lambda m: (m.contract.step_len, m.contract.max_cache_len),
         )
-        if not self.prefill or any(m.contract.padding is None for m in self.prefill):
+        if prefill not in (None, "graphs", "rows"):
+            raise ConfigError(f"prefill must be graphs or rows, got {prefill!r}")
+        self.prefill_mode: Prefill = prefill or ("graphs" if self.prefill else "rows")
+        if self.prefill_mode == "rows":
+            self.prefill = []
+        elif not self.prefill or any(m.contract.padding is None for m in self.prefill):
             raise ContractError(
                 f"{decoder.source}: the set has no batch-1 prefill graph with padding (static_kv prefill_batch: 1, "
                 "step_lens with a value > 1)"
@@ -251,16 +277,52 @@ class BatchingHost:
     # -- the loop -----------------------------------------------------------------------------------
 
     def _check(self, requests: Sequence[Request]) -> None:
-        limit = self.decode.contract.max_cache_len
+        limit, pad = self.decode.contract.max_cache_len, self.decode.contract.step_len - 1
         for r in requests:
             if not r.prompt or r.max_new_tokens < 1 or r.arrival < 0:
                 raise ConfigError(f"request {r.id}: needs a prompt, max_new_tokens >= 1 and arrival >= 0")
-            if len(r.prompt) + r.max_new_tokens - 1 > limit:
+            if len(r.prompt) + r.max_new_tokens - 1 + pad > limit:
+                padded = f" (+ {pad} padding slots of the last call)" if pad else ""
                 raise ConfigError(
-                    f"request {r.id}: {len(r.prompt)} prompt + {r.max_new_tokens} new tokens pass the decode cache "
-                    f"of {limit} slots"
+                    f"request {r.id}: {len(r.prompt)} prompt + {r.max_new_tokens} new tokens{padded} pass the decode "
+                    f"cache of {limit} slots"
                 )
-            self.prefill_plan(len(r.prompt))
+            if self.prefill_mode == "graphs":
+                self.prefill_plan(len(r.prompt))
+
+    def _decode_step(
+        self,
+        rows: dict[int, int],
+        position: list[int],
+        last: list[int],
+        prompt_left: dict[int, list[int]],
+        step_ms: list[float],
+    ) -> dict[int, np.ndarray]:
+        """One decode call: each active row's last token, or its next prompt chunk (``rows``), at its position.
+
+        Advances ``position`` and ``prompt_left`` in place and appends the call's wall time to ``step_ms``.
+
+        Returns:
+            row -> float32 ``(V,)`` logits at the row's last real token, for each row that produces a token now
+            (a row still inside its prompt produces none).
+        """
+        S = self.decode.contract.step_len
+        fed = {r: left[:S] for r, left in prompt_left.items()}  # each prefilling row's next prompt chunk
+        chunks = [fed.get(r, [last[r]]) if r in rows else [0] for r in range(self.batch)]
+        at = [position[r] if r in rows else 0 for r in range(self.batch)]
+        logits, ms = self.decode.call(self.buffers, StepInputs.rows(self.decode.contract, chunks, at))
+        step_ms.append(ms)
+        every = self.decode.contract.logits_positions() == S  # logits (B, S, V), else (B, 1, V)
+        produced = {}
+        for row in rows:
+            position[row] += len(chunks[row])
+            if row in fed:
+                del prompt_left[row][:S]
+                if prompt_left[row]:
+                    continue  # more prompt to feed: these logits predict a prompt token
+                del prompt_left[row]
+            produced[row] = np.asarray(logits[row, len(chunks[row]) - 1 if every else 0], dtype=np.float32)
+        return produced
 
     def run(self, requests: Sequence[Request], *, policy: Policy = "continuous") -> BatchRun:
         """Serve ``requests`` to the end (module docstring) and return what each produced and the timings.
@@ -280,6 +342,7 @@ class BatchingHost:
         rows: dict[int, int] = {}  # row -> request index
         position = [0] * self.batch  # next position of each active row
         last = [0] * self.batch  # last generated token of each active row
+        prompt_left: dict[int, list[int]] = {}  # prefill="rows": row -> prompt tokens not fed yet
         usable = [r for r in range(self.batch) if r not in self.idle_rows]
         step_ms: list[float] = []
         prefill_ms: list[float] = []
@@ -311,10 +374,13 @@ class BatchingHost:
             while admit and free and waiting:
                 index, row = waiting.pop(0), free.pop(0)
                 prompt = requests[index].prompt
+                results[index].row, results[index].admitted = row, clock
+                if self.prefill_mode == "rows":  # fed by the decode calls from position 0
+                    rows[row], position[row], prompt_left[row] = index, 0, list(prompt)
+                    continue
                 buffers, logits = self._prefill(prompt, prefill_ms)
                 copy_row_slots(buffers, 0, self.buffers, row, len(prompt), self.decode.contract)
                 rows[row], position[row] = index, len(prompt)
-                results[index].row, results[index].admitted = row, clock
                 emit(row, index, logits)
                 finish(row, index)
             if not rows:
@@ -323,13 +389,10 @@ class BatchingHost:
                 elif waiting and not admit:
                     raise AssertionError("unreachable: the last requests are always admitted")
                 continue
-            chunks = [[last[r]] if r in rows else [0] for r in range(self.batch)]
-            at = [position[r] if r in rows else 0 for r in range(self.batch)]
-            logits, ms = self.decode.call(self.buffers, StepInputs.rows(self.decode.contract, chunks, at))
-            step_ms.append(ms)
+            produced = self._decode_step(rows, position, last, prompt_left, step_ms)
             clock += 1
-            for row, index in list(rows.items()):
-                position[row] += 1
-                emit(row, index, np.asarray(logits[row, 0], dtype=np.float32))
+            for row, logits in produced.items():
+                index = rows[row]
+                emit(row, index, logits)
                 finish(row, index)
         return BatchRun(results, step_ms, prefill_ms, time.perf_counter() - start, len(step_ms))

@@ -137,6 +137,7 @@ class BatchVerification:
     max_abs_logit_diff: float
     batch: int = 1
     steps: int = 0
+    prefill: str = "graphs"
 
     @property
     def passed(self) -> bool:
@@ -157,7 +158,8 @@ def verify_batching(
 
     Raises:
         ConfigError: a request the set cannot serve.
-        ContractError: the candidate is not a row-positions set with batch-1 prefill graphs.
+        ContractError: the candidate is not a row-positions set (its prompts go through batch-1 prefill graphs if it
+            has them, else through the decode graph's rows: :class:`BatchingHost`).
     """
     from onnxdeploy.runner.verify import greedy_decode  # noqa: PLC0415  (verify imports the decoders)
 
@@ -175,4 +177,4 @@ def verify_batching(
         top1 = float((got.argmax(axis=1) == want.argmax(axis=1)).mean())
         diff = float(np.abs(got - want).max())
         checks.append(RequestCheck(f.request.id, p, n, equal, diff, top1, f.row, f.admitted, f.finished))
-    return BatchVerification(checks, max_abs_logit_diff, batch=host.batch, steps=run.steps)
+    return BatchVerification(checks, max_abs_logit_diff, batch=host.batch, steps=run.steps, prefill=host.prefill_mode)

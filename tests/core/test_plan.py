@@ -37,6 +37,25 @@ def test_llama_fixture_memory_bound_plan_by_hand() -> None:
     assert "= 512 B" in plan.lines[1] and "static_kv: {batch: 32, row_positions: true" in pipeline_snippet(plan)
 
 
+def test_llama_fixture_plan_with_prefill_through_the_rows_by_hand() -> None:
+    facts = model_facts(fixture_entry("llama_gqa_optimum")["model_path"])
+    plan = make_plan(facts, 200 * MiB, prefill="rows")
+    # one graph of step_len 4 (ROWS_STEP_LEN), one session: 1 x (557056 - 131072) x 7 / 6 = 496981 packed weights
+    # + 3 x 512 x 1024 x B cache (no prefill row) + 4 x 4B x (16 x 64 + 512) activations + 110 MiB
+    # = 115840341 + 1597440 B <= 209715200  ->  B <= 58.8  ->  B = 32
+    assert (plan.batch, plan.max_cache_len, plan.step_lens, plan.prefill) == (32, 1024, [4], "rows")
+    assert (plan.weights, plan.cache, plan.activations) == (496_981, 50_331_648, 786_432)
+    assert plan.total == 496_981 + 50_331_648 + 786_432 + HOST_BASELINE_BYTES
+    assert "1 sessions ×" in plan.lines[0] and "(32 rows) × 3 copies" in plan.lines[2]
+    assert "static_kv: {batch: 32, row_positions: true, step_len: 4, max_cache_len: 1024}" in pipeline_snippet(plan)
+    graphs = make_plan(facts, 200 * MiB)  # the same step model, × 1.34 for a call of 4 positions per row
+    assert plan.step_ms == pytest.approx(graphs.step_ms * 1.34, rel=1e-9) and "× 1.34 for step_len 4" in plan.lines[-1]
+    shared = make_plan(facts, 200 * MiB, prefill="shared")  # the graphs' set and buffers, one packed copy
+    assert shared.weights == plan.weights and shared.step_lens == [1, 64] and shared.cache == 3 * 512 * 1024 * 33
+    with pytest.raises(ConfigError, match="--prefill: expected graphs, shared or rows, got 'chunks'"):
+        make_plan(facts, 200 * MiB, prefill="chunks")
+
+
 def test_gpt2_fixture_latency_bound_plan_from_prompt_lengths_by_hand(tmp_path: Path) -> None:
     facts = model_facts(fixture_entry("gpt2_optimum")["model_path"])
     # hidden 64, 2 layers, 4 heads of 16, intermediate 256, vocab 512, 256 positions, tied embeddings (exported as a

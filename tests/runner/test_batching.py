@@ -5,7 +5,8 @@ A set ``static_kv {batch: 3, row_positions: true, prefill_batch: 1, step_lens: [
 different steps (rows are refilled mid-stream, so a row holds the stale values of its previous sequence). Every
 request's greedy tokens must equal its batch-1 greedy decode on the original export and the logits they were chosen
 from must agree to 1e-4 (top-1 100%), with every row in use, with one row idle and full of NaN, under static
-batching, and on the batch-1 set (batch-1 serving).
+batching, and on the batch-1 set (batch-1 serving). The same with the prompts prefilled through the decode graph's
+own rows (``prefill="rows"``), on one-graph sets of step_len 1 and 4 (chunked prefill, decoding rows padded).
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ def served(tmp_path_factory) -> dict:
     name = "llama_gqa_optimum"
     folder = tmp_path_factory.mktemp("batching")
     config = {"prefill_batch": 1, "step_lens": STEP_LENS, "max_cache_lens": CACHE_LENS}
-    sets = {b: build_row_set(name, folder / f"b{b}", batch=b, **config) for b in (3, 1)}
+    sets: dict = {b: build_row_set(name, folder / f"b{b}", batch=b, **config) for b in (3, 1)}
+    for step in (1, 4):  # one graph: the prompts go through the decode graph's rows
+        one = {"step_lens": None, "max_cache_lens": None, "step_len": step, "max_cache_len": 64}
+        sets[f"rows{step}"] = build_row_set(name, folder / f"rows{step}", batch=3, **one)
     model = fixture_entry(name)["model_path"]
     refs = {r.id: greedy_decode(model, list(r.prompt), r.max_new_tokens) for r in _requests(name)}
     return {"name": name, "sets": sets, "refs": refs}
@@ -115,6 +119,40 @@ def test_static_batching_and_batch1_serving_decode_the_same(served) -> None:
         single = BatchingHost(decoder, keep_logits=True).run(_requests(served["name"]))
     _check(single, served["refs"])
     assert single.steps == sum(n - 1 for _, n, _ in TRACE)  # one request at a time
+
+
+@pytest.mark.parametrize("step", [1, 4])
+def test_prefill_through_the_decode_rows_matches_each_requests_batch1_decode(served, step: int) -> None:
+    refs = served["refs"]
+    stop = {2: int(refs[2][0][4])} if int(refs[2][0][4]) not in refs[2][0][:4].tolist() else {}
+    with open_graph_set(served["sets"][f"rows{step}"]) as decoder:
+        host = BatchingHost(decoder, keep_logits=True, idle_rows={1})
+        assert host.prefill_mode == "rows" and host.prefill == [] and host.decode.contract.step_len == step
+        for buffer in host.buffers.values():
+            buffer[1] = np.nan
+        run = host.run(_requests(served["name"], stop))
+        calls = len(host.decode.call_records)
+    _check(run, refs)
+    assert run.prefill_ms == [] and calls == run.steps  # no other graph ran
+    assert {f.row for f in run.finished} == {0, 2}  # both rows refilled: stale values of an earlier sequence
+    prompts = sum(-(-p // step) for p, _, _ in TRACE)  # calls that carry a prompt chunk of some row
+    assert run.steps < prompts + sum(n - 1 for _, n, _ in TRACE)  # rows decoded and prefilled in the same calls
+    with open_graph_set(served["sets"][f"rows{step}"]) as decoder:
+        static = BatchingHost(decoder, keep_logits=True).run(_requests(served["name"]), policy="static")
+    _check(static, refs)
+
+
+def test_prefill_mode_is_checked(served) -> None:
+    with open_graph_set(served["sets"]["rows1"]) as decoder:
+        with pytest.raises(ContractError, match="no batch-1 prefill graph"):
+            BatchingHost(decoder, prefill="graphs")
+        with pytest.raises(ConfigError, match="prefill must be graphs or rows"):
+            BatchingHost(decoder, prefill="chunks")  # type: ignore[arg-type]
+    with open_graph_set(served["sets"]["rows4"]) as decoder:
+        host = BatchingHost(decoder)
+        with pytest.raises(ConfigError, match=r"request 7: 50 prompt \+ 13 new tokens \(\+ 3 padding slots"):
+            host.run([Request(id=7, prompt=(1,) * 50, max_new_tokens=13)])  # 62 slots fit, the last call's 65 not
+        assert host.decode.call_records == []
 
 
 def test_requests_that_cannot_run_are_refused_before_any_call(served) -> None:

@@ -4,8 +4,9 @@ Real runs (``onnxdeploy run`` in-process, ONNX Runtime) on the ``llama_gqa_optim
 ``static_kv {batch: 3, row_positions: true, prefill_batch: 1, step_lens: [1, 4], max_cache_lens: [32, 64]}`` +
 ``mask_rewrite``: a trace file next to the pipeline passes (exit 0, per-request figures in ``report.json``, one
 console line), so does ``examples/llama_gqa_batching.yaml``; a zero tolerance fails the run (exit 1, the request
-named); and what cannot be served is refused before any pass (exit 2, naming the key): no row-positions set (or no
-batch-1 prefill), a missing trace file, a request past ``max_cache_len`` or whose padded prefill chunk passes every
+named); a one-graph set (``static_kv {batch: 3, row_positions: true, step_len: 4}``) is served through its rows; and
+what cannot be served is refused before any pass (exit 2, naming the key): no row-positions set, a missing trace
+file, a request past ``max_cache_len`` (with the rows' padding slots) or whose padded prefill chunk passes every
 prefill graph, two trace forms at once, a bad inline request, a prompt id outside the model's vocabulary.
 """
 
@@ -73,6 +74,31 @@ def test_a_trace_file_is_served_and_each_request_equals_its_batch1_decode(tmp_pa
         assert r["max_abs_logit_diff"] <= 1e-4
     assert {r["row"] for r in b["requests"]} == {0, 1, 2}  # every row used, one refilled mid-stream
     assert b["decode_steps"] < sum(r["new_tokens"] - 1 for r in b["requests"])  # calls carried several rows
+    assert [r["arrival"] for r in b["requests"]] == [0, 0, 1, 2, 3]  # the trace's, beside admitted/finished
+    md = (tmp_path / "out" / "report.md").read_text()  # the same figures, a row per request
+    assert "## Continuous batching (continuous, B=3, prefill graphs, trace trace.yaml)" in md
+    for r in b["requests"]:
+        row = (f"| {r['id']} | {r['prompt_len']} | {r['arrival']} | {r['admitted']} | {r['finished']} | {r['row']} | "
+               f"{r['equal_tokens']}/{r['new_tokens']} | {r['max_abs_logit_diff']:.3g} | 1.000 | passed |")  # fmt: skip
+        assert row in md, row
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<h2>Continuous batching (continuous, B=3, prefill graphs, trace trace.yaml)</h2>" in page
+    assert page.count('<table class="batching">') == 1 and page.count('<td class="num">9/9</td>') == 1
+
+
+def test_a_one_graph_set_is_served_through_its_rows(tmp_path: Path, monkeypatch) -> None:
+    one = {"batch": 3, "row_positions": True, "step_len": 4, "max_cache_len": 64}
+    path = _pipeline(tmp_path, {"trace": "trace.yaml"}, static_kv=one)
+    (path.parent / "trace.yaml").write_text(TRACE)
+    code, out = _run(path, monkeypatch, tmp_path)
+    assert code == 0, out
+    b = json.loads((tmp_path / "out" / "report.json").read_text())["verify"]["batching"]
+    assert b["passed"] and b["prefill"] == "rows" and len(b["requests"]) == 5
+    assert all(r["equal_tokens"] == r["new_tokens"] and r["max_abs_logit_diff"] <= 1e-4 for r in b["requests"])
+    assert (
+        "## Continuous batching (continuous, B=3, prefill rows, trace trace.yaml)"
+        in (tmp_path / "out" / "report.md").read_text()
+    )
 
 
 def test_the_example_pipeline_passes(tmp_path: Path) -> None:
@@ -96,6 +122,9 @@ def test_a_request_off_its_batch1_decode_fails_the_run(tmp_path: Path, monkeypat
     assert code == 1 and not b["passed"] and b["policy"] == "static", out
     for r in broken:
         assert f"verify batching: request {r['id']} " in " ".join(report["failures"])
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "**Failed**: batching (static, B=3" in md and md.count("| **failed** |") == len(broken)
+    assert (tmp_path / "out" / "report.html").read_text().count('<tr class="error">') == len(broken)
 
 
 @pytest.mark.parametrize(
@@ -126,9 +155,9 @@ def test_a_request_off_its_batch1_decode_fails_the_run(tmp_path: Path, monkeypat
             ["key 'verify.batching.requests[0]'", "give exactly one of prompt (token ids) and prompt_len"],
         ),
         (
-            {"requests": [{"prompt": [1, 2], "max_new_tokens": 2}]},
-            {"batch": 3, "row_positions": True, "step_lens": [1, 4], "max_cache_lens": [32, 64]},
-            ["key 'verify.batching'", "prefill_batch: 1, got 3"],
+            {"requests": [{"prompt_len": 50, "max_new_tokens": 13}]},  # 62 slots fit, the last call's 65 not
+            {"batch": 3, "row_positions": True, "step_len": 4, "max_cache_len": 64},
+            ["key 'verify.batching': request 0: 50 prompt + 13 new tokens need 65 cache slots (+ 3 padding slots"],
         ),
         (
             {"requests": [{"prompt_len": 30, "max_new_tokens": 2}]},  # 12 + 12, then 6 padded to 12: slots 24..35

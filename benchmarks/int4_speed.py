@@ -25,10 +25,11 @@ it decides from the graph (one intra-op thread, spinning off; prepacking off for
 
 Printed: median ms and the ratio to the original, each with the accuracy_level it was taken at, and beside them
 the calling thread's CPU time per call and its ratio (ORT computes on that thread with one intra-op thread; on a
-loaded machine the wall time adds whatever the other processes took, the CPU time does not); an ORT profile of
-each quantized step, taken the way it is timed (bound buffers rewound to context 256): ``session.run``, the sum
-of every node's median kernel time, and the op classes that take it (MatMulNBits by bits, the LM head apart); the
-peak RSS of opening and stepping each decode graph, and of
+loaded machine the wall time adds whatever the other processes took, the CPU time does not; nor does it count a
+step's own time off the CPU: the float original's wall time exceeded its CPU time by 6-8 ms at low load); an ORT
+profile of each quantized step, taken the way it is timed (bound buffers rewound to context 256):
+``session.run``, the sum of every node's median kernel time, and the op classes that take it (MatMulNBits by
+bits, the LM head apart); the peak RSS of opening and stepping each decode graph, and of
 each whole set as ``verify`` opens it (every graph a session), with prepacking on and off (a fresh process each,
 ``VmHWM`` less the interpreter's) against the set's weight bytes; and the
 accuracy phase of ``verify`` (:func:`onnxdeploy.runner.accuracy.evaluate_accuracy` on ``--tokens`` held-out ids)

@@ -23,8 +23,13 @@ it decides from the graph (one intra-op thread, spinning off; prepacking off for
 * ``int4 unpacked``: level 0 with prepacking off, as the runner opened every session before issue 15
   (``--rounds-unpacked`` calls, it is slow).
 
-Printed: median ms and the ratio to the original, each with the accuracy_level it was taken at; an ORT profile of
-each INT4 step (the op types that take its time); the peak RSS of opening and stepping each decode graph, and of
+Printed: median ms and the ratio to the original, each with the accuracy_level it was taken at, and beside them
+the calling thread's CPU time per call and its ratio (ORT computes on that thread with one intra-op thread; on a
+loaded machine the wall time adds whatever the other processes took, the CPU time does not; nor does it count a
+step's own time off the CPU: the float original's wall time exceeded its CPU time by 6-8 ms at low load); an ORT
+profile of each quantized step, taken the way it is timed (bound buffers rewound to context 256):
+``session.run``, the sum of every node's median kernel time, and the op classes that take it (MatMulNBits by
+bits, the LM head apart); the peak RSS of opening and stepping each decode graph, and of
 each whole set as ``verify`` opens it (every graph a session), with prepacking on and off (a fresh process each,
 ``VmHWM`` less the interpreter's) against the set's weight bytes; and the
 accuracy phase of ``verify`` (:func:`onnxdeploy.runner.accuracy.evaluate_accuracy` on ``--tokens`` held-out ids)
@@ -53,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from onnxdeploy.artifacts import Artifact
@@ -148,30 +154,75 @@ class Static:
         return ms
 
 
-def profile_ops(path: Path, entries: dict[str, str], calls: int = 5) -> list[tuple[str, float]]:
-    """ORT's profile of ``calls`` decode steps of ``path`` (the runner's options): share of kernel time per op type."""
+def _head_node(header: onnx.ModelProto) -> str | None:
+    """Name of the MatMul-like node producing the logits (walked back from the ``logits`` output through
+    single-data-input ops: Reshape, Slice, Gather, Cast...), or None."""
+    producer = {out: node for node in header.graph.node for out in node.output}
+    name = next((o.name for o in header.graph.output if o.name == "logits"), None)
+    while name in producer:
+        node = producer[name]
+        if node.op_type in ("MatMul", "Gemm", "MatMulNBits", "FusedMatMul"):
+            return node.name
+        name = node.input[0] if node.input else None
+    return None
+
+
+def _op_class(node: onnx.NodeProto, head: str | None) -> str:
+    """Profile row of a node: its op type; MatMulNBits by bits, and the LM head apart."""
+    label = node.op_type
+    if node.op_type == "MatMulNBits":
+        label += str(next((a.i for a in node.attribute if a.name == "bits"), 4))
+    return f"{label} (LM head)" if node.name == head else label
+
+
+def profile_ops(path: Path, entries: dict[str, str], calls: int = 10, top: int = 8) -> list[tuple[str, float, float]]:
+    """ORT's profile of the timed step (:class:`Static`: bound buffers rewound to CTX before every call, the
+    runner's session options), ``calls`` calls after 3 warm-up calls.
+
+    Returns:
+        Rows ``(label, ms per call, share of kernel time)``: ``session.run`` (median wall time of ORT's
+        ``model_run``), ``kernels`` (the sum of each node's median kernel time over the calls; the rest is the
+        executor between kernels), then the ``top`` op classes (:func:`_op_class`: the LM head and each
+        MatMulNBits bit width apart; a node ORT fused under a new name by its op type).
+    """
     runner = open_session(path, config_entries=entries)  # its scratch copy holds a relevelled graph, if any
     assert runner.settings is not None
     options = session_options({PREPACKING_KEY: "0" if runner.settings.prepacking else "1", **entries})
     options.enable_profiling = True
     options.profile_file_prefix = str(Path(os.environ.get("TMPDIR", "/tmp")) / "onnxdeploy-int4-profile")
     target = next(runner.scratch.glob("*.onnx")) if runner.scratch else path
+    header = onnx.load(str(target), load_external_data=False)
+    head = _head_node(header)
+    classes = {node.name: _op_class(node, head) for node in header.graph.node}
     profiled = ort.InferenceSession(str(target), sess_options=options, providers=["CPUExecutionProvider"])
     own, runner.session = runner.session, profiled  # the decoder drives the profiled session
-    decoder = ContractDecoder(runner, read_contract(runner.model), bind_buffers=False)
-    for _ in range(calls):
+    decoder = ContractDecoder(runner, read_contract(runner.model), bind_buffers=True)
+    rng = np.random.default_rng(0)
+    for buffer in decoder.cache_buffers().values():
+        buffer[:, :, :CTX] = rng.standard_normal(buffer[:, :, :CTX].shape)
+    warmup = 3
+    for _ in range(warmup + calls):
+        decoder.load_cache(decoder.cache_buffers(), CTX)
         decoder.run_chunk([TOKEN])
     trace_file = Path(profiled.end_profiling())
     trace = json.loads(trace_file.read_text())
     trace_file.unlink(missing_ok=True)
     runner.session = own
     runner.close()
-    per_op: Counter[str] = Counter()
+    runs = sorted(e["ts"] for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run")
+    first = runs[-calls]  # the last `calls` runs (the decoder runs the session once more when it opens)
+    per_node: dict[tuple[str, str], list[float]] = {}
     for event in trace:
-        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
-            per_op[event["args"].get("op_name", "?")] += event["dur"]
-    total = sum(per_op.values()) or 1
-    return [(op, us / total) for op, us in per_op.most_common(6)]
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time") and event["ts"] >= first:
+            key = (event["name"][: -len("_kernel_time")], event["args"].get("op_name", "?"))
+            per_node.setdefault(key, []).append(event["dur"])
+    per_op: Counter[str] = Counter()  # each node's median over the calls: a call preempted by the load counts once
+    for (node, op), durations in per_node.items():
+        per_op[classes.get(node, op)] += float(np.median(durations)) / 1e3
+    total = sum(per_op.values()) or 1.0
+    run_ms = float(np.median([e["dur"] for e in trace if e.get("name") == "model_run" and e["ts"] >= first])) / 1e3
+    rows = [(op, ms, ms / total) for op, ms in per_op.most_common(top)]
+    return [("session.run", run_ms, 1.0), ("kernels", total, 1.0), *rows]
 
 
 def _vm_hwm() -> int:
@@ -277,8 +328,10 @@ def measure_steps(
         **{f"int4 level {level}": Static(int4, LEVEL[level]).step for level in levels},
         **{f"{label} level 4": Static(path, LEVEL[4]).step for label, path in (extra or {}).items()},
     }
-    times = interleave(variants, rounds)
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    times = interleave({name: _cpu_timed(step, cpu[name]) for name, step in variants.items()}, rounds)
     med = {name: float(np.median(t)) for name, t in times.items()}
+    cpu_med = {name: float(np.median(t[-rounds:])) for name, t in cpu.items()}  # the warm-up calls dropped
     if rounds_unpacked:  # apart: one call takes seconds
         slow = {
             "original": Original(original).step,
@@ -290,7 +343,24 @@ def measure_steps(
     if rounds_unpacked:
         med["int4 unpacked"] = unpacked
         ratio["int4 unpacked"] = unpacked / float(np.median(slow_times["original"]))  # against its own rounds
-    return {"median_ms": med, "ratio": ratio}
+    cpu_ratio = {k: v / cpu_med["original"] for k, v in cpu_med.items() if k != "original"}
+    return {"median_ms": med, "ratio": ratio, "median_cpu_ms": cpu_med, "cpu_ratio": cpu_ratio}
+
+
+def _cpu_timed(step: Callable[[], float], cpu_ms: list[float]) -> Callable[[], float]:
+    """``step`` that also appends the calling thread's CPU time of each call (ms) to ``cpu_ms``.
+
+    ORT with one intra-op thread computes on the calling thread, so this is the step's compute without the time
+    other processes held the core: on a loaded machine a steadier figure than the wall time, printed beside it.
+    """
+
+    def call() -> float:
+        start = time.thread_time()
+        ms = step()
+        cpu_ms.append((time.thread_time() - start) * 1e3)
+        return ms
+
+    return call
 
 
 def _license_tokens(model: Path, count: int) -> list[int]:
@@ -371,6 +441,9 @@ def main() -> int:
         for variant, ms in steps["median_ms"].items():
             ratio = steps["ratio"].get(variant)
             tail = f"  x{ratio:.3f} of the original" if ratio is not None else ""
+            if variant in steps["median_cpu_ms"]:
+                cpu_ratio = steps["cpu_ratio"].get(variant)
+                tail += f"; CPU {steps['median_cpu_ms'][variant]:7.2f} ms" + (f" x{cpu_ratio:.3f}" if cpu_ratio else "")
             level = labels.get(variant, variant.rsplit(" ", 1)[-1] if variant.endswith(" level 4") else "-")
             shown = args.tag + variant[4:] if variant.startswith("int4 ") else variant  # the --tag set
             print(f"  {shown:30s} accuracy_level {level:>2}  {ms:9.2f} ms{tail}")
@@ -379,7 +452,11 @@ def main() -> int:
         for label, path, level in profiled:
             ops = profile_ops(path, LEVEL[level])
             results["profile"][f"{label} level {level}"] = ops
-            print(f"  {label} level {level} kernel time: " + ", ".join(f"{op} {share:.0%}" for op, share in ops))
+            (_, run_ms, _), (_, kernel_ms, _), *rows = ops
+            print(
+                f"  {label} level {level} profile: session.run {run_ms:.2f} ms, kernels {kernel_ms:.2f} ms: "
+                + ", ".join(f"{op} {ms:.2f} ms ({share:.0%})" for op, ms, share in rows)
+            )
     if not args.no_rss:
         rss = results["rss"] = {}
         print("\n== peak RSS growth of opening + one step (fresh process each) ==")

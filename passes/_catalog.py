@@ -410,7 +410,8 @@ CATALOG: dict[str, PassInfo] = _entries(
     PassInfo(
         "fuse_matmuls",
         "fuse_matmuls",
-        "MatMuls reading one activation with their own constant weights (q/k/v, gate/up) -> one MatMul + Split.",
+        "MatMuls reading one activation with their own constant weights (q/k/v, gate/up) -> one MatMul + Split; "
+        "MatMulNBits of one format likewise.",
         FuseMatMulsConfig,
     ),
     PassInfo(

@@ -13,9 +13,17 @@ The rewrite is exact in arithmetic: every output column is the same dot product 
 column, and the Split hands each consumer its own columns (the kernel may order its accumulation differently
 for the wider shape, so results can differ in the last bits of fp32, as between any two GEMM blockings).
 
-Run it after ``static_kv`` (or anywhere: it needs no contract) and **before** ``quantize_weights``: it fuses
-float weights only, and ``quantize_weights``' act-order fold of gate/up into down's columns does not see
-through the Split (it then uses a Gather on down's input instead, which is exact but costs a copy).
+Run it after ``static_kv`` (or anywhere: it needs no contract), before ``quantize_weights`` when one format
+for every projection will do (``quantize_weights``' act-order fold of gate/up into down's columns does not see
+through the Split: it then uses a Gather on down's input instead, exact but a copy) — or **after** it, when rules
+give q/k/v or gate/up their own bits: ``com.microsoft::MatMulNBits`` siblings of the same format (``K``, ``bits``,
+``block_size``, ``accuracy_level``, zero points or not, input dtypes; no ``g_idx``, no bias) are fused too, their
+``B (N, k_blocks, blob)``, ``scales`` and ``zero_points`` concatenated along ``N`` (each row of all three is one
+output column's: ORT's MatMulNBits layout, contrib_ops/cpu/quantization/matmul_nbits.cc), so the quantized
+values are unchanged and the same per-projection quantization runs in fewer kernels. At ``accuracy_level`` 4
+the kernel quantizes ``A`` once per call instead of once per projection. Measured on SmolLM2-135M's mixed
+INT4/INT8 set (README, "Real model"): k/v and gate/up fused per layer (q/k/v in its INT8 layers), the decode
+step takes 0.03-0.04x of the float original's step less. DequantizeLinear-fed MatMuls are not fused.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from onnxdeploy.passes._edit import add_initializer, clone, make_node
 from onnxdeploy.passes._pass_infra import Pass, register_pass
 from onnxdeploy.report import PassReport
 
-__all__ = ["FuseMatMulsConfig", "FuseMatMulsPass"]
+__all__ = ["FuseMatMulsConfig", "FuseMatMulsPass", "fusable_groups", "nbits_groups"]
 
 
 @dataclass
@@ -91,15 +99,63 @@ def fusable_groups(graph: ir.Graph, exclude: list[str]) -> list[_Group]:
     return [_Group(sources[key[0]], nodes) for key, nodes in by_source.items() if len(nodes) > 1]
 
 
+_NBITS_ATTRS = ("K", "bits", "block_size", "accuracy_level")
+
+
+def _nbits_key(graph: ir.Graph, node: ir.Node) -> tuple[object, ...] | None:
+    """What a MatMulNBits must share with a sibling to be fused with it, or None when it cannot be.
+
+    ``(activation id, K, bits, block_size, accuracy_level, dtypes of B/scales/zero_points)``; None unless the
+    node is ``com.microsoft::MatMulNBits(A, B, scales[, zero_points])`` (no ``g_idx``, no bias) whose B, scales
+    and zero points are initializers of this graph read by this node alone.
+    """
+    if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+        return None
+    inputs = list(node.inputs)
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    if not 3 <= len(inputs) <= 4 or inputs[0] is None:
+        return None
+    consts = inputs[1:]
+    for value in consts:
+        if value is None or value.const_value is None or graph.initializers.get(value.name or "") is not value:
+            return None
+        if len(value.uses()) != 1 or value.is_graph_output():
+            return None
+    attrs = tuple(node.attributes.get_int(name, 0) for name in _NBITS_ATTRS)
+    dtypes = tuple(v.const_value.dtype for v in consts)  # type: ignore[union-attr]
+    return (id(inputs[0]), *attrs, dtypes)
+
+
+def nbits_groups(graph: ir.Graph, exclude: list[str]) -> list[_Group]:
+    """Groups of two or more MatMulNBits of one format reading one activation (:func:`_nbits_key`).
+
+    Args:
+        graph: the top-level graph.
+        exclude: fnmatch patterns of node names to leave out.
+
+    Returns:
+        The groups, each in graph order, in the order of their first node.
+    """
+    by_key: dict[tuple[object, ...], list[ir.Node]] = defaultdict(list)
+    for node in graph:
+        key = _nbits_key(graph, node)
+        if key is not None and not any(fnmatch.fnmatchcase(node.name or "", pat) for pat in exclude):
+            by_key[key].append(node)
+    return [_Group(nodes[0].inputs[0], nodes) for nodes in by_key.values() if len(nodes) > 1]  # type: ignore[arg-type]
+
+
 def _left_apart(graph: ir.Graph, exclude: list[str]) -> tuple[list[str], list[str], set[str]]:
     """What the report says about MatMuls not fused: ``(tied, quantized, patterns that matched)``.
 
     Only MatMuls that share their activation with another MatMul (what fusing would have taken) are counted:
     ``tied``, whose float initializer weight is read elsewhere too (fusing would duplicate it); ``quantized``,
-    MatMulNBits nodes and MatMuls fed by a DequantizeLinear (quantize_weights ran first).
+    MatMuls fed by a DequantizeLinear and MatMulNBits nodes with no sibling of their format (quantize_weights ran
+    first).
     """
     by_input: dict[int, list[tuple[ir.Node, str | None]]] = defaultdict(list)
     matched: set[str] = set()
+    fusable = {id(n) for group in nbits_groups(graph, exclude) for n in group.nodes}
     for node in graph:
         name = node.name or ""
         matched |= {pat for pat in exclude if fnmatch.fnmatchcase(name, pat)}
@@ -108,7 +164,9 @@ def _left_apart(graph: ir.Graph, exclude: list[str]) -> tuple[list[str], list[st
         kind = None
         w = node.inputs[1] if len(node.inputs) > 1 else None
         producer = w.producer() if w is not None else None
-        if node.op_type == "MatMulNBits" or (producer is not None and producer.op_type == "DequantizeLinear"):
+        if id(node) in fusable:
+            kind = "fused"
+        elif node.op_type == "MatMulNBits" or (producer is not None and producer.op_type == "DequantizeLinear"):
             kind = "quantized"
         elif w is not None and w.const_value is not None and len(w.uses()) > 1:
             kind = "tied"
@@ -177,16 +235,8 @@ def _fuse(
     matmul = make_node(
         "MatMul", [x, w_value], name=node_name, output=f"{node_name}_output_0", dtype=tensor.dtype, shape=shape
     )
-    out = matmul.outputs[0]
-    split_name = node_name.rsplit("/", 1)[0] + "/Split" if "/" in node_name else node_name + "_Split"
-    if default_opset(graph, 13) >= 13:
-        sizes = add_initializer(graph, f"{split_name}.split", np.asarray(widths, np.int64))
-        split = make_node("Split", [out, sizes], name=split_name, num_outputs=len(widths), axis=-1)
-    else:
-        split = make_node("Split", [out], name=split_name, num_outputs=len(widths), axis=-1, split=widths)
+    split = _split_of(graph, matmul, node_name, widths, tensor.dtype)
     old_outputs = [node.outputs[0] for node in group.nodes]
-    for new in split.outputs:
-        new.dtype = tensor.dtype
     ir.convenience.replace_nodes_and_values(
         graph, group.nodes[0], group.nodes, [matmul, split], old_outputs, list(split.outputs)
     )
@@ -196,6 +246,88 @@ def _fuse(
     k = int(tensors[0].shape[0])  # type: ignore[union-attr]
     parts = ", ".join(f"{n.name or '?'} ({k}, {width})" for n, width in zip(group.nodes, widths, strict=True))
     return f"fused {parts} -> '{node_name}' ({k}, {sum(widths)}) + Split"
+
+
+def _rows(array: np.ndarray, n: int) -> np.ndarray:
+    """``array`` as ``(N, -1)``: MatMulNBits' B, scales and zero points hold one row per output column."""
+    return array.reshape(n, -1)
+
+
+def _fuse_nbits(
+    graph: ir.Graph,
+    group: _Group,
+    index: int,
+    fused: dict[tuple[int, ...], list[ir.TensorProtocol]],
+    writer: ScratchWriter,
+) -> str:
+    """Replace a MatMulNBits ``group`` by one over B/scales/zero points concatenated along N, and a Split.
+
+    Returns the report line. ``fused``: as in :func:`_fuse`, for the node's two or three tensors.
+    """
+    nodes = group.nodes
+    consts = [[v for v in node.inputs[1:] if v is not None] for node in nodes]
+    widths = [node.attributes.get_int("N", 0) for node in nodes]
+    node_name, weight_name = _names(nodes, index)
+    stem = weight_name.removesuffix(".weight")
+    bits = nodes[0].attributes.get_int("bits", 4)
+    key = tuple(id(v.const_value) for values in consts for v in values)
+    if key not in fused:
+        tensors = []
+        for i, suffix in enumerate((f"_Q{bits}", "_scales", "_zero_points")[: len(consts[0])]):
+            parts = [values[i].const_value for values in consts]
+            array = np.concatenate([_rows(t.numpy(), w) for t, w in zip(parts, widths, strict=True)])  # type: ignore[union-attr]
+            first = parts[0]
+            assert first is not None
+            rank = len(first.shape)
+            shaped = array.reshape(sum(widths), *[int(d) for d in first.shape[1:]]) if rank > 1 else array.ravel()
+            tensors.append(writer.tensor(shaped, first.dtype, stem + suffix))
+            del array, shaped
+        fused[key] = tensors
+    values = []
+    for tensor in fused[key]:
+        value = ir.val(tensor.name, const_value=tensor)
+        graph.register_initializer(value)
+        values.append(value)
+    x = group.source
+    shape = None if x.shape is None else [*list(x.shape)[:-1], sum(widths)]
+    attrs = {name: nodes[0].attributes.get_int(name, 0) for name in _NBITS_ATTRS}
+    if not attrs["accuracy_level"]:
+        del attrs["accuracy_level"]
+    dtype = nodes[0].outputs[0].dtype
+    mm = make_node(
+        "MatMulNBits",
+        [x, *values],
+        name=node_name,
+        output=f"{node_name}_output_0",
+        dtype=dtype,
+        shape=shape,
+        domain="com.microsoft",
+        N=sum(widths),
+        **attrs,
+    )
+    split = _split_of(graph, mm, node_name, widths, dtype)
+    old_outputs = [node.outputs[0] for node in nodes]
+    ir.convenience.replace_nodes_and_values(graph, nodes[0], nodes, [mm, split], old_outputs, list(split.outputs))
+    for value in (v for values in consts for v in values):
+        if not value.uses() and value.name in graph.initializers:
+            graph.initializers.pop(value.name)
+    k = attrs["K"]
+    parts_line = ", ".join(f"{n.name or '?'} ({k}, {w})" for n, w in zip(nodes, widths, strict=True))
+    return f"fused {parts_line} -> '{node_name}' MatMulNBits bits {bits} ({k}, {sum(widths)}) + Split"
+
+
+def _split_of(graph: ir.Graph, node: ir.Node, node_name: str, widths: list[int], dtype: ir.DataType | None) -> ir.Node:
+    """A Split of ``node``'s output into ``widths`` on the last axis (sizes an input from opset 13)."""
+    out = node.outputs[0]
+    split_name = node_name.rsplit("/", 1)[0] + "/Split" if "/" in node_name else node_name + "_Split"
+    if default_opset(graph, 13) >= 13:
+        sizes = add_initializer(graph, f"{split_name}.split", np.asarray(widths, np.int64))
+        split = make_node("Split", [out, sizes], name=split_name, num_outputs=len(widths), axis=-1)
+    else:
+        split = make_node("Split", [out], name=split_name, num_outputs=len(widths), axis=-1, split=widths)
+    for new in split.outputs:
+        new.dtype = dtype
+    return split
 
 
 @register_pass
@@ -209,6 +341,12 @@ class FuseMatMulsPass(Pass):
     The concatenated weights are written one group at a time to the pass's scratch data file (never all in
     memory); graphs of a set that share the weights share the fused tensor. Graph inputs, outputs and the
     contract are unchanged. The pass is functional: it rewrites structural copies.
+
+    ``com.microsoft::MatMulNBits`` nodes reading one activation with the same ``K``, ``bits``, ``block_size``,
+    ``accuracy_level`` and input dtypes (each weight, scale and zero-point initializer read by its node alone; no
+    ``g_idx``, no bias) become one MatMulNBits ``(K, ΣN_i)`` over their ``B (N_i, k_blocks, blob)``, ``scales``
+    and ``zero_points`` concatenated along N, and a Split: the quantized values and the output columns are
+    unchanged (module docstring), so it may run after ``quantize_weights`` with per-projection rules.
 
     Raises:
         PostconditionError: a fusable group is still there after the rewrite (names the nodes).
@@ -224,14 +362,20 @@ class FuseMatMulsPass(Pass):
         config: FuseMatMulsConfig = self.config  # type: ignore[assignment]
         writer: ScratchWriter | None = None
         fused: dict[tuple[int, ...], ir.TensorProtocol] = {}
+        fused_nbits: dict[tuple[int, ...], list[ir.TensorProtocol]] = {}
         models: list[ir.Model] = []
         modified = False
         for artifact in artifacts.artifacts:
             model = clone(artifact.model)
             groups = fusable_groups(model.graph, config.exclude)
-            if groups and writer is None:
+            quantized_groups = nbits_groups(model.graph, config.exclude)
+            if (groups or quantized_groups) and writer is None:
                 writer = ScratchWriter(context.scratch() / f"fuse_matmuls_{id(self):x}")
             lines = [_fuse(model.graph, g, i, fused, writer) for i, g in enumerate(groups)]  # type: ignore[arg-type]
+            lines += [
+                _fuse_nbits(model.graph, g, len(groups) + i, fused_nbits, writer)  # type: ignore[arg-type]
+                for i, g in enumerate(quantized_groups)
+            ]
             modified |= bool(lines)
             prefix = f"{artifact.name}: " if len(artifacts.artifacts) > 1 else ""
             if artifact is artifacts.artifacts[0]:
@@ -243,8 +387,9 @@ class FuseMatMulsPass(Pass):
                     )
                 if quantized:
                     report.warnings.append(
-                        f"{len(quantized)} MatMul(s) already quantized (e.g. {quantized[0]}) are not fused: run "
-                        "fuse_matmuls before quantize_weights"
+                        f"{len(quantized)} MatMul(s) already quantized (e.g. {quantized[0]}) are not fused (a "
+                        "DequantizeLinear weight, or no MatMulNBits sibling of the same bits/block_size): run "
+                        "fuse_matmuls before quantize_weights to fuse them in float"
                     )
                 report.warnings += [
                     f"exclude pattern '{pat}' matched no node" for pat in config.exclude if pat not in matched
@@ -252,7 +397,10 @@ class FuseMatMulsPass(Pass):
             elif lines:
                 report.changes.append(f"{prefix}{len(lines)} group(s) fused as in {artifacts.artifacts[0].name}")
             if not lines:
-                report.changes.append(f"{prefix}no MatMuls sharing an input with their own constant float weights")
+                report.changes.append(
+                    f"{prefix}no MatMuls sharing an input with their own constant float weights (or MatMulNBits "
+                    "of one format)"
+                )
             models.append(model)
         return artifacts.with_models(models), modified
 
@@ -264,7 +412,9 @@ class FuseMatMulsPass(Pass):
         """
         config: FuseMatMulsConfig = self.config  # type: ignore[assignment]
         for artifact in artifacts.artifacts:
-            left = fusable_groups(artifact.model.graph, config.exclude)
+            left = fusable_groups(artifact.model.graph, config.exclude) or nbits_groups(
+                artifact.model.graph, config.exclude
+            )
             if left:
                 names = [n.name for n in left[0].nodes]
                 raise PostconditionError(self.name, f"graph '{artifact.name}': MatMuls {names} are still apart")

@@ -13,7 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxdeploy import model_io
 from onnxdeploy.contract import read_contract
 from onnxdeploy.pass_context import make_pass_context
-from onnxdeploy.passes.fuse_matmuls import FuseMatMulsConfig, FuseMatMulsPass, fusable_groups
+from onnxdeploy.passes.fuse_matmuls import FuseMatMulsConfig, FuseMatMulsPass, fusable_groups, nbits_groups
+from onnxdeploy.passes.quantize_weights import QuantizeWeightsConfig, QuantizeWeightsPass
 from onnxdeploy.passes.static_kv import StaticKVCachePass, StaticKVConfig
 from onnxdeploy.runner import verify
 from tests.conftest import fixture_entry
@@ -124,7 +125,9 @@ def test_fuse_matmuls_leaves_a_graph_without_groups_alone():
         proto.graph.input.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [2, 8]))
     result = FuseMatMulsPass()(ir.serde.deserialize_model(proto), make_pass_context())
     assert not result.modified
-    assert result.report.changes == ["no MatMuls sharing an input with their own constant float weights"]
+    assert result.report.changes == [
+        "no MatMuls sharing an input with their own constant float weights (or MatMulNBits of one format)"
+    ]
 
 
 def test_fuse_matmuls_reports_what_it_leaves_apart():
@@ -147,8 +150,9 @@ def test_fuse_matmuls_reports_what_it_leaves_apart():
         result.report.changes
     )
     assert result.report.warnings == [
-        "1 MatMul(s) already quantized (e.g. /layer/d_proj/MatMul) are not fused: run fuse_matmuls before "
-        "quantize_weights",
+        "1 MatMul(s) already quantized (e.g. /layer/d_proj/MatMul) are not fused (a DequantizeLinear weight, or no "
+        "MatMulNBits sibling of the same bits/block_size): run fuse_matmuls before quantize_weights to fuse them in "
+        "float",
         "exclude pattern '*/mpl/*' matched no node",
     ]
 
@@ -164,3 +168,101 @@ def test_fused_weights_stay_readable_while_a_probe_session_links_them(tmp_path):
     ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
     weights = [n.inputs[1].const_value for n in fused.graph if n.op_type == "MatMul" and "+" in (n.name or "")]
     assert weights and all(w.numpy().size for w in weights)
+
+
+def _nbits_ops(model: ir.Model) -> dict[str, int]:
+    """MatMulNBits node name -> bits."""
+    return {n.name or "": n.attributes.get_int("bits", 0) for n in model.graph if n.op_type == "MatMulNBits"}
+
+
+def _ort_outputs(path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.disable_prepacking", "0")  # the runner's choice for MatMulNBits
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_fuse_matmuls_after_quantize_fuses_matmulnbits_of_one_format_and_keeps_the_outputs(tmp_path):
+    """quantize_weights with per-projection bits (k/v INT8, the rest INT4) then fuse_matmuls: k+v and gate+up
+    become one MatMulNBits each (q stays apart: its format differs), and ORT gives the same outputs."""
+    entry = fixture_entry("llama_gqa_optimum")
+    layers = entry["config"]["layers"]
+    context = make_pass_context()
+    static = StaticKVCachePass(StaticKVConfig(step_lens=[1], max_cache_lens=[32]))(
+        model_io.load_model(entry["model_path"]).model, context
+    ).artifacts
+    rules = [{"nodes": "*/k_proj/*", "bits": 8}, {"nodes": "*/v_proj/*", "bits": 8}]
+    config = QuantizeWeightsConfig(
+        bits=4, block_size=16, format="matmulnbits", symmetric=False, accuracy_level=4, rules=rules
+    )
+    quantized = QuantizeWeightsPass(config)(static, context).artifacts
+    result = FuseMatMulsPass()(quantized, context)
+    before, after = _nbits_ops(quantized.primary), _nbits_ops(result.artifacts.primary)
+
+    assert result.modified
+    assert len(before) - len(after) == 2 * layers  # per layer k,v -> 1 and gate,up -> 1
+    fused = {name: bits for name, bits in after.items() if "+" in name}
+    assert sorted(fused.values()) == [4] * layers + [8] * layers
+    assert any("k_proj+v_proj" in name for name in fused) and any("gate_proj+up_proj" in name for name in fused)
+    assert nbits_groups(result.artifacts.primary.graph, []) == []
+    assert read_contract(result.artifacts.primary) == read_contract(quantized.primary)
+    assert any("q_proj" in w and "no MatMulNBits sibling" in w for w in result.report.warnings)  # said, not silent
+    split_sizes = 2 * layers * 2 * 8  # one int64 (2,) sizes initializer per Split
+    assert result.artifacts.weight_bytes() == quantized.weight_bytes() + split_sizes  # the same bytes, concatenated
+
+    paths = {}
+    for label, artifacts in (("apart", quantized), ("fused", result.artifacts)):
+        (tmp_path / label).mkdir()
+        graphs = [(a.name, a.model) for a in artifacts.artifacts]
+        model_io.stage_artifacts(graphs, tmp_path / label, external=True, data_name="model.onnx.data").commit()
+        paths[label] = tmp_path / label / "model.onnx"
+    session = ort.InferenceSession(str(paths["apart"]), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for arg in session.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in arg.shape]
+        if arg.type == "tensor(float)":
+            feeds[arg.name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            feeds[arg.name] = np.full(shape, 3, np.int64)
+    for want, got in zip(_ort_outputs(paths["apart"], feeds), _ort_outputs(paths["fused"], feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)  # columns computed alike: bit-identical here
+
+
+def _nbits_graph(blocks: list[int]) -> onnx.ModelProto:
+    """x (1, 32) @ one MatMulNBits (4 bits, N 8) per block size, each with its own B/scales/zero points."""
+    rng = np.random.default_rng(0)
+    nodes, inits, outputs = [], [], []
+    for i, block in enumerate(blocks):
+        k_blocks = 32 // block
+        inits += [
+            numpy_helper.from_array(rng.integers(0, 256, (8, k_blocks, block // 2), dtype=np.uint8), f"b{i}"),
+            numpy_helper.from_array(rng.random(8 * k_blocks, dtype=np.float32), f"s{i}"),
+            numpy_helper.from_array(rng.integers(0, 256, (8 * ((k_blocks + 1) // 2),), dtype=np.uint8), f"z{i}"),
+        ]
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits", ["x", f"b{i}", f"s{i}", f"z{i}"], [f"y{i}"], name=f"/layer/p{i}/MatMul_Q4",
+                domain="com.microsoft", K=32, N=8, bits=4, block_size=block,
+            )
+        )  # fmt: skip
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, 8]))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])], outputs, inits
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def test_fuse_matmuls_fuses_matmulnbits_only_within_one_format():
+    """Two block-16 siblings fuse; the block-32 one reading the same input stays apart; outputs unchanged."""
+    proto = _nbits_graph([16, 32, 16])
+    result = FuseMatMulsPass()(ir.serde.deserialize_model(proto), make_pass_context())
+    model = result.artifacts.primary
+    assert sorted(_nbits_ops(model)) == ["/layer/p0+p2/MatMul_Q4", "/layer/p1/MatMul_Q4"]
+    fused = next(n for n in model.graph if n.name == "/layer/p0+p2/MatMul_Q4")
+    assert fused.attributes.get_int("N") == 16 and fused.attributes.get_int("block_size") == 16
+    out = ir.serde.serialize_model(model)
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 32)).astype(np.float32)}
+    for want, got in zip(_run(proto, feeds), _run(out, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)

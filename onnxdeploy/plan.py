@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from onnxdeploy.errors import ConfigError
+from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.kv_cache import find_kv_cache, find_logits_output
 from onnxdeploy.resources import format_bytes
 
@@ -122,11 +122,19 @@ def model_facts(path: str | Path) -> ModelFacts:
 
     Raises:
         ModelLoadError: the file cannot be read.
-        PreconditionError: no KV cache or logits output found (names what was looked for).
+        PreconditionError: a static model (it has a decode contract), or no KV cache or logits output found (names
+            what was looked for).
     """
+    from onnxdeploy.contract import read_contract  # noqa: PLC0415
     from onnxdeploy.model_io import load_model  # noqa: PLC0415  (loads onnx_ir's model machinery)
 
     model = load_model(path).model
+    if read_contract(model, source=str(path)) is not None:
+        raise PreconditionError(
+            "plan",
+            f"{path}: already static (it carries an onnxdeploy decode contract); plan sizes a deployment from the "
+            "exporter's dynamic decoder: give the export the pipeline's `model:` points at",
+        )
     kv = find_kv_cache(model, who="plan")
     by_dtype: dict[str, int] = {}
     tables = []
@@ -137,11 +145,11 @@ def model_facts(path: str | Path) -> ModelFacts:
             continue
         name = str(tensor.dtype.name).lower()
         by_dtype[name] = by_dtype.get(name, 0) + tensor.nbytes
-        uses = list(value.uses())
-        if uses and all(u.node.op_type == "Gather" and u.idx == 0 for u in uses):
+        gathered = [u.node.op_type == "Gather" and u.idx == 0 for u in value.uses()]
+        if gathered and all(gathered):  # a lookup table only: never prepacked by a session
             table_bytes += tensor.nbytes
-            if len(tensor.shape) == 2:
-                tables.append(tuple(int(d) for d in tensor.shape))
+        if any(gathered) and len(tensor.shape) == 2:  # a tied embedding also feeds the LM head: still the table
+            tables.append(tuple(int(d) for d in tensor.shape))
     logits = find_logits_output(model.graph, {t.present_name for t in kv.tensors}, who="plan")
     dims = logits.shape
     vocab = int(dims[-1]) if dims is not None and isinstance(dims[-1], int) else (tables[0][0] if tables else 0)

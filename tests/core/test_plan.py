@@ -81,6 +81,23 @@ def test_gpt2_fixture_latency_bound_plan_from_prompt_lengths_by_hand(tmp_path: P
     assert plan.tokens_per_s == pytest.approx(2 / 1.051197e-3, rel=1e-6)
 
 
+def test_a_tied_table_read_by_gather_and_the_lm_head_still_gives_the_hidden_size(tmp_path: Path) -> None:
+    """SmolLM2's optimum form: one ``wte`` feeds the lookup ``Gather`` and ``Transpose`` -> the LM head."""
+    import onnx  # noqa: PLC0415
+    from onnx import numpy_helper  # noqa: PLC0415
+
+    model = onnx.load(str(fixture_entry("gpt2_optimum")["model_path"]))
+    inits = {t.name: t for t in model.graph.initializer}
+    embed, folded = "transformer.wte.weight", "onnx::MatMul_670"
+    assert (numpy_helper.to_array(inits[folded]) == numpy_helper.to_array(inits[embed]).T).all()
+    model.graph.initializer.remove(inits[folded])
+    model.graph.node.insert(0, onnx.helper.make_node("Transpose", [embed], [folded], name="tied_T", perm=[1, 0]))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    facts = model_facts(tmp_path / "model.onnx")
+    assert (facts.vocab, facts.hidden) == (512, 64)  # read 0 before: the table was not Gather-only
+    assert facts.table_bytes == 256 * 64 * 4  # wpe only: wte is also the LM head's weight, which a session packs
+
+
 def test_nothing_fits_names_the_arithmetic() -> None:
     facts = model_facts(fixture_entry("llama_gqa_optimum")["model_path"])
     with pytest.raises(ConfigError, match="one row needs .* > 100.0 MiB"):
@@ -102,4 +119,12 @@ def test_plan_command_json_and_bad_input(tmp_path: Path) -> None:
     for option, value in (("--bandwidth-gbs", "0"), ("--bandwidth-gbs", "-1"), ("--latency-p99-ms", "0")):
         bad = CliRunner().invoke(app, ["plan", str(model), "--memory", "1G", option, value])
         assert bad.exit_code == 2 and option in bad.stderr, (option, value, bad.output)
+    # an already-static graph: one short line saying so, not the search for a dynamic cache it cannot find
+    (tmp_path / "p.yaml").write_text(
+        f"model: {model}\noutput_dir: {tmp_path / 'out'}\n"
+        "passes: [{static_kv: {max_cache_len: 32}}]\nverify: null\n"
+    )
+    assert CliRunner().invoke(app, ["run", str(tmp_path / "p.yaml"), "--quiet"]).exit_code == 0
+    bad = CliRunner().invoke(app, ["plan", str(tmp_path / "out" / "model.onnx"), "--memory", "1G"])
+    assert bad.exit_code == 2 and "already static" in bad.stderr and len(bad.stderr) < 400, bad.stderr
     assert parse_bytes("8GiB") == 8 * 2**30 and parse_bytes("512M") == 512_000_000 and parse_bytes("4e9") == 4 * 10**9

@@ -379,11 +379,14 @@ def stale_outputs(config: PipelineConfig, staged: StagedArtifacts) -> list[str]:
     The graphs and data files the earlier run's ``report.json`` lists (:class:`~onnxdeploy.artifacts.EarlierOutputs`)
     that this run does not write (a graph-set run's ``model.s1.c16.onnx`` after a single-graph run, a data file
     after a self-contained one), and the old ``<output_name>.data`` when this run's graphs are self-contained
-    (they never read it). A user's other files are never listed.
+    (they never read it) — only where an earlier run's ``report.json`` shows the folder is a run's: without one,
+    a ``model.onnx.data`` there may be the user's own and is left alone. A user's other files are never listed.
     """
     out_dir = config.output_dir
     earlier = EarlierOutputs.read(out_dir)
-    removes = earlier.stale(out_dir, staged.files) if earlier else []
+    if not earlier:
+        return []
+    removes = earlier.stale(out_dir, staged.files)
     data = f"{config.output_name}.data"
     if staged.files and staged.data_file is None and data not in removes and (out_dir / data).is_file():
         removes.append(data)

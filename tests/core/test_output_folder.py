@@ -75,6 +75,23 @@ def test_an_earlier_output_changed_since_its_run_is_refused_before_any_pass(two_
     assert (out / "model.onnx").exists() and not (out / "other.onnx").exists()
 
 
+def test_a_data_file_in_a_folder_no_run_wrote_is_never_removed(tmp_path):
+    """No report.json: the folder's ``model.onnx.data`` may be the user's, even beside a self-contained output."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.onnx.data").write_bytes(b"mine!")
+    cfg = {
+        "model": str(fixture_entry("llama_gqa_optimum")["model_path"]),
+        "output_dir": str(out),
+        "passes": [{"static_kv": {"batch": 1, "max_cache_len": 16}}],
+        "verify": None,
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg))
+    outcome = run_pipeline(load_pipeline(tmp_path / "p.yaml"))
+    assert outcome.exit_code == 0 and outcome.report.removed_files == []
+    assert (out / "model.onnx.data").read_bytes() == b"mine!"
+
+
 def test_a_report_json_that_is_not_onnxdeploys_is_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

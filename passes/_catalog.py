@@ -124,8 +124,9 @@ class StaticKVConfig(PassConfig):
     window_cache: bool = Field(
         False,
         description="Layers with a sliding window W (read off the graph, confirmed by running) get ring buffers of "
-        "W + max(step_lens) - 1 slots, slot = position mod that length; global layers keep max_cache_len (read "
-        "through a view then: BHSD, scatter_elements). Needs mask_rewrite after, and full_buffer.",
+        "W + max(step_lens) - 1 slots, slot = position mod that length; global layers keep max_cache_len (a "
+        "mixed model's rings are read through a Gather view; every layout and cache_write). Needs mask_rewrite "
+        "after, and full_buffer.",
     )
     cache_policy: CachePolicy | None = Field(
         None,

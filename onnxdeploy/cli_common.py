@@ -117,7 +117,11 @@ def interrupt_on_termination() -> None:
 
 
 def progress(console: Console, *, quiet: bool = False) -> Progress:
-    """Progress bars on ``console`` (stderr), removed when done; none with ``--quiet``."""
+    """Progress bars on ``console`` (stderr), removed when done; none with ``--quiet`` or off a terminal.
+
+    Off a terminal rich draws a bar only once, when it stops, and a transient one leaves an empty line there (before
+    an ``error:`` line, or the summary); the ``•`` stage lines already tell a CI log where the run is.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     return Progress(
@@ -127,7 +131,7 @@ def progress(console: Console, *, quiet: bool = False) -> Progress:
         TimeElapsedColumn(),
         console=console,
         transient=True,
-        disable=quiet,
+        disable=quiet or not console.is_terminal,
     )
 
 

@@ -339,8 +339,9 @@ def _check_output_location(config: PipelineConfig) -> None:
         (f"{config.output_name}.data", "output weights"),
         *((name, "report") for name in REPORT_FILES),
     )
+    where = f"{config.source}: key 'output_dir'" if config.source is not None else "output_dir"
     for name, what in outputs:
-        check_not_an_input(out_dir / name, inputs, what)
+        check_not_an_input(out_dir / name, inputs, f"{where}: {what}")
     earlier = EarlierOutputs.read(out_dir) if out_dir.is_dir() else None
     if earlier is not None:  # before any pass: what an earlier run left must still be what it wrote
         earlier.refuse_changed(out_dir, keep={config.output_name, f"{config.output_name}.data"})

@@ -130,8 +130,8 @@ class StaticKVConfig(PassConfig):
     cache_policy: CachePolicy | None = Field(
         None,
         description="{sinks: N, recent: R}: past max_cache_len the host keeps the first N positions and a ring of "
-        "the last R (written in the contract; mask_rewrite then masks from slot_positions). Needs the export's "
-        "position_ids; sinks + recent <= max_cache_len.",
+        "the last R (written in the contract; mask_rewrite then masks from slot_positions). Needs mask_rewrite "
+        "after, the export's position_ids; sinks + recent <= max_cache_len.",
     )
 
     @model_validator(mode="after")

@@ -33,7 +33,8 @@ class ContractCheck(Check):
       :class:`DecodeContract`'s: a ``kv_dtype`` outside float32/float16/bfloat16, a cache entry lacking a
       name its ``kv_layout`` needs);
     - it is consistent in itself: ``num_layers == len(cache)``, layers numbered ``0..n-1``,
-      ``head_dim_padded >= head_dim``, no name used twice (``OD403``);
+      ``head_dim_padded >= head_dim``, no name used twice, a ``cache_policy`` only with ``mask: slot_positions``
+      (``OD403``);
     - every named input is a graph input and every named output a graph output (``OD404``);
     - dtypes and shapes (``OD405``/``OD406``): ``input_ids`` int64 ``[batch, step_len]``;
       ``cache_position`` int64 ``[step_len]``; ``position_ids`` int64 ``[batch, step_len]``;
@@ -97,6 +98,12 @@ class ContractCheck(Check):
         if contract.head_dim_padded < contract.head_dim:
             yield self._inconsistent(
                 f"head_dim_padded ({contract.head_dim_padded}) is smaller than head_dim ({contract.head_dim})"
+            )
+        if contract.cache_policy is not None and contract.mask != "slot_positions":  # README "Past max_cache_len"
+            yield self._inconsistent(
+                f"cache_policy (sinks {contract.cache_policy.sinks} + recent {contract.cache_policy.recent}) but mask "
+                f"'{contract.mask}': its host feeds slot_positions past max_cache_len, which this graph never reads "
+                "(run mask_rewrite after static_kv)"
             )
         names = contract.tensor_names()
         for name, count in Counter(names).items():

@@ -103,6 +103,8 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
         for line in report.verify.provider_fallbacks:
             out.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
         out.print(verify_table(report.verify))
+        if (reference := report.verify.reference.note(report.accuracy)) is not None:  # a cache_policy's cut past
+            out.print(f"[yellow]{escape(reference)}[/]", soft_wrap=True)
         if report.verify.graphs_driven_text():
             out.print(report.verify.graphs_driven_text(), highlight=False, markup=False)
         if report.runtimes:
@@ -113,7 +115,7 @@ def print_run(out: Console, outcome: RunOutcome) -> None:
         if report.verify.generations is not None:
             from onnxdeploy.text_report import generations_table  # noqa: PLC0415  (report models)
 
-            out.print(generations_table(report.verify.generations))
+            out.print(generations_table(report.verify.generations, report.verify.reference.label()))
     if report.accuracy is not None:
         out.print(accuracy_text(report.accuracy), highlight=False, markup=False, soft_wrap=True)
         if report.accuracy.policy_quality is not None:  # the cache_policy's cost against the full context
@@ -195,11 +197,13 @@ def print_first_divergent(out: Console, verify: VerifyReport, *, with_failures: 
 def print_verify(out: Console, result: VerifyReport) -> None:
     """``onnxdeploy verify``'s summary: the modes' table, first divergent steps, failures, the verdict."""
     out.print(verify_table(result))
+    if (reference := result.reference.note(None)) is not None:  # a cache_policy's cut past
+        out.print(f"[yellow]{escape(reference)}[/]", soft_wrap=True)
     print_first_divergent(out, result, with_failures=True)
     if result.generations is not None:
         from onnxdeploy.text_report import generations_table  # noqa: PLC0415  (report models)
 
-        out.print(generations_table(result.generations))
+        out.print(generations_table(result.generations, result.reference.label()))
     for msg in result.failures:
         out.print(f"[red]FAILED:[/] {escape(msg)}", soft_wrap=True)
     out.print("[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]")

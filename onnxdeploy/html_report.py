@@ -125,8 +125,8 @@ def render_html(report: RunReport, *, max_rows: int = 200) -> str:
     parts += _html_passes(report)
     parts += _html_findings(report)
     if report.verify is not None:
-        parts += _html_verify(report.verify, max_rows)
-        parts += generations_html(report.verify.generations)
+        parts += _html_verify(report.verify, max_rows, report.verify.reference.note(report.accuracy))
+        parts += generations_html(report.verify.generations, report.verify.reference.label())
         from onnxdeploy.batching_report import batching_html  # noqa: PLC0415  (verify.batching's section)
 
         parts += batching_html(report.verify.batching)
@@ -301,13 +301,15 @@ def _graphs_of(m: ModeResult, fallback: str) -> list[tuple[str, list[StepRecord]
     return list(groups.items())
 
 
-def _html_verify(v: VerifyReport, max_rows: int) -> list[str]:
+def _html_verify(v: VerifyReport, max_rows: int, reference: str | None = None) -> list[str]:
+    """The verification section; ``reference``: a line saying the original was not fed the full context."""
     out = [
         "<h2>Verification</h2>",
         f"<p>Original <code>{_h(v.original)}</code> against candidate <code>{_h(v.candidate)}</code>; providers "
         f"{_h(', '.join(v.providers))} (active: {_h(', '.join(v.providers_active) or '?')}); prompt of "
         f"{len(v.prompt)} tokens, {v.steps} steps; thresholds: max |Δ logit| ≤ {v.max_abs_logit_diff_threshold:g}, "
         f"top-1 agreement ≥ {v.min_top1_agreement_threshold:g}.</p>",
+        *([f'<p class="warning reference">{_h(reference)}</p>'] if reference else []),
     ]
     if v.numerics is not None:
         out.append(

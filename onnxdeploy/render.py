@@ -85,10 +85,10 @@ def render_markdown(report: RunReport) -> str:
             "",
         ]
     else:
-        lines += _markdown_verify(report.verify)
+        lines += _markdown_verify(report.verify, report.verify.reference.note(report.accuracy))
         from onnxdeploy.text_report import generations_markdown  # noqa: PLC0415  (see the TYPE_CHECKING import)
 
-        lines += generations_markdown(report.verify.generations)
+        lines += generations_markdown(report.verify.generations, report.verify.reference.label())
         from onnxdeploy.batching_report import batching_markdown  # noqa: PLC0415  (verify.batching's section)
 
         lines += batching_markdown(report.verify.batching)
@@ -245,7 +245,8 @@ def _markdown_accuracy(report: RunReport) -> list[str]:
     )
 
 
-def _markdown_verify(v: VerifyReport) -> list[str]:
+def _markdown_verify(v: VerifyReport, reference: str | None = None) -> list[str]:
+    """The verification section; ``reference``: a line saying the original was not fed the full context."""
     from onnxdeploy.report import StepBlock  # noqa: PLC0415  (see the TYPE_CHECKING import)
 
     lines = [
@@ -256,6 +257,7 @@ def _markdown_verify(v: VerifyReport) -> list[str]:
         f"{v.prompt}, {v.steps} steps; thresholds: max abs logit diff ≤ {v.max_abs_logit_diff_threshold:g}, "
         f"top-1 agreement ≥ {v.min_top1_agreement_threshold:g}.",
         "",
+        *([f"- **{reference}**"] if reference else []),
         *[f"- **provider fallback:** {line}" for line in v.provider_fallbacks],
         *([f"- {v.graphs_driven_text()}"] if v.graphs_driven_text() else []),
         *[

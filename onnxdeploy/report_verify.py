@@ -22,6 +22,7 @@ __all__ = [
     "SessionSettings",
     "GenerationText",
     "GenerationsReport",
+    "VerifyReference",
     "VerifyReport",
     "AccuracyFigures",
     "AccuracyReport",
@@ -329,6 +330,50 @@ class BatchingReport(BaseModel):
         ]
 
 
+class VerifyReference(BaseModel):
+    """What the candidate's logits were compared with: the original on its whole past, or on a ``cache_policy``'s cut.
+
+    Past ``max_cache_len`` a ``cache_policy`` candidate is judged against the original fed the same kept past (sinks
+    + recent, ``runner.cache_policy.CutPastReference``; README, "Past max_cache_len"): the figures then say the graph
+    does what the policy says, not what the policy costs against the full context (``accuracy.policy_quality``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["full_context", "cut_past"] = Field(
+        "full_context",
+        description="full_context: the original fed every earlier position. cut_past: the original fed only the "
+        "positions the cache_policy keeps (sinks + recent) before every call, at their true position ids.",
+    )
+    sinks: int | None = Field(None, description="cut_past: the contract's cache_policy.sinks.")
+    recent: int | None = Field(None, description="cut_past: the contract's cache_policy.recent.")
+    max_cache_len: int | None = Field(None, description="cut_past: the cache length the policy acts past.")
+
+    def label(self) -> str:
+        """The reference's name in tables: ``original``, or ``original (cut past: sinks 4 + recent 12)``."""
+        return (
+            "original"
+            if self.kind == "full_context"
+            else f"original (cut past: sinks {self.sinks} + recent {self.recent})"
+        )
+
+    def note(self, accuracy: AccuracyReport | None) -> str | None:
+        """One line saying the reference is not the full context (None when it is), and where the policy's cost is."""
+        if self.kind == "full_context":
+            return None
+        quality = None if accuracy is None else accuracy.policy_quality
+        cost = (
+            "see accuracy.policy_quality"
+            if quality is not None and quality.mean_kl is not None
+            else "not measured (verify.accuracy with held-out text longer than max_cache_len measures it)"
+        )
+        return (
+            f"reference: the original fed the same kept past (sinks {self.sinks} + recent {self.recent} past "
+            f"max_cache_len {self.max_cache_len}), not the full context, so these figures leave out what the "
+            f"policy costs; its cost against the full context: {cost}"
+        )
+
+
 class VerifyReport(BaseModel):
     """Step-by-step verification of a candidate against the original on ONNX Runtime."""
 
@@ -370,6 +415,10 @@ class VerifyReport(BaseModel):
     )
     candidate_session: SessionSettings | None = Field(
         None, description="The candidate's session (a set: its primary graph's; every graph has the same weights)."
+    )
+    reference: VerifyReference = Field(
+        default_factory=VerifyReference,
+        description="What the original was fed: its whole past, or a cache_policy's cut past (kind cut_past).",
     )
     generations: GenerationsReport | None = Field(
         None, description="Both models' free-running generations as text, when a tokenizer is known (text.py)."

@@ -53,8 +53,11 @@ def _md_text(side: GenerationText) -> str:
     return esc(before) + mark + esc(after) + _ending(side)
 
 
-def generations_markdown(gen: GenerationsReport | None) -> list[str]:
-    """report.md lines: a ``## Generations`` table, original and candidate side by side; [] without one."""
+def generations_markdown(gen: GenerationsReport | None, original: str = "original") -> list[str]:
+    """report.md lines: a ``## Generations`` table, original and candidate side by side; [] without one.
+
+    ``original`` heads the original's column (``VerifyReference.label``: it names a cache_policy's cut past).
+    """
     if gen is None:
         return []
     prompt = gen.prompt_text.translate(_MD_SPECIAL).replace("\n", "<br>")
@@ -68,7 +71,7 @@ def generations_markdown(gen: GenerationsReport | None) -> list[str]:
         _heading(gen)
         + ("; the first differing token is marked **⟦…⟧**." if gen.first_differing_token is not None else "."),
         "",
-        "| original | candidate |",
+        f"| {original} | candidate |",
         "|---|---|",
         f"| {_md_text(gen.original)} | {cand} |",
         "",
@@ -81,8 +84,11 @@ def _html_text(side: GenerationText) -> str:
     return f'<div class="gen">{html.escape(before)}{mark}{html.escape(after)}<i>{_ending(side)}</i></div>'
 
 
-def generations_html(gen: GenerationsReport | None) -> list[str]:
-    """report.html parts: a ``Generations`` section, two columns, the first differing token in ``<mark>``."""
+def generations_html(gen: GenerationsReport | None, original: str = "original") -> list[str]:
+    """report.html parts: a ``Generations`` section, two columns, the first differing token in ``<mark>``.
+
+    ``original`` heads the original's column (``VerifyReference.label``: it names a cache_policy's cut past).
+    """
     if gen is None:
         return []
     cand = _html_text(gen.candidate) if gen.candidate is not None else "<div>—</div>"
@@ -92,7 +98,7 @@ def generations_html(gen: GenerationsReport | None) -> list[str]:
         f"<p>Prompt{chat}: <code>{html.escape(gen.prompt_text)}</code></p>",
         f"<p>{html.escape(_heading(gen))}.</p>",
         '<div style="display:grid;grid-template-columns:1fr 1fr;gap:1em" class="generations">',
-        f"<div><h3>original</h3>{_html_text(gen.original)}</div>",
+        f"<div><h3>{html.escape(original)}</h3>{_html_text(gen.original)}</div>",
         f"<div><h3>candidate</h3>{cand}</div>",
         "</div>",
         "<style>.gen{white-space:pre-wrap;overflow-wrap:anywhere;font-family:monospace}</style>",
@@ -109,10 +115,13 @@ def _rich_text(side: GenerationText) -> Text:
     return out
 
 
-def generations_table(gen: GenerationsReport) -> Table:
-    """The console's table: original and candidate generations side by side, the first differing token marked."""
+def generations_table(gen: GenerationsReport, original: str = "original") -> Table:
+    """The console's table: original and candidate generations side by side, the first differing token marked.
+
+    ``original`` heads the original's column (``VerifyReference.label``: it names a cache_policy's cut past).
+    """
     table = Table(title=f"generations — {_heading(gen)}", show_lines=False)
-    table.add_column("original", overflow="fold", ratio=1)
+    table.add_column(original, overflow="fold", ratio=1)
     table.add_column("candidate", overflow="fold", ratio=1)
     table.add_row(_rich_text(gen.original), _rich_text(gen.candidate) if gen.candidate is not None else Text("—"))
     return table

@@ -131,8 +131,8 @@ class StaticKVConfig(PassConfig):
     cache_policy: CachePolicy | None = Field(
         None,
         description="{sinks: N, recent: R}: past max_cache_len the host keeps the first N positions and a ring of "
-        "the last R (written in the contract; mask_rewrite then masks from slot_positions). Needs the export's "
-        "position_ids; sinks + recent <= max_cache_len.",
+        "the last R (written in the contract; mask_rewrite then masks from slot_positions). Needs mask_rewrite "
+        "after, the export's position_ids; sinks + recent <= max_cache_len.",
     )
 
     @model_validator(mode="after")
@@ -171,6 +171,19 @@ class StaticKVConfig(PassConfig):
     def caches(self) -> list[int]:
         """The cache lengths, ascending."""
         return sorted(self.max_cache_lens) if self.max_cache_lens is not None else [self.max_cache_len or 0]
+
+    def mask_rewrite_reason(self) -> str | None:
+        """Why this config needs a later ``mask_rewrite``, else None (README: "Ring caches", "Past max_cache_len").
+
+        A ring slot (``window_cache``) or a slot past ``max_cache_len`` (``cache_policy``) is masked by the position
+        it holds, which the exporter's ``attention_mask`` mask cannot say; without it the contract would declare a
+        host that feeds ``slot_positions`` to a graph that never reads them.
+        """
+        if self.window_cache:
+            return "window_cache: a ring slot is masked by its position"
+        if self.cache_policy is not None:
+            return "cache_policy: its host masks by slot_positions, which only mask_rewrite's mask reads"
+        return None
 
     def graphs(self) -> list[tuple[int, int]]:
         """Every ``(step_len, max_cache_len)`` pair, the primary graph (smallest S, largest L) first.

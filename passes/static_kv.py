@@ -121,9 +121,9 @@ class StaticKVCachePass(Pass):
     keeps_opset = True
 
     def needs_later(self) -> tuple[str, str] | None:
-        """``window_cache`` rings need ``mask_rewrite`` after this pass (README, "Ring caches")."""
-        ring = self.config.window_cache
-        return ("mask_rewrite", "window_cache: a ring slot is masked by its position") if ring else None
+        """``window_cache``/``cache_policy``: ``mask_rewrite`` (``StaticKVConfig.mask_rewrite_reason``)."""
+        why = self.config.mask_rewrite_reason()
+        return None if why is None else ("mask_rewrite", why)
 
     def min_opset(self, model: ir.Model | None) -> tuple[int, str] | None:
         """ai.onnx opset 11: the cache writes ScatterElements (:meth:`requires` refuses below)."""

@@ -42,7 +42,15 @@ import onnx
 
 from onnxdeploy.contract import CachePolicy, DecodeContract, read_contract
 from onnxdeploy.errors import CacheOverflowError, ConfigError
-from onnxdeploy.report import CallTiming, ModeResult, NumericsReport, PrefillSummary, StepRecord, VerifyReport
+from onnxdeploy.report import (
+    CallTiming,
+    ModeResult,
+    NumericsReport,
+    PrefillSummary,
+    StepRecord,
+    VerifyReference,
+    VerifyReport,
+)
 from onnxdeploy.resources import rss_bytes
 from onnxdeploy.runner.cache_policy import CutPastReference, PolicyDecoder
 from onnxdeploy.runner.compare import step_record, summarize_mode
@@ -462,7 +470,15 @@ def _verify_paths(
         numerics=runs.numerics,
         original_session=original_settings,
         candidate_session=candidate_settings,
+        reference=_reference(policy),
     )
+
+
+def _reference(policy: tuple[CachePolicy, int] | None) -> VerifyReference:
+    """The original's feed: its whole past, or past the cache the policy's cut past (``CutPastReference``)."""
+    if policy is None:
+        return VerifyReference()
+    return VerifyReference(kind="cut_past", sinks=policy[0].sinks, recent=policy[0].recent, max_cache_len=policy[1])
 
 
 def _past_cache_policy(header: onnx.ModelProto, request: _Request) -> tuple[CachePolicy, int] | None:

@@ -7,6 +7,7 @@ from onnx import numpy_helper
 
 from onnxdeploy.checks import ContractCheck
 from onnxdeploy.contract import CONTRACT_KEY, CacheBinding, ContractInputs, DecodeContract, write_contract
+from onnxdeploy.contract_cache import CachePolicy
 from tests.checks.checks_testutil import by_code, codes, parse
 
 VOCAB = 10
@@ -282,3 +283,16 @@ def test_bsh2d_layout():
     assert run(model, packed) == []
     findings = run(model, contract(kv_layout="BSH2D", max_cache_len=4, cache=packed.cache))
     assert codes(findings) == ["OD406", "OD406"] and "(1, 4, 2, 8)" in findings[0].message
+
+
+def test_a_cache_policy_without_the_slot_positions_mask_is_flagged():
+    """static_kv's cache_policy without mask_rewrite: the host would feed slot_positions to a graph that never reads
+    them (README, "Past max_cache_len"); with mask: slot_positions and its input the same policy is consistent."""
+    policy = CachePolicy(sinks=2, recent=4)
+    findings = by_code(run(decoder(), contract(contract_version=5, cache_policy=policy)), "OD403")
+    assert [f.level for f in findings] == ["error"]
+    assert "cache_policy (sinks 2 + recent 4) but mask 'attention_mask'" in findings[0].message
+    assert "run mask_rewrite after static_kv" in findings[0].message
+    inputs = ContractInputs(input_ids="input_ids", cache_position="cache_position", slot_positions="slot_positions")
+    masked = contract(contract_version=5, cache_policy=policy, mask="slot_positions", inputs=inputs)
+    assert run(decoder(extra_inputs=", int64[8] slot_positions"), masked) == []

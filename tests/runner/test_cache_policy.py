@@ -113,3 +113,16 @@ def test_verify_decodes_a_policy_graph_set_past_the_cache_against_the_cut_past_o
     modes = outcome.report.verify.modes  # type: ignore[union-attr]
     assert {m.positions for m in modes.values()} == {4 * 32}
     assert all(m.top1_agreement == 1.0 and m.max_abs_logit_diff <= 1e-5 for m in modes.values())
+
+
+@pytest.mark.parametrize("verify", [None, {"prompt": [1, 2, 3], "steps": 4}, {"prompt": [1, 2, 3], "steps": 40}])
+def test_a_policy_without_a_later_mask_rewrite_exits_2_before_any_pass(tmp_path: Path, verify: dict | None) -> None:
+    """A fresh user's case: without mask_rewrite the graph masks by the exporter's attention_mask, never by the
+    slot_positions the contract's host feeds; the run passed (no verify, or within the cache) or failed late."""
+    path = _pipeline(tmp_path, "llama_gqa_optimum", {"max_cache_len": 16, "cache_policy": {"sinks": 2, "recent": 8}})
+    config = yaml.safe_load(path.read_text())
+    config["passes"], config["verify"] = config["passes"][:1], verify
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"key 'passes\[0\]\.static_kv': needs a later mask_rewrite pass") as err:
+        load_pipeline(path)
+    assert "cache_policy" in str(err.value) and err.value.exit_code == 2 and not (tmp_path / "out").exists()

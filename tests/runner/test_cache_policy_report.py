@@ -18,17 +18,21 @@ import yaml
 from rich.console import Console
 
 from onnxdeploy.config import load_pipeline
-from onnxdeploy.console_report import print_run
+from onnxdeploy.console_report import print_run, print_verify
 from onnxdeploy.pipeline import RunOutcome, run_pipeline
 from onnxdeploy.runner.cache_policy import evaluate_policy_accuracy, policy_quality
+from onnxdeploy.runner.verify import verify
 from tests.conftest import fixture_entry
 
 NAME = "llama_bytes_torchscript"
 M = 32
 TEXT = list((Path(fixture_entry(NAME)["model_path"]).parent / "eval.txt").read_bytes()[: 4 * M])
+TOKENIZER = Path(fixture_entry(NAME)["model_path"]).parents[1] / "tokenizer.json"  # the byte-level vocabulary
+CUT = "original (cut past: sinks 4 + recent 20)"
+NOTE = "reference: the original fed the same kept past (sinks 4 + recent 20 past max_cache_len 32), not the full "
 
 
-def _run(tmp_path: Path, max_tokens: int) -> tuple[dict, list[str], RunOutcome]:
+def _run(tmp_path: Path, max_tokens: int, steps: int = 10) -> tuple[dict, list[str], RunOutcome]:
     (tmp_path / "held_out.json").write_text(json.dumps(TEXT))
     pipeline = {
         "model": str(fixture_entry(NAME)["model_path"]),
@@ -39,7 +43,8 @@ def _run(tmp_path: Path, max_tokens: int) -> tuple[dict, list[str], RunOutcome]:
         ],
         "verify": {
             "prompt": TEXT[:6],
-            "steps": 10,
+            "steps": steps,
+            "tokenizer": str(TOKENIZER),
             "modes": ["teacher_forced"],
             "accuracy": {"token_ids_file": "held_out.json", "max_tokens": max_tokens, "max_mean_kl": 1e-6},
         },
@@ -52,7 +57,8 @@ def _run(tmp_path: Path, max_tokens: int) -> tuple[dict, list[str], RunOutcome]:
 
 
 def test_the_policy_cost_on_the_accuracy_text_is_a_report_figure(tmp_path: Path) -> None:
-    accuracy, said, outcome = _run(tmp_path, 4 * M)
+    """verify past the cache too: every place showing the reference says it is the cut past, not the full context."""
+    accuracy, said, outcome = _run(tmp_path, 4 * M, steps=4 * M - 6)
     assert accuracy["tokens"] == M and accuracy["weight_only"]["positions"] == M - 1  # within the cache
     assert accuracy["weight_only"]["mean_kl"] <= 1e-6 and accuracy["passed"]  # no eviction: the export's figures
     figures = accuracy["policy_quality"]
@@ -66,11 +72,17 @@ def test_the_policy_cost_on_the_accuracy_text_is_a_report_figure(tmp_path: Path)
     summary = io.StringIO()
     print_run(Console(file=summary, width=400, color_system=None), outcome)
     assert line in summary.getvalue()  # the end summary repeats it, after the accuracy line
+    section = json.loads(outcome.report_json.read_text())["verify"]
+    assert section["reference"] == {"kind": "cut_past", "sinks": 4, "recent": 20, "max_cache_len": M}
+    note = f"{NOTE}context, so these figures leave out what the policy costs; its cost against the full context: see "
+    assert f"{note}accuracy.policy_quality" in summary.getvalue() and CUT in summary.getvalue()  # generations column
     kl, top1 = f"{figures['mean_kl']:.4g}", f"{figures['top1_agreement']:.3f}"
     md, html = outcome.report_md.read_text(), outcome.report_html.read_text()
     assert f"| cache_policy vs full context | - | - | {3 * M} | {kl} | - | {top1} |" in md and line in md
     row = f'cache_policy vs full context</td><td class="num">{3 * M}</td><td class="num">{kl}</td>'
     assert row in html and f"{top1}</td>" in html and "policy_quality</code>" in html
+    assert f"- **{note}accuracy.policy_quality**" in md and f"| {CUT} | candidate |" in md
+    assert f'<p class="warning reference">{note}accuracy.policy_quality</p>' in html and f"<h3>{CUT}</h3>" in html
 
 
 def test_a_text_within_the_cache_says_the_cost_was_not_measured(tmp_path: Path) -> None:
@@ -80,6 +92,15 @@ def test_a_text_within_the_cache_says_the_cost_was_not_measured(tmp_path: Path) 
     assert any("quality not measured: the 32 held-out tokens never pass max_cache_len" in s for s in said)
     md = outcome.report_md.read_text()
     assert "quality not measured" in md and "| cache_policy vs full context |" not in md  # no figures: no row
+    section = json.loads(outcome.report_json.read_text())["verify"]  # within the cache: the original's whole past
+    assert section["reference"]["kind"] == "full_context" and NOTE not in md and "| original | candidate |" in md
+    # `onnxdeploy verify` on the same candidate past its cache: the reference line says the cost is not measured
+    model = tmp_path / "out" / "model.onnx"
+    result = verify(fixture_entry(NAME)["model_path"], model, prompt=TEXT[:6], steps=2 * M, modes=["teacher_forced"])
+    assert result.passed and result.reference.kind == "cut_past"
+    out = io.StringIO()
+    print_verify(Console(file=out, width=400, color_system=None), result)
+    assert f"{NOTE}context" in out.getvalue() and "not measured (verify.accuracy with held-out text" in out.getvalue()
 
 
 def test_a_candidate_without_a_policy_is_left_to_the_usual_figures() -> None:

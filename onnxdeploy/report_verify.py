@@ -348,6 +348,10 @@ class VerifyReference(BaseModel):
     sinks: int | None = Field(None, description="cut_past: the contract's cache_policy.sinks.")
     recent: int | None = Field(None, description="cut_past: the contract's cache_policy.recent.")
     max_cache_len: int | None = Field(None, description="cut_past: the cache length the policy acts past.")
+    #: the original runs quantized MatMuls (MatMulNBits, or DQ -> MatMul fused into one), whose ORT CPU logits
+    #: depend on the rows per call (SmolLM2 INT4: 0.11-0.22 apart, one 3-token call against 3 calls): its prompt
+    #: went one token per call, as a step-1 candidate's does
+    prompt_per_token: bool = False
 
     def label(self) -> str:
         """The reference's name in tables: ``original``, or ``original (cut past: sinks 4 + recent 12)``."""
@@ -360,7 +364,7 @@ class VerifyReference(BaseModel):
     def note(self, accuracy: AccuracyReport | None) -> str | None:
         """One line saying the reference is not the full context (None when it is), and where the policy's cost is."""
         if self.kind == "full_context":
-            return None
+            return "reference: the original's prompt fed a token per call (MatMulNBits)" * self.prompt_per_token or None
         quality = None if accuracy is None else accuracy.policy_quality
         cost = (
             "see accuracy.policy_quality"

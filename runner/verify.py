@@ -123,10 +123,11 @@ def _decode(
     *,
     forced: Sequence[int] | None = None,
     report: Callable[[int], None] = lambda done: None,
+    per_token: bool = False,
 ) -> _DecodeRun:
-    """Feed the prompt, then ``steps`` tokens: ``forced`` ones, or else the argmax of the previous position."""
+    """Feed the prompt (one call; ``per_token``: a call per token), then ``steps`` tokens: ``forced`` or argmax."""
     decoder.reset()
-    outputs = decoder.feed(list(prompt))
+    outputs = [o for token in prompt for o in decoder.feed([token])] if per_token else decoder.feed(list(prompt))
     report(decoder.position)
     tokens_in = list(prompt)
     for step in range(steps):
@@ -433,9 +434,15 @@ def _verify_paths(
         else open_decoder(original_path, providers=request.providers)
     )
     with opened as original:
+        # ORT's MatMulNBits (and DequantizeLinear -> MatMul, which it fuses into one) gives a row other logits in a
+        # many-row call than alone: a quantized original's prompt goes one token per call, as a step-1 candidate's
+        settings = original.model_session.settings
+        per_token = policy is None and settings is not None and settings.weights == "quantized"
         _warm_up(original, request.prompt, request.steps)
         rss_before = rss_bytes()
-        reference = _decode(original, request.prompt, request.steps, report=request.reporter("reference"))
+        reference = _decode(
+            original, request.prompt, request.steps, report=request.reporter("reference"), per_token=per_token
+        )
         rss_growth = rss_bytes() - rss_before
         original_fallbacks = _fallbacks(original)
         original_settings = original.model_session.settings
@@ -470,14 +477,14 @@ def _verify_paths(
         numerics=runs.numerics,
         original_session=original_settings,
         candidate_session=candidate_settings,
-        reference=_reference(policy),
+        reference=_reference(policy, per_token),
     )
 
 
-def _reference(policy: tuple[CachePolicy, int] | None) -> VerifyReference:
+def _reference(policy: tuple[CachePolicy, int] | None, per_token: bool) -> VerifyReference:
     """The original's feed: its whole past, or past the cache the policy's cut past (``CutPastReference``)."""
     if policy is None:
-        return VerifyReference()
+        return VerifyReference(prompt_per_token=per_token)
     return VerifyReference(kind="cut_past", sinks=policy[0].sinks, recent=policy[0].recent, max_cache_len=policy[1])
 
 

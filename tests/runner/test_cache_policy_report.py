@@ -73,7 +73,13 @@ def test_the_policy_cost_on_the_accuracy_text_is_a_report_figure(tmp_path: Path)
     print_run(Console(file=summary, width=400, color_system=None), outcome)
     assert line in summary.getvalue()  # the end summary repeats it, after the accuracy line
     section = json.loads(outcome.report_json.read_text())["verify"]
-    assert section["reference"] == {"kind": "cut_past", "sinks": 4, "recent": 20, "max_cache_len": M}
+    assert section["reference"] == {
+        "kind": "cut_past",
+        "sinks": 4,
+        "recent": 20,
+        "max_cache_len": M,
+        "prompt_per_token": False,
+    }
     note = f"{NOTE}context, so these figures leave out what the policy costs; its cost against the full context: see "
     assert f"{note}accuracy.policy_quality" in summary.getvalue() and CUT in summary.getvalue()  # generations column
     kl, top1 = f"{figures['mean_kl']:.4g}", f"{figures['top1_agreement']:.3f}"

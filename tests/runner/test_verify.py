@@ -198,3 +198,26 @@ def test_export_variant_verifies_exactly_against_the_original(variant: str, tmp_
     for result in report.modes.values():
         assert result.max_abs_logit_diff <= 1e-5 and result.top1_agreement == 1.0
         assert result.positions == len(reference["prompt"]) + 8
+
+
+def test_a_quantized_originals_prompt_goes_one_token_per_call(tmp_path: Path) -> None:
+    """MatMulNBits rows depend on the rows per call: the reference feeds a quantized original like a step-1 graph."""
+    import yaml  # noqa: PLC0415
+
+    from onnxdeploy.config import load_pipeline  # noqa: PLC0415
+    from onnxdeploy.pipeline import run_pipeline  # noqa: PLC0415
+
+    def run(model: Path, out: str, passes: list, verify_cfg) -> Path:
+        cfg = {"model": str(model), "output_dir": str(tmp_path / out), "passes": passes, "verify": verify_cfg}
+        (tmp_path / f"{out}.yaml").write_text(yaml.safe_dump(cfg))
+        assert run_pipeline(load_pipeline(tmp_path / f"{out}.yaml")).exit_code == 0
+        return tmp_path / out / "model.onnx"
+
+    quantized = run(fixture_entry("llama_gqa_optimum")["model_path"], "q", [{"quantize_weights": {"bits": 4}}], None)
+    static = run(quantized, "s", [{"static_kv": {"max_cache_len": 32}}], None)
+    report = verify(quantized, static, prompt=[1, 2, 3, 4, 5], steps=4)
+    assert report.passed and report.reference.prompt_per_token
+    mode = report.modes["teacher_forced"]
+    assert mode.reference_prefill is not None and mode.reference_prefill.calls == 5
+    float_report = verify(fixture_entry("llama_gqa_optimum")["model_path"], static, prompt=[1, 2, 3], steps=2)
+    assert not float_report.reference.prompt_per_token  # a float original's prompt: one call

@@ -85,12 +85,15 @@ class StagedArtifacts:
         staging: the temporary folder (``out_dir/.onnxdeploy-*``).
         files: file names in ``staging``, in the order they will be renamed (data before graphs).
         data_file: the shared external data file's name, or None when every weight is inline.
+        weights_files: graph file name → the data file its external weights were written to (a graph whose
+            weights are all inline is absent); ``split {weights: per_part}`` gives each part index its own.
     """
 
     out_dir: Path
     staging: Path
     files: list[str] = field(default_factory=list)
     data_file: str | None = None
+    weights_files: dict[str, str] = field(default_factory=dict)
 
     def path(self, name: str) -> Path:
         """The staged path of ``name`` (valid until :meth:`commit` or :meth:`discard`)."""
@@ -282,6 +285,8 @@ def stage_artifacts(
                     if file == data_name or staged.data_file is None:
                         staged.data_file = file
         for name, model in graphs:  # everything else inline; large main-graph tensors streamed
+            if any(id(v.const_value) in swaps[files[name]] for g in model.graphs() for v in g.initializers.values()):
+                staged.weights_files[name] = files[name]
             _write_model(model, swaps[files[name]], staging / name)
             staged.files.append(name)
         # The written external tensors map the staged file: drop them before anything renames it.

@@ -7,6 +7,7 @@ protobuf exceeds the 2 GiB limit (``onnx.checker.MAXIMUM_PROTOBUF``) without cop
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,11 +16,13 @@ from google.protobuf.message import EncodeError
 from onnx import AttributeProto, TensorProto
 
 from onnxdeploy.model_io import PROTOBUF_LIMIT_BYTES
+from onnxdeploy.report import Finding
 
 __all__ = [
     "MAX_PROTOBUF_BYTES",
     "STUB_MIN_BYTES",
     "ValueType",
+    "group_per_op",
     "infer",
     "iter_graphs",
     "iter_tensors",
@@ -40,6 +43,43 @@ def list_names(names: list[str], limit: int = 10) -> str:
     """The first ``limit`` names joined by commas, then how many more (a finding's message stays one line)."""
     more = f", … ({len(names) - limit} more)" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
+
+
+_PLURAL = ((" is not supported", " are not supported"), (" has no ", " have no "), (" does not name", " do not name"))
+
+
+def group_per_op(findings: list[Finding]) -> list[Finding]:
+    """One finding per op type for per-node findings that repeat the same message, hint, rule and source.
+
+    A per-node finding names one node (``nodes == [ref]``) and its message starts ``node <ref> (<Op>)``; those
+    equal once the ref is taken out merge into one whose message starts ``<n> <Op> node(s) (<a few names>)`` and
+    whose ``nodes`` lists them all, as ``OD516`` groups its nodes (a user reads the ~900-character source and
+    fix once, not 60 times). Others, and groups of one, are kept as they are, in first-seen order.
+    """
+    groups: dict[tuple, list[Finding]] = {}
+    for f in findings:
+        ref = f.nodes[0] if len(f.nodes) == 1 else None
+        head = f"node {ref} (" if ref is not None else None
+        if head is None or not f.message.startswith(head):
+            groups[(id(f),)] = [f]
+            continue
+        key = (f.code, f.level, f.check, "node \0 (" + f.message[len(head) :], f.hint, f.rule, f.source)
+        groups.setdefault(key, []).append(f)
+    out = []
+    for members in groups.values():
+        first = members[0]
+        if len(members) == 1:
+            out.append(first)
+            continue
+        refs = [m.nodes[0] for m in members]
+        rest = first.message[len(f"node {refs[0]} (") :]
+        match = re.match(r"([^)]*)\)(.*)", rest, re.DOTALL)
+        op, tail = (match.group(1), match.group(2)) if match else ("", rest)
+        for one, many in _PLURAL:
+            tail = tail.replace(one, many, 1) if tail.startswith(one) else tail
+        message = f"{len(refs)} {op} node(s) ({list_names(refs, 5)}){tail}"
+        out.append(first.model_copy(update={"message": message, "nodes": refs}))
+    return out
 
 
 def node_ref(node: onnx.NodeProto, index: int) -> str:

@@ -16,12 +16,13 @@ the cross-check tests compare it with whether ONNX Runtime / OpenVINO really ope
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 import onnx
 
-from onnxdeploy.checks._graph import iter_graphs, list_names, node_ref
+from onnxdeploy.checks._graph import group_per_op, iter_graphs, list_names, node_ref, value_type
 from onnxdeploy.checks.base import Check, CheckContext, register_check
 from onnxdeploy.checks.target_tensors import TargetTensorsCheck, Types, value_types
 from onnxdeploy.errors import ConfigError
@@ -289,6 +290,22 @@ def _emulated_type(
     return None
 
 
+_BATCH_ONE = re.compile(r"batch ?size: ?1", re.IGNORECASE)
+"""A constraint in words about the batch only (rknn-rk3588's 'batchsize: 1' on Softmax, Slice, Tile, ...)."""
+
+
+def _static_batch_one(model: onnx.ModelProto) -> bool:
+    """Whether the graph's batch dim is static 1: dim 0 of every fed input of rank >= 2 is 1.
+
+    ``input_ids`` ``(B, S)``, ``attention_mask`` ``(B, L)``, ``past_key_values.{i}.key`` ``(B, H, L, D)`` and a
+    part's hidden state ``(B, S, hidden)`` all lead with the batch; rank-1 inputs (``cache_position``) do not.
+    """
+    fed = {t.name for t in model.graph.initializer}
+    dims = [value_type(v.type).dims for v in model.graph.input if v.name not in fed]
+    leading = [d[0] for d in dims if d is not None and len(d) >= 2]
+    return bool(leading) and all(d == 1 for d in leading)
+
+
 def _pin_hint(matrix: Matrix, domain: str, op: str, opset: int) -> str:
     """``pin_opset: {opset: N}`` for the nearest opset in the target's range where an entry covers ``op``."""
     rng = matrix.opsets.get(domain)
@@ -306,7 +323,8 @@ class TargetOpsCheck(Check):
     """Every node's op is supported by the target at the op's schema version, within the entry's constraints.
 
     The schema version is the ``since_version`` of the op's ONNX definition that the model's opset selects
-    (``onnx.defs.get_schema``), as ONNX Runtime registers kernels. One finding per node:
+    (``onnx.defs.get_schema``), as ONNX Runtime registers kernels. One finding per node, the nodes of one op type
+    that share a message, fix, rule and source merged into one naming them all (``checks._graph.group_per_op``):
 
     - ``OD510`` error: the op (at this schema version) is not in a complete operator list, or its domain is
       not supported; the hint names the pass that removes the op, or the ``pin_opset`` that reaches a
@@ -317,7 +335,8 @@ class TargetOpsCheck(Check):
     - ``OD513`` error: an attribute value the entry does not accept;
     - ``OD514`` error: a tensor rank above the entry's ``max_rank``;
     - ``OD515`` warning: the op is accepted but has no accelerator lowering (runs on the host CPU);
-    - ``OD516`` info: per op type, constraints stated in words by the source, with the nodes they concern;
+    - ``OD516`` info: per op type, constraints stated in words by the source, with the nodes they concern (a
+      ``batchsize: 1`` constraint is left out when every fed input's batch dim, dim 0 of rank >= 2, is static 1);
     - ``OD517`` warning: per op type and element type, nodes no entry takes in that type but one takes once the
       type is read as the one the target computes in instead (``Matrix.emulated_types``: ORT's CPU EP casts a
       float16 node without a float16 kernel to float32); other targets keep ``OD512``;
@@ -352,27 +371,31 @@ class TargetOpsCheck(Check):
         opsets = opset_imports(model)
         _, types = value_types(model)
         worded: dict[tuple[str, str], list[str]] = defaultdict(list)
-        worded_entry: dict[tuple[str, str], OpEntry] = {}
+        worded_entry: dict[tuple[str, str], list[str]] = {}
         emulated: dict[tuple[str, str], list[str]] = defaultdict(list)
+        per_node: list[Finding] = []
+        batch_one = _static_batch_one(model)
         for graph, scope in iter_graphs(model.graph):
             for index, node in enumerate(graph.node):
                 ref = f"{scope}{node_ref(node, index)}"
                 finding, entry = self._node(matrix, node, ref, opsets, types, emulated)
                 if finding is not None:
-                    yield finding
-                if entry is not None and entry.constraints:
+                    per_node.append(finding)
+                words = [c for c in entry.constraints if not (batch_one and _BATCH_ONE.fullmatch(c))] if entry else []
+                if entry is not None and words:
                     worded[(node.op_type, entry.source)].append(ref)
-                    worded_entry[(node.op_type, entry.source)] = entry
+                    worded_entry[(node.op_type, entry.source)] = words
+        yield from group_per_op(per_node)  # OD510 & co: one per op type and message, not one per node
         for (op, source), refs in worded.items():
-            entry = worded_entry[(op, source)]
+            words = worded_entry[(op, source)]
             listed = list_names(refs)
             yield self.finding(
                 "OD516",
                 "info",
                 f"{len(refs)} {op} node(s) must meet constraints {matrix.target} states in words: "
-                f"{'; '.join(entry.constraints)} ({listed})",
+                f"{'; '.join(words)} ({listed})",
                 nodes=refs,
-                rule=f"{op}: {'; '.join(entry.constraints)}",
+                rule=f"{op}: {'; '.join(words)}",
                 source=matrix.source_text(source),
             )
         for (op, dtype), refs in emulated.items():
@@ -496,7 +519,8 @@ class TargetOpsCheck(Check):
         at = f" at schema version {version} ({domain} opset {opset})" if version is not None else ""
         others = matrix.ops_for(domain, node.op_type)
         hints = [h for h in (fix_hint(node.op_type), _pin_hint(matrix, domain, node.op_type, opset)) if h]
-        sources = sorted({e.source for e in others} or {e.source for e in matrix.ops if e.domain == domain})
+        listing = Counter(e.source for e in matrix.ops if e.domain == domain).most_common(1)  # the op list's source
+        sources = sorted({e.source for e in others} or {s for s, _ in listing})
         if others:
             spans = ", ".join(
                 f"{e.since}..{e.until or '∞'}" + (f" at {domain} opset <= {e.opset_max}" if e.opset_max else "")

@@ -173,11 +173,12 @@ def passes_table(passes: list[PassReport]) -> Table:
     for col in ("pass", "nodes", *ops, "dims fixed", "time (s)"):
         table.add_column(col)
     for p in passes:
+        moved = p.moved_to_parts()
         table.add_row(
             p.name,
             p.nodes_text(),
             ops_text(p.ops_added, "+"),
-            ops_text(p.ops_removed, "-"),
+            ops_text(p.ops_removed, "-") if moved is None else f"moved to {moved}: " + ops_text(p.ops_removed, " "),
             str(len(p.dims_fixed)),
             f"{p.wall_time_s:.2f}" + (" (cached)" if p.cache == "hit" else ""),
         )

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import yaml
 
-from onnxdeploy.render import SET_NOTE, block_text, fmt_number, rows_with_blocks
+from onnxdeploy.render import SET_NOTE, block_text, fmt_number, rows_with_blocks, weights_heading
 from onnxdeploy.report import (
     FileRecord,
     ModeResult,
@@ -195,11 +195,23 @@ def _io_table(record: FileRecord) -> str:
 def _html_files(report: RunReport) -> list[str]:
     out = ["<h2>Artifacts</h2>"]
     if report.graphs:
+        out.append(f"<h3>{_h(weights_heading(report.graphs))}</h3>")
         out.append(
             _table(
-                ["graph", "role", "step_len", "max_cache_len", "logits"],
-                [(_code(g.file), g.role, g.step_len, g.max_cache_len, g.prefill_logits) for g in report.graphs],
-                numeric=(2, 3),
+                ["graph", "role", "part", "step_len", "max_cache_len", "outputs", "weights file"],
+                [
+                    (
+                        _code(g.file),
+                        g.role,
+                        "—" if g.part is None else g.part,
+                        g.step_len,
+                        g.max_cache_len,
+                        g.output_text(),
+                        _code(g.weights_file) if g.weights_file else "inline",
+                    )
+                    for g in report.graphs
+                ],
+                numeric=(3, 4),
             )
         )
     if report.files:
@@ -236,7 +248,9 @@ def _html_passes(report: RunReport) -> list[str]:
             p.nodes_text(),
             len(p.dims_fixed),
             _ops(p.ops_added, "+"),
-            _ops(p.ops_removed, "−"),
+            _ops(p.ops_removed, "−")
+            if not p.moved_to_parts()
+            else f"moved to {p.moved_to_parts()}: " + _ops(p.ops_removed, " "),
             f"{format_bytes(p.initializer_bytes_before)} → {format_bytes(p.initializer_bytes_after)}",
             f"{p.wall_time_s:.2f}",
         )

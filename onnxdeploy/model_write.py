@@ -85,12 +85,15 @@ class StagedArtifacts:
         staging: the temporary folder (``out_dir/.onnxdeploy-*``).
         files: file names in ``staging``, in the order they will be renamed (data before graphs).
         data_file: the shared external data file's name, or None when every weight is inline.
+        weights_files: graph file name → the data file its external weights were written to (a graph whose
+            weights are all inline is absent); ``split {weights: per_part}`` gives each part index its own.
     """
 
     out_dir: Path
     staging: Path
     files: list[str] = field(default_factory=list)
     data_file: str | None = None
+    weights_files: dict[str, str] = field(default_factory=dict)
 
     def path(self, name: str) -> Path:
         """The staged path of ``name`` (valid until :meth:`commit` or :meth:`discard`)."""
@@ -205,6 +208,11 @@ _INTEGER_DTYPES = frozenset(
 )
 
 
+def _reads_external(model: ir.Model, external: dict[int, ir.TensorProtocol]) -> bool:
+    """Whether one of ``model``'s initializers is among ``external`` (the tensors written to its data file)."""
+    return any(id(v.const_value) in external for g in model.graphs() for v in g.initializers.values())
+
+
 def _stays_inline(tensor: ir.TensorProtocol) -> bool:
     """Small integer tensors (shapes, axes, indices: at most 1 KiB) stay inline whatever the threshold.
 
@@ -229,10 +237,9 @@ def stage_artifacts(
     per_part}``: one file per part); a tensor graphs of two files read is written into both.
 
     With ``external``, every initializer above ``size_threshold_bytes`` (but small integer ones, see
-    :func:`_stays_inline`) goes to **one** new data file
-    ``data_name`` (a tensor object shared by several graphs is written once; each graph references it by
-    the relative ``location`` ``data_name``, its final name). The data file is written fresh, never
-    appended to. Tensors are streamed one at a time (memory-mapped inputs are copied in chunks).
+    :func:`_stays_inline`) goes to **one** new data file ``data_name`` (a tensor object shared by several
+    graphs is written once; each graph references it by the relative ``location`` ``data_name``, its final
+    name). The data file is written fresh, never appended to. Tensors stream one at a time (mapped ones in chunks).
 
     Args:
         graphs: ``(file name, model)`` pairs, e.g. ``[("model.onnx", decode)]``.
@@ -284,6 +291,7 @@ def stage_artifacts(
         for name, model in graphs:  # everything else inline; large main-graph tensors streamed
             _write_model(model, swaps[files[name]], staging / name)
             staged.files.append(name)
+        staged.weights_files = {n: files[n] for n, m in graphs if _reads_external(m, swaps[files[n]])}
         # The written external tensors map the staged file: drop them before anything renames it.
         for t in (t for per_file in swaps.values() for t in per_file.values()):
             if isinstance(t, ir.ExternalTensor):

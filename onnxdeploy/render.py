@@ -18,7 +18,7 @@ import yaml
 from onnxdeploy.resources import format_bytes
 
 if TYPE_CHECKING:  # the report's models are not needed to import this module: `onnxdeploy passes` uses yaml_inline
-    from onnxdeploy.report import ModeResult, RunReport, StepBlock, StepRecord, VerifyReport
+    from onnxdeploy.report import GraphReport, ModeResult, RunReport, StepBlock, StepRecord, VerifyReport
 
 __all__ = ["SET_NOTE", "block_text", "fmt_number", "render_markdown", "rows_with_blocks", "yaml_inline"]
 
@@ -120,6 +120,12 @@ def _markdown_runtimes(report: RunReport) -> list[str]:
     return [*lines, ""]
 
 
+def weights_heading(graphs: list[GraphReport]) -> str:
+    """The graphs table's heading: how many weights files the run truly wrote (``3 weights files``)."""
+    n = len({g.weights_file for g in graphs if g.weights_file})
+    return "Graphs (" + ("weights inline" if n == 0 else "one weights file" if n == 1 else f"{n} weights files") + ")"
+
+
 def _markdown_summary(report: RunReport) -> list[str]:
     """Files, pipeline, target, versions; the graphs of a set."""
     html_file = next((f for f in report.output_files if f.endswith("report.html")), None)
@@ -144,15 +150,19 @@ def _markdown_summary(report: RunReport) -> list[str]:
         lines.append(f"- plots of error and latency per position, files with sha256: `{html_file}`")
     lines.append("")
     if len(report.graphs) > 1:
+        split = any(g.part is not None for g in report.graphs)
         lines += [
-            "## Graphs (one weights file)",
+            f"## {weights_heading(report.graphs)}",
             "",
-            "| file | role | step_len | max_cache_len | logits |",
-            "|---|---|---|---|---|",
+            "| file | role | " + ("part | " if split else "") + "step_len | max_cache_len | outputs | weights file |",
+            "|---|---|" + ("---|" if split else "") + "---|---|---|---|",
         ]
-        lines += [
-            f"| `{g.file}` | {g.role} | {g.step_len} | {g.max_cache_len} | {g.prefill_logits} |" for g in report.graphs
-        ]
+        for g in report.graphs:
+            part = f"{g.part} | " if split else ""
+            weights = f"`{g.weights_file}`" if g.weights_file else "inline"
+            lines.append(
+                f"| `{g.file}` | {g.role} | {part}{g.step_len} | {g.max_cache_len} | {g.output_text()} | {weights} |"
+            )
         lines.append("")
     return lines
 
@@ -170,6 +180,8 @@ def _markdown_passes(report: RunReport) -> list[str]:
     for p in report.passes:
         added = ", ".join(f"{k}+{v}" for k, v in p.ops_added.items()) or "—"
         removed = ", ".join(f"{k}−{v}" for k, v in p.ops_removed.items()) or "—"
+        if p.moved_to_parts():  # split: the decode graph's ops went to the other parts, not away
+            removed = f"moved to {p.moved_to_parts()}: " + ", ".join(f"{k} {v}" for k, v in p.ops_removed.items())
         lines.append(
             f"| {p.name} | {p.modified} | {p.nodes_text()} | "
             f"{p.initializer_bytes_before} → {p.initializer_bytes_after} | {added} | {removed} | "

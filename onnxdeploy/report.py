@@ -139,6 +139,17 @@ class PassReport(BaseModel):
             text += f" (Σ {sizes} graphs)"
         return text
 
+    def moved_to_parts(self) -> str | None:
+        """``parts 1..2`` for ``split``, whose decode graph's "removed" ops moved to the other parts; else None.
+
+        From ``details.parts`` (one row per part, ``passes/split.py``): part 0 keeps the graph's name, so the
+        primary's op histogram diff is what parts 1..K-1 took, not ops the pass deleted.
+        """
+        parts = self.details.get("parts") if self.name == "split" else None
+        if not isinstance(parts, list) or len(parts) < 2:
+            return None
+        return "part 1" if len(parts) == 2 else f"parts 1..{len(parts) - 1}"
+
     model_config = ConfigDict(extra="forbid")
 
     name: str
@@ -205,7 +216,12 @@ class NodeDivergence(BaseModel):
 
 
 class GraphReport(BaseModel):
-    """One graph file a run wrote (``report.json`` → ``graphs``): a decode graph or a prefill bucket."""
+    """One graph file a run wrote (``report.json`` → ``graphs``): a decode graph or a prefill bucket, or one part.
+
+    From the graph's contract (``part``, ``logits``) and the writer (the data file it put the weights in). A split
+    model's parts 0..K-2 output the hidden state ``hidden_states.<k>`` float ``(B, step_len, hidden)``, not logits;
+    the last part outputs the logits ``(B, S, V)`` (``prefill_logits: last``: ``(B, 1, V)``).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -214,6 +230,20 @@ class GraphReport(BaseModel):
     max_cache_len: int
     prefill_logits: Literal["all", "last"]
     role: Literal["decode", "prefill"]
+    part: int | None = Field(None, description="0-based part index of a split model (split); null: not split.")
+    output: Literal["logits", "hidden_state"] = Field(
+        "logits", description="logits, or (a split model's parts but the last) the hidden state for the next part."
+    )
+    output_name: str | None = Field(None, description="The graph output: the logits or hidden_states.<k> name.")
+    weights_file: str | None = Field(
+        None, description="The data file this graph's external weights were written to; null: all inline."
+    )
+
+    def output_text(self) -> str:
+        """``logits (all)``, ``logits (last)`` or ``hidden state hidden_states.2``, for the reports' tables."""
+        if self.output == "hidden_state":
+            return f"hidden state {self.output_name}"
+        return f"logits ({self.prefill_logits})"
 
 
 class TensorInfo(BaseModel):

@@ -114,7 +114,7 @@ def _written_report(
         files=_file_records(config, written.staged, passes.artifacts, load.input_io),
         notes=passes.artifacts.notes,
         contract=contract.model_dump() if contract else None,
-        graphs=_graph_reports(passes.artifacts),
+        graphs=_graph_reports(passes.artifacts, written.staged),
         passes=passes.reports,
         findings=[*passes.findings, *checks.findings],
         verify=verified.verify,
@@ -203,12 +203,17 @@ def _file_record(path: Path, listed_as: str, role: str, io: GraphIO) -> FileReco
     )
 
 
-def _graph_reports(artifacts: ArtifactSet) -> list[GraphReport]:
-    """``report.json`` → ``graphs``: every graph written that carries a contract, primary first."""
+def _graph_reports(artifacts: ArtifactSet, staged: StagedArtifacts) -> list[GraphReport]:
+    """``report.json`` → ``graphs``: every graph written that carries a contract, primary first.
+
+    Each with its part index and output (logits, or a split part's hidden state) from its contract, and the data
+    file the writer put its weights in (``staged.weights_files``).
+    """
     graphs = []
     for artifact in artifacts.artifacts:
         c = read_contract(artifact.model, source=artifact.name)
         if c is not None:
+            hidden = c.part.hidden_out if c.part is not None else None
             graphs.append(
                 GraphReport(
                     file=artifact.name,
@@ -216,6 +221,10 @@ def _graph_reports(artifacts: ArtifactSet) -> list[GraphReport]:
                     max_cache_len=c.max_cache_len,
                     prefill_logits=c.prefill_logits,
                     role="decode" if c.step_len == 1 else "prefill",
+                    part=c.part.index if c.part is not None else None,
+                    output="hidden_state" if hidden else "logits",
+                    output_name=hidden or c.logits,
+                    weights_file=staged.weights_files.get(artifact.name),
                 )
             )
     return graphs

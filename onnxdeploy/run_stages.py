@@ -343,14 +343,17 @@ def write_stage(config: PipelineConfig, artifacts: ArtifactSet, say: Say) -> Wri
     for artifact in artifacts.artifacts:  # the primary's config name was checked before any work; its graph's too
         check_not_an_input(out_dir / artifact.name, inputs, "output model")
     external = artifacts.external()
-    say(f"writing {len(artifacts.artifacts)} graph(s)" + (" and one external data file" if external else ""))
+    data_names = part_data_files(artifacts)
+    files = len(set(data_names.values())) + (len(data_names) < len(artifacts.artifacts))  # split per_part: K
+    data = "one external data file" if files == 1 else f"{files} external data files"
+    say(f"writing {len(artifacts.artifacts)} graph(s)" + (f" and {data}" if external else ""))
     staged = stage_artifacts(
         [(a.name, a.model) for a in artifacts.artifacts],
         out_dir,
         external=external,
         data_name=f"{config.output_name}.data",
         size_threshold_bytes=artifacts.weights.size_threshold_bytes,
-        data_names=part_data_files(artifacts),
+        data_names=data_names,
     )
     for model in artifacts.models():
         release_weights(model)  # the input's pages leave memory before ONNX Runtime maps the outputs

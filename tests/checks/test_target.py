@@ -126,12 +126,20 @@ def test_rknn_original_export_lists_dynamic_dims_and_unsupported_ops_node_by_nod
     model = onnx.load(str(path), load_external_data=False)
     context = CheckContext(target="rknn-rk3588")
     ops = TargetOpsCheck().run(model, context)
-    unsupported = sorted((f.nodes[0].rsplit("/", 1)[-1]) for f in by_code(ops, "OD510"))
+    unsupported = sorted((n.rsplit("/", 1)[-1]) for f in by_code(ops, "OD510") for n in f.nodes)
     # Neg: the 2.1.0 table says Not Supported, the 2.5.0 SDK rewrites it to Mul; the entry follows the SDK
     assert unsupported == ["IsNaN", "IsNaN", "Range", "Range_1", "Range_2"]
+    # one finding per op type (the ~900-character source and fix once), as OD516 groups its nodes
+    assert sorted((f.message.split(" node(s)")[0], len(f.nodes)) for f in by_code(ops, "OD510")) == [
+        ("2 IsNaN", 2),
+        ("3 Range", 3),
+    ]
     (neg,) = get_target("rknn-rk3588").ops_for("ai.onnx", "Neg")
     assert neg.source == "rknn-sdk-build" and [c.source for c in neg.other_sources] == ["rknn-ops"]
+    # the export's batch is dynamic: rknn's words 'batchsize: 1' on Softmax/Slice still concern it
+    assert any("batchsize: 1" in f.message and "Softmax" in f.message for f in by_code(ops, "OD516"))
     isnan = next(f for f in by_code(ops, "OD510") if "IsNaN" in f.nodes[0])
+    assert "are not supported by rknn-rk3588" in isnan.message
     assert "mask_rewrite" in isnan.hint and "RKNNToolKit2_OP_Support-v2.1.0.md" in isnan.source
     tensors = TargetTensorsCheck().run(model, context)
     dynamic = {f.nodes[0] for f in by_code(tensors, "OD520")}
@@ -150,10 +158,14 @@ def test_rknn_after_static_kv_mask_rewrite_pin_opset_19_leaves_exactly_the_ops_t
     )
     outcome = run_pipeline(load_pipeline(pipeline))
     remaining = sorted(
-        (f.code, f.nodes[0].rsplit("/", 2)[-2] + "/" + f.nodes[0].rsplit("/", 1)[-1])
+        (f.code, n.rsplit("/", 2)[-2] + "/" + n.rsplit("/", 1)[-1])
         for f in outcome.report.findings
         if f.level != "info"
+        for n in f.nodes
     )
+    assert len([f for f in outcome.report.findings if f.code == "OD510"]) == (1 if cache_write else 0)  # grouped
+    # the graph's batch is static 1: rknn's 'batchsize: 1' on Softmax/Slice is met, not reported
+    assert not any("batchsize" in f.message for f in outcome.report.findings)
     # the target's default cache_write (where) leaves nothing the SDK lacks (Neg is rewritten to Mul by the
     # 2.5.0 SDK); ScatterElements writes have no NPU lowering (tests/core/test_sdk.py checks both against the SDK)
     scatters = [("OD510", f"past_key_values.{i}.{kv}/ScatterElements") for i in (0, 1) for kv in ("key", "value")]
@@ -337,3 +349,16 @@ def test_openvino_flags_an_int4_qdq_weight_with_a_partial_last_block():
         return True
 
     assert compiles(whole) and not compiles(partial)
+
+
+def test_an_op_missing_from_ort_qnns_list_cites_the_lists_source_only():
+    """The op list is QNN EP's op-builder registry: not the host's opsets, the graph loader or the context limit."""
+    model = onnx.load(str(fixture_entry("llama_gqa_genai")["model_path"]), load_external_data=False)
+    missing = [
+        f
+        for f in TargetOpsCheck().run(model, CheckContext(target="ort-qnn"))
+        if f.rule.endswith("is not in ort-qnn's operator list")
+    ]
+    matrix = get_target("ort-qnn")
+    assert {f.nodes[0].rsplit("/", 1)[-1] for f in missing} >= {"GroupQueryAttention", "Shape"}
+    assert {f.source for f in missing} == {matrix.source_text("qnn-builders")}

@@ -15,8 +15,10 @@ import onnx
 import onnx_ir as ir
 import pytest
 import yaml
+from rich.console import Console
 
 from onnxdeploy.config import load_pipeline
+from onnxdeploy.console_report import passes_table
 from onnxdeploy.contract import read_contract
 from onnxdeploy.errors import ConfigError, PreconditionError
 from onnxdeploy.model_io import load_model, stage_artifacts
@@ -180,7 +182,27 @@ def test_per_part_weights_files_are_written_checked_and_verified(tmp_path: Path)
         header = onnx.load(str(out / graph), load_external_data=False)
         assert {kv.value for t in header.graph.initializer for kv in t.external_data if kv.key == "location"} == {data}
     report = json.loads(outcome.report_json.read_text())
-    assert {f["file"] for f in report["graphs"]} >= {"model.onnx", "model.part1.onnx", "model.s4.c32.part1.onnx"}
+    # per graph: its part, what it outputs (part 0 the hidden state, the last part the logits), its weights file
+    assert [(g["file"], g["part"], g["output"], g["weights_file"]) for g in report["graphs"]] == [
+        ("model.onnx", 0, "hidden_state", "model.part0.data"),
+        ("model.part1.onnx", 1, "logits", "model.part1.data"),
+        ("model.s4.c32.onnx", 0, "hidden_state", "model.part0.data"),
+        ("model.s4.c32.part1.onnx", 1, "logits", "model.part1.data"),
+    ]
+    cut = report["graphs"][0]["output_name"]
+    assert cut.startswith("hidden_states.") and report["graphs"][1]["output_name"] == "logits"
+    md = outcome.report_md.read_text()
+    assert "## Graphs (2 weights files)" in md and f"| `model.onnx` | decode | 0 | 1 | 32 | hidden state {cut} |" in md
+    assert "| `model.s4.c32.part1.onnx` | prefill | 1 | 4 | 32 | logits (last) | `model.part1.data` |" in md
+    html = outcome.report_html.read_text()
+    assert "Graphs (2 weights files)" in html and f"hidden state {cut}" in html
+    # split's decode-graph diff is what part 1 took, not ops the pass deleted
+    split = next(p for p in outcome.report.passes if p.name == "split")
+    assert split.ops_removed and "| moved to part 1: " in md and "moved to part 1: " in html
+    console = Console(record=True, width=400)
+    console.print(passes_table(outcome.report.passes))
+    row = next(line for line in console.export_text().splitlines() if line.startswith("│ split"))
+    assert "moved to part 1: " in row and "-" not in row.split("moved to part 1: ")[1].split("│")[0]
 
 
 def test_a_tensor_two_parts_read_is_stored_in_both_part_files(tmp_path: Path) -> None:

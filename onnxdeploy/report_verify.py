@@ -348,9 +348,8 @@ class VerifyReference(BaseModel):
     sinks: int | None = Field(None, description="cut_past: the contract's cache_policy.sinks.")
     recent: int | None = Field(None, description="cut_past: the contract's cache_policy.recent.")
     max_cache_len: int | None = Field(None, description="cut_past: the cache length the policy acts past.")
-    #: the original runs quantized MatMuls (MatMulNBits, or DQ -> MatMul fused into one), whose ORT CPU logits
-    #: depend on the rows per call (SmolLM2 INT4: 0.11-0.22 apart, one 3-token call against 3 calls): its prompt
-    #: went one token per call, as a step-1 candidate's does
+    #: a quantized original (MatMulNBits, or DQ -> MatMul fused into one): both sides ran at accuracy_level 0 (int8
+    #: activations turn float noise into logit jumps) and its prompt went a token per call (rows depend on the call)
     prompt_per_token: bool = False
 
     def label(self) -> str:
@@ -364,7 +363,8 @@ class VerifyReference(BaseModel):
     def note(self, accuracy: AccuracyReport | None) -> str | None:
         """One line saying the reference is not the full context (None when it is), and where the policy's cost is."""
         if self.kind == "full_context":
-            return "reference: the original's prompt fed a token per call (MatMulNBits)" * self.prompt_per_token or None
+            quantized = "reference: a quantized original, its prompt a token per call, both at accuracy_level 0"
+            return quantized if self.prompt_per_token else None
         quality = None if accuracy is None else accuracy.policy_quality
         cost = (
             "see accuracy.policy_quality"

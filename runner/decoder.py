@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -132,6 +132,7 @@ def open_decoder(
     providers: Sequence[str] = DEFAULT_PROVIDERS,
     remainder: Remainder = "padded",
     bind_buffers: bool = False,
+    config_entries: Mapping[str, str] | None = None,
 ) -> ExporterDecoder | ContractDecoder | GraphSetDecoder:
     """Load ``path`` on the given EPs and return the decode loop that fits it (see :func:`make_decoder`).
 
@@ -140,6 +141,8 @@ def open_decoder(
         providers: ORT execution providers in priority order.
         remainder: how a graph set feeds what is left after its largest bucket (``padded`` or ``buckets``).
         bind_buffers: as for :func:`make_decoder`.
+        config_entries: ORT session config entries (for every graph of a set), e.g.
+            ``{session.qdq_matmulnbits_accuracy_level: "0"}``.
 
     Returns:
         The decoder, reset to position 0; close it (or use it as a context manager) to free the session.
@@ -148,7 +151,7 @@ def open_decoder(
         ModelLoadError: the model cannot be loaded (names the path).
         ContractError: as for :func:`make_decoder` (the session is closed again).
     """
-    model_session = open_session(path, providers=providers)
+    model_session = open_session(path, providers=providers, config_entries=dict(config_entries or {}) or None)
     try:
         return make_decoder(model_session, remainder=remainder, bind_buffers=bind_buffers)
     except BaseException:

@@ -60,7 +60,7 @@ from onnxdeploy.runner.decoder import Decoder, open_decoder
 from onnxdeploy.runner.exporter_decoder import exporter_logits_output
 from onnxdeploy.runner.graph_set import GraphSetDecoder, Remainder
 from onnxdeploy.runner.numerics import compute_dtype, float32_shadow, numerics_report
-from onnxdeploy.runner.session import DEFAULT_PROVIDERS, open_session, read_header
+from onnxdeploy.runner.session import ACCURACY_LEVEL_KEY, DEFAULT_PROVIDERS, graph_weights, open_session, read_header
 from onnxdeploy.runner.thresholds import LogitThresholds, mode_bounds_failures
 
 __all__ = ["MODES", "ProgressCallback", "check_header", "greedy_decode", "logits_vocab", "verify"]
@@ -428,16 +428,18 @@ def _verify_paths(
 ) -> VerifyReport:
     """:func:`verify` on two model files (maybe float32 shadows: ``candidate_header`` is then the real one)."""
     policy = _past_cache_policy(candidate_header or read_header(candidate_path), request)
+    # A quantized original (MatMulNBits, or DequantizeLinear -> MatMul that ORT fuses into one) is compared with
+    # fp32 activations (accuracy_level 0 on both sides): at ORT's default level 4 the int8 activations turn a
+    # rewrite's 1e-6 float noise into logit jumps (SmolLM2 INT4, static_kv: 0.37-0.5 at level 4, 1.4e-5 at 0). And
+    # a row's logits depend on the rows per call (2.4e-3 at level 0): its prompt goes one token per call.
+    per_token = policy is None and graph_weights(read_header(original_path)).quantized
+    entries = {ACCURACY_LEVEL_KEY: "0"} if per_token else None
     opened = (
         CutPastReference(open_session(original_path, providers=request.providers), *policy)
         if policy is not None
-        else open_decoder(original_path, providers=request.providers)
+        else open_decoder(original_path, providers=request.providers, config_entries=entries)
     )
     with opened as original:
-        # ORT's MatMulNBits (and DequantizeLinear -> MatMul, which it fuses into one) gives a row other logits in a
-        # many-row call than alone: a quantized original's prompt goes one token per call, as a step-1 candidate's
-        settings = original.model_session.settings
-        per_token = policy is None and settings is not None and settings.weights == "quantized"
         _warm_up(original, request.prompt, request.steps)
         rss_before = rss_bytes()
         reference = _decode(
@@ -446,7 +448,9 @@ def _verify_paths(
         rss_growth = rss_bytes() - rss_before
         original_fallbacks = _fallbacks(original)
         original_settings = original.model_session.settings
-    candidate_decoder = open_decoder(candidate_path, providers=request.providers, remainder=request.remainder)
+    candidate_decoder = open_decoder(
+        candidate_path, providers=request.providers, remainder=request.remainder, config_entries=entries
+    )
     if policy is not None:  # past max_cache_len: the sinks + recent host against the original fed the cut past
         candidate_decoder = PolicyDecoder(candidate_decoder)  # type: ignore[assignment,arg-type]
     with candidate_decoder as candidate:

@@ -217,6 +217,8 @@ def test_a_quantized_originals_prompt_goes_one_token_per_call(tmp_path: Path) ->
     static = run(quantized, "s", [{"static_kv": {"max_cache_len": 32}}], None)
     report = verify(quantized, static, prompt=[1, 2, 3, 4, 5], steps=4)
     assert report.passed and report.reference.prompt_per_token
+    assert report.original_session is not None and report.original_session.accuracy_level == [0]
+    assert report.candidate_session is not None and report.candidate_session.accuracy_level == [0]
     mode = report.modes["teacher_forced"]
     assert mode.reference_prefill is not None and mode.reference_prefill.calls == 5
     float_report = verify(fixture_entry("llama_gqa_optimum")["model_path"], static, prompt=[1, 2, 3], steps=2)

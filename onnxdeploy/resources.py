@@ -7,7 +7,6 @@ Used to refuse, before any work, a configuration whose buffers cannot fit (e.g. 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import resource
 import sys
@@ -51,9 +50,8 @@ def fixed_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     Returns:
         True when set; False where the C library has no ``mallopt`` (musl, macOS) or refuses.
     """
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)  # the process's own symbols: libc's (find_library would run ldconfig or gcc)
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
     except (OSError, AttributeError, TypeError):
         return False

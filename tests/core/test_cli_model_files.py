@@ -423,9 +423,11 @@ def test_run_takes_a_hugging_face_snapshot_whose_model_file_is_a_link_too(tmp_pa
 
 def test_an_inline_run_removes_an_earlier_runs_data_file(tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "model.onnx.data").write_bytes(b"weights of an earlier external run")
-    result, text = _invoke("run", _pipeline(tmp_path, REPO / "fixtures/llama_gqa/optimum/model.onnx"))
+    model = REPO / "fixtures/llama_gqa/optimum/model.onnx"
+    passes = [{"static_kv": {"batch": 1, "step_len": 1, "max_cache_len": 64}}]
+    result, text = _invoke("run", _pipeline(tmp_path, model, passes=[*passes, {"externalize": {}}]))
+    assert result.exit_code == 0 and (out / "model.onnx.data").exists(), text  # an earlier, external run's
+    result, text = _invoke("run", _pipeline(tmp_path, model))
     assert result.exit_code == 0, text
     assert not (out / "model.onnx.data").exists()
     assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "report.html", "report.json", "report.md"]

@@ -379,9 +379,18 @@ def _check_prompt_ids(config: PipelineConfig, vocab: int | None) -> None:
     tokenizer file and both vocabulary sizes.
 
     Raises:
-        ConfigError: ``max(prompt) >= vocab``.
+        ConfigError: ``max(prompt) >= vocab``, or the tokenizer (when text is encoded) has fewer than half as many
+            tokens as the model has logits.
     """
     v = config.verify
+    if v is not None and vocab is not None and v.tokenizer is not None and (v.prompt_text is not None or v.accuracy):
+        size = load_codec(v.tokenizer, key=f"{_source(config)}: key 'verify.tokenizer'").vocab_size()
+        if size * 2 < vocab:  # exporters pad the logits to a multiple of 64..256 ids, never to twice the tokenizer's
+            raise ConfigError(
+                f"{_source(config)}: key 'verify.tokenizer': the tokenizer {v.tokenizer} has {size} tokens, the "
+                f"model {config.model} {vocab} logits: the tokenizer is not this model's; set verify.tokenizer to "
+                "the model's tokenizer.json or its folder"
+            )
     if v is None or vocab is None or not v.prompt or max(v.prompt) < vocab:
         return
     worst = max(v.prompt)

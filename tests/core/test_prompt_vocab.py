@@ -47,6 +47,23 @@ def test_a_prompt_text_from_another_models_tokenizer_names_the_tokenizer_and_bot
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tokenizer_of_fewer_than_half_the_models_logits_is_refused_though_its_ids_fit(tmp_path):
+    """A byte tokenizer (256 ids) on a 512-logit model: every id fits, the text would decode as noise."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 200)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    cfg = {"model": str(fixture_entry("llama_gqa_optimum")["model_path"]), "output_dir": str(tmp_path / "out")}
+    cfg |= {"passes": [{"static_kv": {"max_cache_len": 64}}], "cache": None}
+    cfg["verify"] = {"prompt_text": "w3 w7", "tokenizer": str(tmp_path / "tokenizer.json"), "steps": 2}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "p.yaml")])
+    line = " ".join(result.output.split())
+    assert result.exit_code == 2 and "key 'verify.tokenizer'" in line and "has 200 tokens" in line, line
+    assert "512 logits" in line and "not this model's" in line and not (tmp_path / "out").exists()
+
+
 def test_prompt_ids_outside_the_vocabulary_name_the_key_once(tmp_path):
     code, out = _run(tmp_path, {"prompt": [1, 2, 300]})
     assert code == 2, out

@@ -7,7 +7,7 @@ dtype from :func:`~onnxdeploy.kv_cache.find_kv_cache`, weight bytes by dtype fro
 vocabulary from the logits or the embedding table) and the budget, :func:`make_plan`:
 
 * ``max_cache_len``: with prompt lengths, their 99th percentile plus ``new_tokens``, rounded up to a multiple of
-  64; without, ``max_len``.
+  64; without, ``max_len`` (at least ``new_tokens + 1`` rounded up to 64).
 * ``step_lens``: 1 and, with prompt lengths, the powers of two at or above their median and 90th percentile
   (capped at 256 and at ``max_cache_len``): the median prompt takes one prefill call, the long ones few; without,
   ``[1, 64]``.
@@ -276,8 +276,8 @@ def _lengths(
         max_cache_len = _round_up(int(np.ceil(np.percentile(lengths, 99))) + new_tokens + pad, 64)
         buckets = {min(2 ** math.ceil(math.log2(max(2, float(np.percentile(lengths, q))))), 256) for q in (50, 90)}
         steps = [1, *sorted(b for b in buckets if b <= max_cache_len)]
-    else:
-        max_cache_len, steps = max_len, [1, 64]
+    else:  # no prompt lengths: max_len, yet never fewer slots than the new tokens asked for (and a first token)
+        max_cache_len, steps = max(max_len, _round_up(new_tokens + 1, 64)), [1, 64]
     return max_cache_len, [ROWS_STEP_LEN] if prefill == "rows" else steps
 
 
@@ -352,9 +352,15 @@ def make_plan(
             if total > memory
             else f"t(1) = {step_ms(1):.1f} ms > --latency-p99-ms {latency_p99_ms}"
         )
-        raise ConfigError(f"plan: nothing fits: {why}\n" + "\n".join(lines))
+        hint = " (--prefill shared or rows: one packed copy of the weights, not one per graph)" * (prefill == "graphs")
+        raise ConfigError(f"plan: nothing fits: {why}{hint}\n" + "\n".join(lines))
     return Plan(facts, best, max_cache_len, steps, kv_dtype, memory, weights, cache, act, HOST_BASELINE_BYTES,
                 step_ms(best), lines, prefill)  # fmt: skip
+
+
+def _sessions(n: int) -> str:
+    """``1 session`` / ``3 sessions``."""
+    return f"{n} session" + "s" * (n != 1)
 
 
 def _arithmetic(
@@ -372,7 +378,7 @@ def _arithmetic(
     prefill_row, per_position = "" if prefill == "rows" else " + 1 prefill row", 4 * (16 * facts.hidden + facts.vocab)
     return [
         f"weights: {', '.join(f'{k} {format_bytes(v)}' for k, v in facts.weight_bytes.items())}; "
-        f"{1 if prefill in ('rows', 'shared') else len(steps)} sessions × ({facts.weights} − {facts.table_bytes} "
+        f"{_sessions(1 if prefill in ('rows', 'shared') else len(steps))} × ({facts.weights} − {facts.table_bytes} "
         f"table) B × {PACKED_NUMERATOR}/{PACKED_DENOMINATOR} packed = {format_bytes(weights)}",
         f"KV per row and slot: 2 × {facts.layers} layers × {facts.kv_heads} KV heads × {facts.head_dim} × "
         f"{_KV_BYTES[kv_dtype]} bytes ({kv_dtype}) = {slot} B",

@@ -46,7 +46,7 @@ def test_llama_fixture_plan_with_prefill_through_the_rows_by_hand() -> None:
     assert (plan.batch, plan.max_cache_len, plan.step_lens, plan.prefill) == (32, 1024, [4], "rows")
     assert (plan.weights, plan.cache, plan.activations) == (496_981, 50_331_648, 786_432)
     assert plan.total == 496_981 + 50_331_648 + 786_432 + HOST_BASELINE_BYTES
-    assert "1 sessions ×" in plan.lines[0] and "(32 rows) × 3 copies" in plan.lines[2]
+    assert "1 session ×" in plan.lines[0] and "(32 rows) × 3 copies" in plan.lines[2]
     assert "static_kv: {batch: 32, row_positions: true, step_len: 4, max_cache_len: 1024}" in pipeline_snippet(plan)
     graphs = make_plan(facts, 200 * MiB)  # the same step model, × 1.34 for a call of 4 positions per row
     assert plan.step_ms == pytest.approx(graphs.step_ms * 1.34, rel=1e-9) and "× 1.34 for step_len 4" in plan.lines[-1]
@@ -100,8 +100,10 @@ def test_a_tied_table_read_by_gather_and_the_lm_head_still_gives_the_hidden_size
 
 def test_nothing_fits_names_the_arithmetic() -> None:
     facts = model_facts(fixture_entry("llama_gqa_optimum")["model_path"])
-    with pytest.raises(ConfigError, match="one row needs .* > 100.0 MiB"):
+    with pytest.raises(ConfigError, match=r"one row needs .* > 100.0 MiB \(--prefill shared or rows"):
         make_plan(facts, 100 * MiB)
+    # without prompt lengths the cache still holds the new tokens asked for
+    assert make_plan(facts, 4 << 30, new_tokens=2000).max_cache_len == 2048
 
 
 def test_plan_command_json_and_bad_input(tmp_path: Path) -> None:

@@ -71,8 +71,12 @@ def trace_requests(spec: TraceSpec, *, vocab: int | None = None, where: str = "t
             raise ConfigError(f"{where}: requests[{i}].prompt_len: vocab is needed to draw its ids")
         else:
             prompt = tuple(rng.integers(1, size, size=r.prompt_len).tolist())
-        if limit is not None and any(t >= limit for t in (*prompt, r.stop_token or 0)):
-            raise ConfigError(f"{where}: requests[{i}]: a token id is outside the vocabulary of {limit}")
+        worst = max((*prompt, r.stop_token or 0))
+        if limit is not None and worst >= limit:
+            key = "stop_token" if worst == r.stop_token and worst not in prompt else "prompt"
+            raise ConfigError(
+                f"{where}: requests[{i}].{key}: token id {worst} is outside the vocabulary 0..{limit - 1}"
+            )
         requests.append(Request(i, prompt, r.max_new_tokens, stop_token=r.stop_token, arrival=r.arrival))
     return requests
 

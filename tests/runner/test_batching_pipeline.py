@@ -167,7 +167,7 @@ def test_a_request_off_its_batch1_decode_fails_the_run(tmp_path: Path, monkeypat
         (
             {"requests": [{"prompt": [1, 99999], "max_new_tokens": 2}]},
             None,
-            ["key 'verify.batching': requests[0]: a token id is outside the vocabulary of"],
+            ["key 'verify.batching': requests[0].prompt: token id 99999 is outside the vocabulary 0.."],
         ),
     ],
     ids=[

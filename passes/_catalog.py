@@ -299,6 +299,17 @@ class QuantizeWeightsConfig(PassConfig):
         "(blocked INT4) when lower; false: refuse.",
     )
 
+    @model_validator(mode="after")
+    def _int8_blocks(self) -> QuantizeWeightsConfig:
+        # QDQ INT8 is per output channel: a block size asked for it would be silently ignored
+        for i, rule in enumerate(self.rules):
+            if self.format == "qdq" and rule.bits == 8 and rule.block_size is not None:
+                raise ValueError(
+                    f"rules[{i}]: block_size with bits 8 in format qdq (INT8 is per output channel there); drop "
+                    "block_size, or use format: matmulnbits (blocked INT8)"
+                )
+        return self
+
 
 class PinOpsetConfig(PassConfig):
     """Config of ``pin_opset``."""

@@ -39,12 +39,8 @@ class QuantRule(BaseModel):
             raise ValueError("a rule needs 'nodes' (a node-name pattern) or 'kind' (matmul/gemm/embedding/lm_head)")
         if self.bits is None and self.block_size is None:
             raise ValueError("a rule needs 'bits' (4, 8 or float) or 'block_size'")
-        if self.bits in (8, "float") and self.block_size is not None:
-            raise ValueError(
-                f"block_size applies to bits 4 only (bits {self.bits}: "
-                + ("per output channel)" if self.bits == 8 else "not quantized)")
-                + "; drop block_size or use bits: 4"
-            )
+        if self.bits == "float" and self.block_size is not None:
+            raise ValueError("block_size with bits float (not quantized) has no effect; drop one of them")
         return self
 
     def label(self) -> str:

@@ -407,7 +407,12 @@ class QuantizeWeightsPass(Pass):
         if any(n.domain == "com.microsoft" for n in model.graph):
             model.opset_imports.setdefault("com.microsoft", 1)
         widths = sorted(
-            {"INT8 per output channel" if t.bits == 8 else f"INT4 in groups of {t.block_size}" for t in targets}
+            {
+                "INT8 per output channel"
+                if t.bits == 8 and cfg.format == "qdq"
+                else f"INT{t.bits} in groups of {t.block_size}"
+                for t in targets
+            }
         )
         report.changes.append(
             f"{count} weight(s) quantized to {' / '.join(widths)}"

@@ -104,10 +104,12 @@ def test_a_rule_needs_a_match_and_a_setting() -> None:
         QuantizeWeightsConfig(rules=[{"kind": "lm_head"}])
     with pytest.raises(ValidationError):
         QuantizeWeightsConfig(rules=[{"kind": "lm_head", "bits": 3}])
-    # a block size that INT8 (per output channel) or float would ignore is refused, never silently dropped
-    for bits in (8, "float"):
-        with pytest.raises(ValidationError, match="block_size applies to bits 4 only"):
-            QuantizeWeightsConfig(rules=[{"nodes": "*v_proj*", "bits": bits, "block_size": 64}])
+    # a block size that QDQ INT8 (per output channel) or float would ignore is refused, never silently dropped
+    with pytest.raises(ValidationError, match="block_size with bits 8 in format qdq"):
+        QuantizeWeightsConfig(rules=[{"nodes": "*v_proj*", "bits": 8, "block_size": 64}])
+    with pytest.raises(ValidationError, match="block_size with bits float"):
+        QuantizeWeightsConfig(rules=[{"nodes": "*v_proj*", "bits": "float", "block_size": 64}])
+    QuantizeWeightsConfig(format="matmulnbits", rules=[{"nodes": "*v_proj*", "bits": 8, "block_size": 64}])  # blocked
 
 
 def test_every_weight_left_in_float_is_listed_with_its_reason(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "external_location",
     "in_place_tensors",
     "iter_external",
+    "link_external_data",
 ]
 
 
@@ -224,3 +225,25 @@ def data_files(proto: onnx.ModelProto, model_path: str | os.PathLike[str]) -> li
         ExternalFile(location=loc, path=e["path"], tensors=e["tensors"], bytes_needed=e["needed"], size=e["size"])
         for loc, e in files.items()
     ]
+
+
+def link_external_data(proto: onnx.ModelProto, model_path: str | os.PathLike[str], folder: Path) -> bool:
+    """Hard-link every data file ``proto`` reads (beside ``model_path``) into ``folder``, at its location.
+
+    What a scratch copy of a graph needs to read the very same weights without copying them (the runner's
+    re-levelled and untied session headers).
+
+    Returns:
+        False when a link cannot be made (another filesystem, no permission): the caller copies instead.
+
+    Raises:
+        ModelLoadError: a reference is unsafe or its file missing or short (:func:`check_external_data`).
+    """
+    for data in check_external_data(proto, model_path):
+        link = folder / data.location
+        link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(data.path, link)
+        except OSError:
+            return False
+    return True

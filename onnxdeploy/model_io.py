@@ -49,6 +49,7 @@ from onnxdeploy.external_refs import (
     external_location,
     in_place_tensors,
     iter_external,
+    link_external_data,
 )
 from onnxdeploy.inline_weights import PROTOBUF_LIMIT_BYTES, STAND_IN_THRESHOLD_BYTES, read_header_bytes, tensor_nbytes
 from onnxdeploy.mapped_tensor import range_mapped
@@ -63,6 +64,7 @@ __all__ = [
     "StagedArtifacts",
     "WeightsPolicy",
     "check_external_data",
+    "link_external_data",
     "check_not_an_input",
     "default_file_mode",
     "external_location",

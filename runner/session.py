@@ -513,13 +513,8 @@ def _relevelled_header(path: Path, scratch: Path, accuracy_level: int) -> str | 
     caller then writes the copy through :func:`_scratch_copy`, which streams such weights).
     """
     proto = onnx.load(str(path), load_external_data=False)
-    for data in model_io.check_external_data(proto, path):
-        link = scratch / data.location
-        link.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(data.path, link)
-        except OSError:
-            return None
+    if not model_io.link_external_data(proto, path, scratch):
+        return None
     for node in proto.graph.node:
         if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
             kept = [a for a in node.attribute if a.name != "accuracy_level"]

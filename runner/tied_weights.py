@@ -265,13 +265,8 @@ def untied_copy(path: Path, scratch: Path) -> str | None:
     if not tied:
         return None
     if Path(os.path.realpath(path.parent)) != Path(os.path.realpath(scratch)):
-        for data in model_io.check_external_data(proto, path):
-            link = scratch / data.location
-            link.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(data.path, link)
-            except OSError:
-                return None
+        if not model_io.link_external_data(proto, path, scratch):
+            return None
     untie_header(proto, path, tied, scratch)
     target = scratch / path.name
     onnx.save(proto, str(target))

@@ -19,6 +19,16 @@ The host drives a graph set made by ``static_kv {batch: B, row_positions: true, 
   prompt token give its first token. No other graph runs, so only the decode graph's session holds the weights:
   with prepacking on (what an M > 1 call needs on ORT CPU) that is one packed copy instead of one per session
   (README, "Continuous batching", the memory figures), at the price of one row-step per prompt token.
+* **Concurrent prefill** (``prefill_workers=N``, prefill graphs). The prefills run on N worker threads while the
+  decode thread keeps calling the decode graph (ORT's ``Run`` releases the GIL; each session keeps its own
+  intra-op threads, so the host uses N + 1 threads' worth of cores). Continuous: a waiting request's prefill
+  begins while fewer prefills are in flight than free rows + N (so one may be ready before a row frees); at each
+  step boundary the decode thread places the finished ones, in admission order, into free rows (slot copy, first
+  token) and goes on; with no row decoding it waits for the first to end. Static: the batch's prefills run N at
+  a time and the batch starts when all have ended. When a prefill is placed depends on timing (the first step
+  boundary after its worker finished), so a request's row and steps may differ from run to run, but never its
+  tokens or logits: rows never interact, each prefill has buffers of its own, and every request's tokens and
+  logits are bit-identical to the one-thread host's (``tests/runner/test_batching.py``).
 * **Freeing.** A row whose request has its ``max_new_tokens`` tokens or has produced its ``stop_token`` is free
   at once; the next waiting request is admitted before the next step.
 * **Clock.** A request's ``arrival`` is counted in decode steps of this host (a deterministic trace). When no row

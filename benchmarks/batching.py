@@ -11,17 +11,25 @@ prefill_batch: 1, step_lens: [1, 16], max_cache_lens: [256]}`` → ``mask_rewrit
    also the rows graphs' step (one real token per row padded to S).
 2. The fixed trace (:func:`onnxdeploy.runner.batching.poisson_trace`): 16 requests, prompt lengths uniform in
    4..48, max new tokens uniform in 8..64, arrivals Poisson with a mean gap of 2 steps, seed 0. Served by the
-   continuous-batching host on the B=4 set (batch-1 prefill graphs), by the continuous host on each rows set, by
-   batch 1 (the host on the B=1 set: one request at a time), and by static batching on the B=4 set and on the
-   ``--host-chunk`` rows set (a batch starts when 4 requests wait and ends when its longest finishes), interleaved
-   in one run for ``--trace-rounds`` rounds, every session with the host's options (prepacking on: ORT's MatMul
-   re-packs the weights for every M > 1 call without it; one thread; past and present bound to one buffer).
-   Tokens/s counts generated tokens over the wall time of the whole run (prefill, copies, host work; idle waits
-   for arrivals take none); each way's figures are its best round, and the ratios are given per round too
-   (adjacent runs of the same round).
-3. Peak RSS (``VmHWM``) of a child process that opens the B=4 set, and one that opens the ``--host-chunk`` rows
-   set, with the host's options and serves the trace once, against the goal (1.5 × the model's bytes + the B=4
-   cache) and against ``onnxdeploy plan``'s prediction (:func:`onnxdeploy.plan.host_memory`).
+   continuous-batching host on the B=4 set (batch-1 prefill graphs; ORT's Python sessions and, one packed copy of
+   the weights, :class:`SharedPrepacking`), each with its prefills on the decode thread between decode calls and
+   with them on **one prefill thread beside the decode loop** (``BatchingHost(prefill_workers=1)``: two threads at
+   work); by the continuous host on each rows set; by batch 1 (the host on the B=1 set: one request at a time, one
+   thread) and, a reference, batch 1 with 2 intra-op threads; by static batching on the B=4 set (a batch starts
+   when 4 requests wait and ends when its longest finishes) with its prefills on the decode thread and two at a
+   time on 2 prefill threads (the two-thread budget of the prefill-thread ways: the ratios of those compare with
+   it), and on the ``--host-chunk`` rows set. Interleaved in one run for ``--trace-rounds`` rounds, every session
+   with the host's options (prepacking on: ORT's MatMul re-packs the weights for every M > 1 call without it; one
+   intra-op thread; past and present bound to one buffer, the Python sessions). Tokens/s counts generated tokens
+   over the wall time of the whole run (prefill, copies, host work; idle waits for arrivals take none); each
+   way's figures are its best round, with where its wall time went (``BatchRun.phases``: decode calls, prefill
+   calls, copies, waits for a prefill thread, host work), and the ratios are given per round too (adjacent runs
+   of the same round). Every way must serve the same tokens (asserted): with a prefill thread a request's row
+   and steps depend on timing, its tokens do not.
+3. Peak RSS (``VmHWM``) of a child process that opens the B=4 set (Python sessions; shared prepacking, with and
+   without the prefill thread) or the ``--host-chunk`` rows set with the host's options and serves the trace once:
+   the load's peak, the serving peak and the process's (the larger), against the goal (1.5 × the model's bytes +
+   the B=4 cache) and against ``onnxdeploy plan``'s prediction (:func:`onnxdeploy.plan.host_memory`).
 
 The load average is printed before and after (the machine may be shared).
 
@@ -65,6 +73,10 @@ POSITION = 200
 PREFILL = 16
 TRACE = {"count": 16, "prompt_lens": (4, 48), "new_tokens": (8, 64), "mean_gap": 2.0, "seed": 0}
 HOST_B = 4
+THREAD = " + prefill thread"
+"""Suffix of the ways whose prefills run on a thread beside the decode loop (two threads at work)."""
+THREADS_2 = ", prefills 2 at a time"
+"""Suffix of static batching with its batch's prefills on two threads (the same two-thread budget)."""
 
 
 def build_set(model_path: Path, work: Path, batch: int, *, chunk: int | None = None) -> Path:
@@ -96,10 +108,11 @@ def build_set(model_path: Path, work: Path, batch: int, *, chunk: int | None = N
     return primary
 
 
-def open_host_set(primary: Path, prepack: bool) -> GraphSetDecoder:
-    """The set on ORT CPU, one thread, past and present bound to one buffer, prepacking as asked (the host's: on)."""
+def open_host_set(primary: Path, prepack: bool, threads: int = 1) -> GraphSetDecoder:
+    """The set on ORT CPU, ``threads`` intra-op threads (the host's: 1), past and present bound to one buffer,
+    prepacking as asked (the host's: on)."""
     return open_graph_set(
-        primary, config_entries={PREPACKING_KEY: "0" if prepack else "1"}, threads=1, bind_buffers=True
+        primary, config_entries={PREPACKING_KEY: "0" if prepack else "1"}, threads=threads, bind_buffers=True
     )
 
 
@@ -131,8 +144,8 @@ def t_of_b(graphs: dict[str, tuple[Path, int]], prepack: bool, rounds: int) -> d
             d.close()
 
 
-def summary(run: BatchRun) -> dict[str, Any]:
-    """Tokens/s, per-step P50/P99 and counts of one served trace."""
+def summary(run: BatchRun, threads: int = 1) -> dict[str, Any]:
+    """Tokens/s, per-step P50/P99, counts and phases of one served trace; ``threads``: at work at once."""
     return {
         "tokens_per_s": round(run.tokens_per_s, 2),
         "step_p50_ms": round(run.step_percentile(50), 2),
@@ -141,29 +154,39 @@ def summary(run: BatchRun) -> dict[str, Any]:
         "generated": run.generated,
         "wall_s": round(run.wall_s, 2),
         "prefill_calls": len(run.prefill_ms),
+        "threads": threads,
+        "phases_s": {k: round(v, 2) for k, v in run.phases().items()},
     }
 
 
 def serve(sets: dict[str, Path], chunks: list[int], host_chunk: int, rounds: int) -> dict[str, dict[str, Any]]:
     """The trace served every way, interleaved; per way the round of median throughput and every round's tokens/s.
 
-    Ways: continuous on the B=4 set (batch-1 prefill graphs), continuous with the prompts through the rows of each
-    B=4 one-graph set of step_len in ``chunks``, batch 1, static batching on the B=4 set and on the rows set of
-    ``host_chunk``.
+    Ways: continuous on the B=4 set (batch-1 prefill graphs; Python sessions and shared prepacking, each on the
+    decode thread alone and with one prefill thread beside it), continuous with the prompts through the rows of
+    each B=4 one-graph set of step_len in ``chunks``, batch 1 (and, a reference, batch 1 on 2 intra-op threads),
+    static batching on the B=4 set (its prefills on the decode thread, or two at a time on 2 prefill threads: the
+    same two-thread budget) and on the rows set of ``host_chunk``.
     """
     requests = poisson_trace(vocab=SIZE.vocab, **TRACE)  # type: ignore[arg-type]
     opened = {k: open_host_set(p, True) for k, p in sets.items()}
-    sharing = SharedPrepacking()
+    opened["b1 2 threads"] = open_host_set(sets["b1"], True, threads=2)
+    sharing = SharedPrepacking()  # the maps' pages dropped while loading
     opened["b4 shared"] = open_graph_set(sets["b4"], opener=sharing.open)
-    sharing.drop_mapped_pages()
     try:
         hosts = {"continuous": (BatchingHost(opened["b4"], prefill="graphs"), "continuous")}
+        hosts[f"continuous{THREAD}"] = (BatchingHost(opened["b4"], prefill_workers=1), "continuous")
         hosts["continuous shared prepacking"] = (BatchingHost(opened["b4 shared"], prefill="graphs"), "continuous")
+        hosts[f"continuous shared prepacking{THREAD}"] = (BatchingHost(opened["b4 shared"], prefill_workers=1),
+                                                          "continuous")  # fmt: skip
         for c in chunks:
             hosts[f"continuous rows S={c}"] = (BatchingHost(opened[f"b4-s{c}"], prefill="rows"), "continuous")
         hosts["batch 1"] = (BatchingHost(opened["b1"], prefill="graphs"), "continuous")
+        hosts["batch 1, 2 intra-op threads"] = (BatchingHost(opened["b1 2 threads"]), "continuous")
         hosts["static"] = (BatchingHost(opened["b4"], prefill="graphs"), "static")
+        hosts[f"static{THREADS_2}"] = (BatchingHost(opened["b4"], prefill_workers=2), "static")
         hosts[f"static rows S={host_chunk}"] = (BatchingHost(opened[f"b4-s{host_chunk}"], prefill="rows"), "static")
+        threads = {k: 2 if THREAD in k or THREADS_2 in k or "2 intra-op" in k else 1 for k in hosts}
         for host, _ in hosts.values():  # warm-up: first-call allocations out of the timed runs
             host.run(requests[:2])
         runs: dict[str, list[BatchRun]] = {k: [] for k in hosts}
@@ -172,39 +195,38 @@ def serve(sets: dict[str, Path], chunks: list[int], host_chunk: int, rounds: int
             for name in names:
                 host, policy = hosts[name]
                 runs[name].append(host.run(requests, policy=policy))  # type: ignore[arg-type]
-                print(f"[trace] round {r} {name}: {summary(runs[name][-1])}", flush=True)
+                print(f"[trace] round {r} {name}: {summary(runs[name][-1], threads[name])}", flush=True)
         tokens = [[f.tokens for f in v[0].finished] for v in runs.values()]
         assert all(t == tokens[0] for t in tokens), "the ways served different tokens"
         out = {}
         for k, v in runs.items():  # the best round (the least disturbed on a shared machine), and every round's
             best = max(v, key=lambda run: run.tokens_per_s)
-            out[k] = {**summary(best), "rounds_tokens_per_s": [round(x.tokens_per_s, 2) for x in v]}
+            out[k] = {**summary(best, threads[k]), "rounds_tokens_per_s": [round(x.tokens_per_s, 2) for x in v]}
         return out
     finally:
         for d in opened.values():
             d.close()
 
 
-def child_rss(primary: Path, prefill: str) -> dict[str, int]:
-    """Peak RSS (bytes, ``VmHWM``) of this process after serving the trace once continuous on ``primary``.
+def child_rss(primary: Path, prefill: str, workers: int = 0) -> dict[str, int]:
+    """Peak RSS (bytes, ``VmHWM``) of this process over opening ``primary`` and serving the trace once continuous.
 
     ``VmHWM`` belongs to the process's own memory map; ``ru_maxrss`` would carry the parent's peak over exec. With
-    ``prefill="shared"`` the set opens through one :class:`SharedPrepacking` (graph prefill), its mapped pages are
-    dropped after the load, and the peak is also read after the load (``load_peak``) and reset
-    (``/proc/self/clear_refs`` 5) so that ``peak_rss`` is the serving peak.
+    ``prefill="shared"`` the set opens through one :class:`SharedPrepacking` (graph prefill; the maps' pages dropped
+    while loading); ``workers``: prefill threads beside the decode loop. The peak is read after the load
+    (``load_peak``), reset (``/proc/self/clear_refs`` 5) and read after serving (``serving_peak``); ``peak_rss`` is
+    the larger: the process's peak.
     """
     requests = poisson_trace(vocab=SIZE.vocab, **TRACE)  # type: ignore[arg-type]
-    if prefill != "shared":
-        with open_host_set(primary, True) as decoder:
-            BatchingHost(decoder, prefill=prefill).run(requests)  # type: ignore[arg-type]
-        return {"peak_rss": peak_rss()}
-    sharing = SharedPrepacking()
-    with open_graph_set(primary, opener=sharing.open) as decoder:
+    shared = prefill == "shared"
+    opened = open_graph_set(primary, opener=SharedPrepacking().open) if shared else open_host_set(primary, True)
+    with opened as decoder:
         load_peak = peak_rss()
-        sharing.drop_mapped_pages()
         Path("/proc/self/clear_refs").write_text("5")
-        BatchingHost(decoder, prefill="graphs").run(requests)
-    return {"peak_rss": peak_rss(), "load_peak": load_peak}
+        mode = "graphs" if shared else prefill
+        BatchingHost(decoder, prefill=mode, prefill_workers=workers).run(requests)  # type: ignore[arg-type]
+    serving = peak_rss()
+    return {"peak_rss": max(load_peak, serving), "load_peak": load_peak, "serving_peak": serving}
 
 
 def peak_rss() -> int:
@@ -222,10 +244,10 @@ def main() -> int:
     ap.add_argument("--chunks", default="4", help="step lengths of the rows sets (prompts through the rows)")
     ap.add_argument("--host-chunk", type=int, default=4, help="the rows set measured for memory and static batching")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--child-rss", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child-rss", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_rss is not None:
-        print(json.dumps(child_rss(Path(args.child_rss[0]), args.child_rss[1])))
+        print(json.dumps(child_rss(Path(args.child_rss[0]), args.child_rss[1], int(args.child_rss[2]))))
         return 0
     chunks = sorted({int(c) for c in args.chunks.split(",")} | {args.host_chunk})
     work = args.work_dir.resolve()
@@ -244,11 +266,13 @@ def main() -> int:
     weights = (sets["b4"].parent / "model.onnx.data").stat().st_size
     cache = 2 * SIZE.layers * HOST_B * CACHE * SIZE.kv_heads * SIZE.head_dim * 4
     result["memory"] = {"weights": weights, "cache": cache, "goal": int(1.5 * weights + cache)}
-    for way, primary, prefill, steps in (("continuous", sets["b4"], "graphs", [1, PREFILL]),
-                                         ("continuous shared prepacking", sets["b4"], "shared", [1, PREFILL]),
-                                         (f"continuous rows S={args.host_chunk}", sets[f"b4-s{args.host_chunk}"],
-                                          "rows", [args.host_chunk])):  # fmt: skip
-        out = subprocess.run([sys.executable, __file__, "--child-rss", str(primary), prefill],
+    for way, primary, prefill, steps, workers in (
+        ("continuous", sets["b4"], "graphs", [1, PREFILL], 0),
+        ("continuous shared prepacking", sets["b4"], "shared", [1, PREFILL], 0),
+        (f"continuous shared prepacking{THREAD}", sets["b4"], "shared", [1, PREFILL], 1),
+        (f"continuous rows S={args.host_chunk}", sets[f"b4-s{args.host_chunk}"], "rows", [args.host_chunk], 0),
+    ):
+        out = subprocess.run([sys.executable, __file__, "--child-rss", str(primary), prefill, str(workers)],
                              capture_output=True, text=True, check=True)  # fmt: skip
         measured = json.loads(out.stdout)
         rss = measured["peak_rss"]
@@ -263,12 +287,15 @@ def main() -> int:
     result["ratios"] = {"ceiling 4*t(1)/t(4)": round(ceiling, 2)}
     for way in [k for k in tr if k.startswith("continuous")]:
         static = tr.get(f"static rows S={args.host_chunk}") if "rows" in way else tr["static"]
+        if THREAD in way:  # the same two-thread budget: static batching's prefills two at a time
+            static = tr[f"static{THREADS_2}"]
         c, b1 = tr[way]["tokens_per_s"], tr["batch 1"]["tokens_per_s"]
         mine, single = tr[way]["rounds_tokens_per_s"], tr["batch 1"]["rounds_tokens_per_s"]
         per_round = [x / y for x, y in zip(mine, single, strict=True)]
         result["ratios"][way] = {
             "/ batch 1": round(c / b1, 2),
-            "/ static (same prefill)": round(c / static["tokens_per_s"], 2) if static else None,
+            "/ static (same prefill, same threads)": round(c / static["tokens_per_s"], 2) if static else None,
+            "/ batch 1 on 2 intra-op threads": round(c / tr["batch 1, 2 intra-op threads"]["tokens_per_s"], 2),
             "/ ceiling": round(c / b1 / ceiling, 2),
             "/ batch 1 per round (same round)": [round(x, 2) for x in per_round],
             "/ static per round": [round(x / y, 2) for x, y in zip(mine, static["rounds_tokens_per_s"], strict=True)]
@@ -281,18 +308,19 @@ def main() -> int:
     for option, t in result["t_ms"].items():
         print(f"t(B) {option}: " + ", ".join(f"{k} {ms:.1f} ms" for k, ms in t.items()))
     for name, s in tr.items():
-        print(f"{name:>22}: {s['tokens_per_s']:7.2f} tok/s (rounds {s['rounds_tokens_per_s']}), step P50 "
+        print(f"{name:>45}: {s['tokens_per_s']:7.2f} tok/s (rounds {s['rounds_tokens_per_s']}), step P50 "
               f"{s['step_p50_ms']:.1f} ms, P99 {s['step_p99_ms']:.1f} ms, {s['steps']} steps, {s['prefill_calls']} "
-              f"prefill calls, {s['generated']} tokens, {s['wall_s']} s")  # fmt: skip
+              f"prefill calls, {s['generated']} tokens, {s['threads']} thread(s), {s['wall_s']} s = "
+              f"{s['phases_s']}")  # fmt: skip
     m = result["memory"]
     print(
         f"weights {m['weights'] / 2**20:.0f} MiB, cache {m['cache'] / 2**20:.1f} MiB, goal {m['goal'] / 2**20:.0f} MiB"
     )
     for way in [k for k in m if k.startswith("continuous")]:
         w = m[way]
-        load = f", load peak {w['load_peak'] / 2**20:.0f} MiB" if "load_peak" in w else ""
-        print(f"{way}: peak RSS {w['peak_rss'] / 2**20:.0f} MiB ({w['peak rss / goal']} of the goal), "
-              f"plan {w['plan_predicted'] / 2**20:.0f} MiB ({w['plan predicted / peak rss']}x){load}")  # fmt: skip
+        print(f"{way}: peak RSS {w['peak_rss'] / 2**20:.0f} MiB ({w['peak rss / goal']} of the goal; load "
+              f"{w['load_peak'] / 2**20:.0f}, serving {w['serving_peak'] / 2**20:.0f}), plan "
+              f"{w['plan_predicted'] / 2**20:.0f} MiB ({w['plan predicted / peak rss']}x)")  # fmt: skip
     for k, v in result["ratios"].items():
         print(f"{k}: {v}")
     print(json.dumps(result))

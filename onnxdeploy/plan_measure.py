@@ -90,9 +90,7 @@ def _serve(primary: str, trace: dict[str, Any]) -> dict[str, Any]:
     if trace.get("prefill") == "shared":  # one packed copy for every graph (onnxdeploy.runner.prepacked_sessions)
         from onnxdeploy.runner.prepacked_sessions import SharedPrepacking  # noqa: PLC0415
 
-        sharing = SharedPrepacking()
-        opened = open_graph_set(primary, opener=sharing.open)
-        sharing.drop_mapped_pages()
+        opened = open_graph_set(primary, opener=SharedPrepacking().open)  # the maps' pages dropped while loading
     else:
         opened = open_graph_set(primary, config_entries={PREPACKING_KEY: "0"}, threads=1, bind_buffers=True)
     with opened as decoder:

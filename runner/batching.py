@@ -19,6 +19,16 @@ The host drives a graph set made by ``static_kv {batch: B, row_positions: true, 
   prompt token give its first token. No other graph runs, so only the decode graph's session holds the weights:
   with prepacking on (what an M > 1 call needs on ORT CPU) that is one packed copy instead of one per session
   (README, "Continuous batching", the memory figures), at the price of one row-step per prompt token.
+* **Concurrent prefill** (``prefill_workers=N``, prefill graphs). The prefills run on N worker threads while the
+  decode thread keeps calling the decode graph (ORT's ``Run`` releases the GIL; each session keeps its own
+  intra-op threads, so the host uses N + 1 threads' worth of cores). Continuous: a waiting request's prefill
+  begins while fewer prefills are in flight than free rows + N (so one may be ready before a row frees); at each
+  step boundary the decode thread places the finished ones, in admission order, into free rows (slot copy, first
+  token) and goes on; with no row decoding it waits for the first to end. Static: the batch's prefills run N at
+  a time and the batch starts when all have ended. When a prefill is placed depends on timing (the first step
+  boundary after its worker finished), so a request's row and steps may differ from run to run, but never its
+  tokens or logits: rows never interact, each prefill has buffers of its own, and every request's tokens and
+  logits are bit-identical to the one-thread host's (``tests/runner/test_batching.py``).
 * **Freeing.** A row whose request has its ``max_new_tokens`` tokens or has produced its ``stop_token`` is free
   at once; the next waiting request is admitted before the next step.
 * **Clock.** A request's ``arrival`` is counted in decode steps of this host (a deterministic trace). When no row
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,7 +54,7 @@ import numpy as np
 from onnxdeploy.errors import ConfigError, ContractError
 from onnxdeploy.runner.contract_decoder import ContractDecoder
 from onnxdeploy.runner.graph_set import GraphSetDecoder
-from onnxdeploy.runner.host import StepInputs, allocate_buffers, copy_row_slots
+from onnxdeploy.runner.host import Buffers, StepInputs, allocate_buffers, copy_row_slots
 
 __all__ = ["BatchRun", "BatchingHost", "Finished", "Policy", "Prefill", "Request", "poisson_trace"]
 
@@ -100,9 +111,12 @@ class BatchRun:
     Attributes:
         finished: one :class:`Finished` per request, in request order.
         step_ms: wall time of every decode call (ms).
-        prefill_ms: wall time of every prefill call (ms).
+        prefill_ms: wall time of every prefill call (ms), on the decode thread or (``prefill_workers``) a worker.
         wall_s: wall time of the whole run (s), prefill, copies and host work included.
         steps: decode calls made.
+        copy_ms: wall time of every prefill cache's copy into its row (ms).
+        wait_ms: wall time the decode thread waited for a prefill worker, no row having anything to decode (ms).
+        prefill_workers: the host's prefill worker threads (0: every prefill on the decode thread).
     """
 
     finished: list[Finished]
@@ -110,6 +124,9 @@ class BatchRun:
     prefill_ms: list[float]
     wall_s: float
     steps: int
+    copy_ms: list[float] = field(default_factory=list)
+    wait_ms: list[float] = field(default_factory=list)
+    prefill_workers: int = 0
 
     @property
     def generated(self) -> int:
@@ -124,6 +141,25 @@ class BatchRun:
     def step_percentile(self, q: float) -> float:
         """The ``q``-th percentile (0..100) of the decode calls' wall time, ms (nan without calls)."""
         return float(np.percentile(self.step_ms, q)) if self.step_ms else float("nan")
+
+    def phases(self) -> dict[str, float]:
+        """Where the wall time went, in seconds.
+
+        ``decode``, ``prefill`` (every prefill call, wherever it ran), ``copy`` and ``wait`` (the decode thread
+        blocked on a prefill worker) are sums of the timed calls; ``host`` is the rest of the wall time on the
+        decode thread (feeds, argmax, bookkeeping): ``wall - decode - copy - wait``, minus ``prefill`` when it ran
+        on the decode thread. With prefill workers ``prefill`` overlaps the decode calls and is not subtracted.
+        """
+        decode, prefill = sum(self.step_ms) / 1e3, sum(self.prefill_ms) / 1e3
+        copy, waited = sum(self.copy_ms) / 1e3, sum(self.wait_ms) / 1e3
+        on_thread = 0.0 if self.prefill_workers else prefill
+        return {
+            "decode": decode,
+            "prefill": prefill,
+            "copy": copy,
+            "wait": waited,
+            "host": self.wall_s - decode - on_thread - copy - waited,
+        }
 
 
 def poisson_trace(
@@ -180,13 +216,16 @@ class BatchingHost:
         decode_step: the decode graph's step_len S; None: the smallest of the set (1 in a set with prefill
             buckets). With S > 1 (``rows``: chunked prefill) a decoding row feeds 1 token padded to S, a prefilling
             row up to S prompt tokens, and the logits are each row's at its last real token.
+        prefill_workers: threads that run the batch-1 prefills (``prefill="graphs"``) beside the decode thread
+            (module docstring, "Concurrent prefill"); 0: every prefill on the decode thread, between decode calls.
 
     Raises:
         ContractError: no graph of that step length and cache length, a decode graph of step_len > 1 without
             trailing padding, a decode graph of batch > 1 without
             ``row_positions`` or not masked from ``cache_position``, or (``prefill="graphs"``) no batch-1 prefill
             graph (step_len > 1) with trailing padding.
-        ConfigError: ``prefill`` neither ``graphs``, ``rows`` nor None.
+        ConfigError: ``prefill`` neither ``graphs``, ``rows`` nor None; ``prefill_workers`` negative, or above 0
+            with ``prefill="rows"``.
     """
 
     def __init__(
@@ -198,6 +237,7 @@ class BatchingHost:
         idle_rows: Collection[int] = (),
         prefill: Prefill | None = None,
         decode_step: int | None = None,
+        prefill_workers: int = 0,
     ) -> None:
         graphs = decoder.graphs()
         step = decode_step if decode_step is not None else min(s for _, s, _ in graphs)
@@ -227,11 +267,17 @@ class BatchingHost:
                 f"{decoder.source}: the set has no batch-1 prefill graph with padding (static_kv prefill_batch: 1, "
                 "step_lens with a value > 1)"
             )
+        if prefill_workers < 0 or (prefill_workers and self.prefill_mode == "rows"):
+            raise ConfigError(
+                f"prefill_workers must be >= 0, and 0 with prefill through the rows; got {prefill_workers}"
+            )
+        self.prefill_workers = prefill_workers
         self.batch = c.batch
         self.keep_logits = keep_logits
         self.idle_rows = frozenset(idle_rows)
         self.buffers = allocate_buffers(c)
-        self._prefill_buffers = {m.contract.max_cache_len: allocate_buffers(m.contract) for m in self.prefill}
+        self._contracts = {m.contract.max_cache_len: m.contract for m in self.prefill}
+        self._spare: dict[int, list[Buffers]] = {n: [allocate_buffers(c)] for n, c in self._contracts.items()}
 
     # -- prefill ------------------------------------------------------------------------------------
 
@@ -258,21 +304,24 @@ class BatchingHost:
                 return cache, chunks
         raise ConfigError(f"a prompt of {length} tokens fits no prefill graph of the set (needs {end} slots)")
 
-    def _prefill(self, prompt: Sequence[int], prefill_ms: list[float]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Prefill ``prompt`` alone; return its batch-1 buffers and the last position's logits float32 (V,)."""
-        cache, chunks = self.prefill_plan(len(prompt))
+    def _prefill(self, prompt: Sequence[int], cache: int, buffers: Buffers) -> tuple[np.ndarray, list[float]]:
+        """Prefill ``prompt`` alone into ``buffers`` (of the ``cache``-slot prefill graphs); any thread may call it.
+
+        Returns:
+            The last position's logits float32 ``(V,)`` and each call's wall time (ms).
+        """
+        _, chunks = self.prefill_plan(len(prompt))
         members = {m.contract.step_len: m for m in self.prefill if m.contract.max_cache_len == cache}
-        buffers = self._prefill_buffers[cache]
-        position, logits = 0, None
+        position, logits, times = 0, None, []
         for step, real in chunks:
             member = members[step]
             inputs = StepInputs.uniform(member.contract, prompt[position : position + real], position)
             out, ms = member.call(buffers, inputs)
-            prefill_ms.append(ms)
+            times.append(ms)
             logits = out[0, -1] if member.contract.prefill_logits == "last" else out[0, real - 1]
             position += real
         assert logits is not None
-        return buffers, np.asarray(logits, dtype=np.float32)
+        return np.asarray(logits, dtype=np.float32), times
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -335,17 +384,29 @@ class BatchingHost:
         if policy not in ("continuous", "static"):
             raise ConfigError(f"policy must be continuous or static, got {policy!r}")
         self._check(requests)
+        pool = ThreadPoolExecutor(self.prefill_workers, "prefill") if self.prefill_workers else None
+        try:
+            return self._serve(requests, policy, pool)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _serve(self, requests: Sequence[Request], policy: Policy, pool: ThreadPoolExecutor | None) -> BatchRun:
+        """The loop of :meth:`run`; ``pool``: the prefill workers (None: prefill on this thread)."""
         order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
         waiting: list[int] = []  # request indices that have arrived, in arrival order
         upcoming = list(order)
         results = [Finished(request=r) for r in requests]
         rows: dict[int, int] = {}  # row -> request index
+        pending: list[tuple[int, int, Buffers, Future]] = []  # (request, cache, buffers, its prefill), in order
         position = [0] * self.batch  # next position of each active row
         last = [0] * self.batch  # last generated token of each active row
         prompt_left: dict[int, list[int]] = {}  # prefill="rows": row -> prompt tokens not fed yet
         usable = [r for r in range(self.batch) if r not in self.idle_rows]
         step_ms: list[float] = []
         prefill_ms: list[float] = []
+        copy_ms: list[float] = []
+        wait_ms: list[float] = []
         clock = 0
         start = time.perf_counter()
 
@@ -366,25 +427,61 @@ class BatchingHost:
                 results[index].logits.append(logits.copy())
             last[row] = token
 
-        while upcoming or waiting or rows:
+        def place(row: int, index: int, cache: int, buffers: Buffers, logits: np.ndarray, times: list[float]) -> None:
+            """A finished prefill into a free row: slots [0, p) copied, the first token taken, the row decoding."""
+            prefill_ms.extend(times)
+            p, begin = len(requests[index].prompt), time.perf_counter()
+            copy_row_slots(buffers, 0, self.buffers, row, p, self.decode.contract)
+            copy_ms.append((time.perf_counter() - begin) * 1e3)
+            self._spare[cache].append(buffers)
+            rows[row], position[row], results[index].row = index, p, row
+            emit(row, index, logits)
+            finish(row, index)
+
+        def collect(block: bool) -> None:
+            """Place the prefills its workers have finished, in admission order, while rows are free.
+
+            ``block``: first wait for one (continuous) or for all (static: a batch starts together).
+            """
+            if block and pending:
+                begin = time.perf_counter()
+                how = FIRST_COMPLETED if policy == "continuous" else ALL_COMPLETED
+                wait([f for *_, f in pending], return_when=how)
+                wait_ms.append((time.perf_counter() - begin) * 1e3)
+            free = [r for r in usable if r not in rows]
+            for item in [x for x in pending if x[3].done()][: len(free)]:
+                pending.remove(item)
+                index, cache, buffers, future = item
+                place(free.pop(0), index, cache, buffers, *future.result())
+
+        ahead = self.prefill_workers if policy == "continuous" else 0  # prefills begun before a row frees
+        while upcoming or waiting or rows or pending:
             while upcoming and requests[upcoming[0]].arrival <= clock:
                 waiting.append(upcoming.pop(0))
+            collect(block=False)
             free = [r for r in usable if r not in rows]
-            admit = policy == "continuous" or (not rows and (len(waiting) >= len(usable) or not upcoming))
-            while admit and free and waiting:
-                index, row = waiting.pop(0), free.pop(0)
+            admit = policy == "continuous" or (
+                not rows and not pending and (len(waiting) >= len(usable) or not upcoming)
+            )
+            while admit and waiting and (len(pending) < len(free) + ahead if pool else free):
+                index = waiting.pop(0)
                 prompt = requests[index].prompt
-                results[index].row, results[index].admitted = row, clock
+                results[index].admitted = clock
                 if self.prefill_mode == "rows":  # fed by the decode calls from position 0
-                    rows[row], position[row], prompt_left[row] = index, 0, list(prompt)
+                    row = free.pop(0)
+                    rows[row], position[row], prompt_left[row], results[index].row = index, 0, list(prompt), row
                     continue
-                buffers, logits = self._prefill(prompt, prefill_ms)
-                copy_row_slots(buffers, 0, self.buffers, row, len(prompt), self.decode.contract)
-                rows[row], position[row] = index, len(prompt)
-                emit(row, index, logits)
-                finish(row, index)
+                cache, _ = self.prefill_plan(len(prompt))
+                spare = self._spare[cache]
+                buffers = spare.pop() if spare else allocate_buffers(self._contracts[cache])
+                if pool is not None:  # the decode loop goes on; placed at the first step boundary after it ends
+                    pending.append((index, cache, buffers, pool.submit(self._prefill, prompt, cache, buffers)))
+                    continue
+                place(free.pop(0), index, cache, buffers, *self._prefill(prompt, cache, buffers))
             if not rows:
-                if upcoming:  # nothing to decode until the next arrival (static: until a batch is full)
+                if pending:  # nothing to decode until a prefill ends
+                    collect(block=True)
+                elif upcoming:  # nothing to decode until the next arrival (static: until a batch is full)
                     clock = max(clock, requests[upcoming[0]].arrival)
                 elif waiting and not admit:
                     raise AssertionError("unreachable: the last requests are always admitted")
@@ -395,4 +492,5 @@ class BatchingHost:
                 index = rows[row]
                 emit(row, index, logits)
                 finish(row, index)
-        return BatchRun(results, step_ms, prefill_ms, time.perf_counter() - start, len(step_ms))
+        wall = time.perf_counter() - start
+        return BatchRun(results, step_ms, prefill_ms, wall, len(step_ms), copy_ms, wait_ms, self.prefill_workers)

@@ -20,6 +20,7 @@ hosts (continuous batching, ring caches) run on buffers they own.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -77,6 +78,7 @@ class ContractDecoder(DecodeState):
         self._output_names = [contract.logits, *(present for _, present in self._pairs)]
         self._buffers: dict[str, np.ndarray] = {}
         self._binding: BufferBinding | None = None
+        self._owner, self._other_threads = threading.get_ident(), threading.local()
         if bind_buffers:
             if contract.cache_update != "full_buffer":
                 raise ContractError(
@@ -108,6 +110,21 @@ class ContractDecoder(DecodeState):
     def binds_buffers(self) -> bool:
         """Whether each call runs on bound buffers (IOBinding) rather than numpy feeds."""
         return self._binding is not None
+
+    def _thread_binding(self) -> BufferBinding | None:
+        """The calling thread's binding: the decoder's own on the thread that made it, one per other thread.
+
+        An IOBinding holds one call's inputs, so two threads calling :meth:`call` at once (a host's prefills run
+        two at a time, :mod:`onnxdeploy.runner.batching`) each need their own; ORT's ``Run`` itself may be called
+        concurrently on one session.
+        """
+        if self._binding is None or threading.get_ident() == self._owner:
+            return self._binding
+        binding = getattr(self._other_threads, "binding", None)
+        if binding is None:
+            binding = BufferBinding(self.model_session._live(), self._pairs, self.contract.logits)
+            self._other_threads.binding = binding
+        return binding
 
     def check_binding(self) -> None:
         """Check that bound buffers give bit-identical logits and buffers to numpy feeds, then reset.
@@ -251,7 +268,9 @@ class ContractDecoder(DecodeState):
         """One ``session.run`` of this graph on ``buffers`` (:class:`~onnxdeploy.runner.host.GraphStep`).
 
         The decoder's own position is not moved (a host that owns ``buffers`` keeps its own); the call is timed
-        and recorded (:attr:`call_records`, ``start`` = row 0's first position).
+        and recorded (:attr:`call_records`, ``start`` = row 0's first position; on a thread other than the one that
+        opened the decoder, the decoder's position). Several threads may call at once on buffers of their own
+        (each its own IOBinding: :meth:`_thread_binding`).
 
         Args:
             buffers: past-input name → buffer of this graph's shapes; ``full_buffer`` presents replace the entries
@@ -269,15 +288,20 @@ class ContractDecoder(DecodeState):
         c = self.contract
         feeds: dict[str, np.ndarray] = {**step_feeds(c, inputs), **buffers}
         tokens = int(inputs.real.max())
-        saved, self._position = self._position, int(inputs.positions[0, 0])
+        binding = self._thread_binding()
+        owner = threading.get_ident() == self._owner  # another thread leaves the position (its record's start) be
+        saved = self._position
+        if owner:
+            self._position = int(inputs.positions[0, 0])
         try:
-            if self._binding is None:
+            if binding is None:
                 results, latency_ms = self._timed_run(self._output_names, feeds, tokens=tokens)
             else:
-                results, latency_ms = self._binding.run(
+                results, latency_ms = binding.run(
                     feeds, buffers, lambda b: self._timed_run((), feeds, tokens=tokens, binding=b)[1]
                 )
         finally:
-            self._position = saved
+            if owner:
+                self._position = saved
         store_presents(c, buffers, results[1:], inputs, written_shapes=self._written_shapes, source=str(self.source))
         return np.asarray(results[0], dtype=np.float32), latency_ms

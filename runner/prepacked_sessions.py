@@ -17,23 +17,32 @@ inside the ``onnxruntime`` wheel (``onnxruntime/capi/``), by ctypes:
   file (``CreateTensorWithDataAsOrtValue``, no copy) given to the session with ``AddInitializer``, and every session
   of a :class:`SharedPrepacking` is created with its one container: the first session packs each MatMul weight, the
   others find it there (the decode graph and the prefill graphs of a set read the same weights);
-* prepacking reads the mapped weights, so their file pages are resident after load:
-  :meth:`SharedPrepacking.drop_mapped_pages` drops them with ``madvise(MADV_DONTNEED)`` (a read-only file mapping: a
-  page read again is faulted back from the file, so nothing can change what a session computes).
+* prepacking reads the mapped weights, so their file pages become resident while the packed copies are written:
+  the float weights twice over, once as file pages and once packed (the load of the 125M export's B = 4 set peaked
+  at 1012 MiB, 436 MiB of it file pages). So while :meth:`SharedPrepacking.open` creates a session, a thread drops
+  the maps' pages every ``drop_interval_s`` (1 ms) with ``madvise(MADV_DONTNEED)`` (:meth:`drop_mapped_pages`;
+  ORT's ``CreateSession`` runs without the GIL): a page is resident from the moment prepacking reads it to the
+  next drop. A read-only file mapping: a page read again is faulted back from the file (the page cache), so nothing
+  can change what a session computes.
 
-Measured on the 125M export's B = 4 set (``benchmarks/batching.py``, 2026-12-02 14:16 UTC): peak RSS while serving
-the trace 632 MiB against 1068 MiB for the Python sessions, the same tokens, the same tokens/s; the load itself
-peaks higher (1015 MiB: each weight's pages are read while its packed copy is written) before the pages are
-dropped. A :class:`PrepackedSession` offers the part of ``onnxruntime.InferenceSession`` the decoders use
-(``get_inputs``, ``get_outputs``, ``get_providers``, ``run``), so :func:`~onnxdeploy.runner.graph_set.open_graph_set`
-drives it through its ``opener`` (no IOBinding: each call's outputs are written into arrays allocated for it). CPU
-only; float32/float16/int64 tensors only.
+Measured on the 125M export's B = 4 set (``benchmarks/batching.py``, README "Continuous batching"): peak RSS while
+serving the trace 632 MiB against 1068 MiB for the Python sessions, the same tokens, the same tokens/s; the load
+peaks at 664 MiB with the pages dropped while loading (1012 MiB dropped only after it; 702 and 724 MiB with drops
+every 10 and 50 ms; the load took 0.85 s against 0.82 s; 2026-12-02 18:45 UTC).
+
+A :class:`PrepackedSession` offers the part of ``onnxruntime.InferenceSession`` the decoders use (``get_inputs``,
+``get_outputs``, ``get_providers``, ``run``), so :func:`~onnxdeploy.runner.graph_set.open_graph_set` drives it
+through its ``opener`` (no IOBinding: each call's outputs are written into arrays allocated for it). CPU only;
+float32/float16/int64 tensors only.
 """
 
 from __future__ import annotations
 
 import ctypes as C
 import mmap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -116,11 +125,16 @@ class SharedPrepacking:
 
     Keep it alive while its sessions run (each :class:`PrepackedSession` holds a reference).
 
+    Args:
+        drop_interval_s: while :meth:`open` creates a session, drop the maps' resident pages this often (seconds;
+            module docstring); None: never while loading (call :meth:`drop_mapped_pages` after).
+
     Raises:
         ModelLoadError: the wheel has no ``libonnxruntime.so`` or it serves no ``OrtApi`` version 16.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, drop_interval_s: float | None = 0.001) -> None:
+        self.drop_interval_s = drop_interval_s
         self.api = _Api()
         self.env, self.memory, self.container = _P(), _P(), _P()
         self.api.check(self.api.CreateEnv(3, b"onnxdeploy", C.byref(self.env)), "CreateEnv")  # type: ignore[attr-defined]
@@ -162,8 +176,29 @@ class SharedPrepacking:
 
     def drop_mapped_pages(self) -> None:
         """``madvise(MADV_DONTNEED)`` every map: the file pages prepacking read leave this process's RSS."""
-        for m in self.maps.values():
+        for m in list(self.maps.values()):  # a map may be added meanwhile (the loading thread)
             m.madvise(mmap.MADV_DONTNEED)
+
+    @contextmanager
+    def _dropping(self) -> Iterator[None]:
+        """Drop the maps' pages every ``drop_interval_s`` on a thread while the block runs, and once after it."""
+        if self.drop_interval_s is None:
+            yield
+            return
+        done = threading.Event()
+
+        def drop() -> None:
+            while not done.wait(self.drop_interval_s):
+                self.drop_mapped_pages()
+
+        thread = threading.Thread(target=drop, name="drop-mapped-pages", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            self.drop_mapped_pages()
 
     def open(self, path: str | Path, *, threads: int = 1) -> ModelSession:
         """Open ``path`` as a :class:`PrepackedSession` (prepacking on) wrapped like :func:`open_session`'s result.
@@ -173,7 +208,8 @@ class SharedPrepacking:
                 create the session (its message, naming the path).
         """
         header = read_header(path)
-        session = PrepackedSession(self, Path(path), threads=threads)
+        with self._dropping():
+            session = PrepackedSession(self, Path(path), threads=threads)
         active = ("CPUExecutionProvider",)
         return ModelSession(str(path), header, session, active, active, threads=threads)  # type: ignore[arg-type]
 

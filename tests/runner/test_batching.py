@@ -193,3 +193,44 @@ def test_verify_batching_reads_its_trace_from_a_file(served, tmp_path: Path) -> 
     (tmp_path / "bad.yaml").write_text("requests:\n  - {max_new_tokens: 3}\n")
     with pytest.raises(ConfigError, match="bad.yaml: bad trace entry"):
         read_trace(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize(("policy", "workers"), [("continuous", 1), ("static", 2)])
+def test_concurrent_prefill_decodes_every_request_bit_identically(served, policy: str, workers: int) -> None:
+    """Prefills on worker threads beside the decode loop: the same tokens and logits, to the bit, per request.
+
+    When a prefill is placed depends on timing (the first step boundary after its worker finished), so which row
+    a request gets and at which step may change; rows never interact, so its tokens and logits may not. Bound
+    buffers: two workers run the same prefill graph at once (one IOBinding per thread).
+    """
+    requests = _requests(served["name"])
+    with open_graph_set(served["sets"][3], bind_buffers=True) as decoder:
+        alone = BatchingHost(decoder, keep_logits=True, idle_rows={1})
+        for buffer in alone.buffers.values():
+            buffer[1] = np.nan
+        one_thread = alone.run(requests, policy=policy)  # type: ignore[arg-type]
+        host = BatchingHost(decoder, keep_logits=True, idle_rows={1}, prefill_workers=workers)
+        for buffer in host.buffers.values():
+            buffer[1] = np.nan
+        run = host.run(requests, policy=policy)  # type: ignore[arg-type]
+        again = host.run(requests, policy=policy)  # type: ignore[arg-type]  # stale rows, spare prefill buffers
+    _check(run, served["refs"])
+    for f, g, h in zip(one_thread.finished, run.finished, again.finished, strict=True):
+        assert f.tokens == g.tokens == h.tokens, f.request.id
+        assert all(
+            np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(f.logits, g.logits, h.logits, strict=True)
+        )
+    assert {f.row for f in run.finished} == {0, 2}
+    assert len(run.prefill_ms) == len(one_thread.prefill_ms) and len(run.copy_ms) == len(TRACE)
+    phases = run.phases()
+    assert run.prefill_workers == workers and phases["decode"] > 0 and phases["prefill"] > 0
+    assert phases["host"] < run.wall_s
+
+
+def test_prefill_workers_are_checked(served) -> None:
+    with open_graph_set(served["sets"]["rows1"]) as decoder:
+        with pytest.raises(ConfigError, match="prefill_workers must be >= 0, and 0 with prefill through the rows"):
+            BatchingHost(decoder, prefill_workers=1)
+    with open_graph_set(served["sets"][3]) as decoder:
+        with pytest.raises(ConfigError, match="prefill_workers must be >= 0"):
+            BatchingHost(decoder, prefill_workers=-1)

@@ -32,3 +32,34 @@ def test_shared_prepacked_sessions_serve_the_trace_as_the_python_sessions_do(ser
     for a, b in zip(python.finished, shared.finished, strict=True):
         assert a.tokens == b.tokens and a.row == b.row
         assert np.abs(np.stack(a.logits) - np.stack(b.logits)).max() <= 1e-6
+
+
+def _mapped_rss(file: str) -> int:
+    """This process's resident bytes of its mappings of ``file`` (``/proc/self/smaps``)."""
+    rss, inside = 0, False
+    for line in open("/proc/self/smaps").read().splitlines():  # noqa: SIM115
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line: range perms offset dev inode [path]
+            inside = len(fields) == 6 and fields[5] == file
+        elif inside and fields[0] == "Rss:":
+            rss += int(fields[1]) * 1024
+    return rss
+
+
+def test_pages_are_dropped_while_loading_and_prefills_run_beside_the_decode(served) -> None:  # noqa: F811
+    """The maps hold no resident page after loading (none dropped: prepacking left them resident); prefill workers
+    on these sessions (ctypes calls release the GIL) decode every request to the bit as the decode thread does."""
+    requests = _requests(served["name"])
+    kept = SharedPrepacking(drop_interval_s=None)
+    with open_graph_set(served["sets"][3], opener=kept.open):
+        (file,) = (str(f) for f in kept.maps)
+        assert _mapped_rss(file) > 0
+    del kept
+    sharing = SharedPrepacking()
+    with open_graph_set(served["sets"][3], opener=sharing.open) as decoder:
+        assert _mapped_rss(file) == 0
+        alone = BatchingHost(decoder, keep_logits=True).run(requests)
+        beside = BatchingHost(decoder, keep_logits=True, prefill_workers=1).run(requests)
+    _check(beside, served["refs"])
+    for a, b in zip(alone.finished, beside.finished, strict=True):
+        assert a.tokens == b.tokens and all(np.array_equal(x, y) for x, y in zip(a.logits, b.logits, strict=True))

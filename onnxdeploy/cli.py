@@ -37,7 +37,7 @@ from onnxdeploy.cli_model import check_cmd, inspect, sdk_app
 from onnxdeploy.cli_verify import verify_cmd
 from onnxdeploy.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError, OnnxDeployError
 from onnxdeploy.plan_cli import plan_cmd
-from onnxdeploy.resources import fixed_mmap_threshold, run_clock_start
+from onnxdeploy.resources import exec_with_system_allocator, fixed_mmap_threshold, run_clock_start
 
 if TYPE_CHECKING:  # the commands import the library lazily: `onnxdeploy --help` stays fast
     from onnxdeploy.config import PipelineConfig
@@ -197,6 +197,7 @@ def main() -> None:
     Usage errors (bad options, missing arguments) exit 2 with typer's message on stderr; with ``--json``
     a JSON error object is also written to stdout, so CI parsers always get JSON.
     """
+    exec_with_system_allocator(sys.argv[1] if len(sys.argv) > 1 else None)  # run / verify: resources.py says why
     fixed_mmap_threshold()  # freed large blocks go back to the kernel (resources.fixed_mmap_threshold)
     try:
         app()

@@ -15,11 +15,14 @@ from pathlib import Path
 
 __all__ = [
     "MMAP_THRESHOLD_BYTES",
+    "SYSTEM_ALLOCATOR_COMMANDS",
     "available_memory_bytes",
+    "exec_with_system_allocator",
     "fixed_mmap_threshold",
     "format_bytes",
     "peak_rss_bytes",
     "process_age_s",
+    "release_free_heap",
     "rss_bytes",
     "run_clock_start",
 ]
@@ -53,6 +56,59 @@ def fixed_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     try:
         libc = ctypes.CDLL(None)  # the process's own symbols: libc's (find_library would run ldconfig or gcc)
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
+SYSTEM_ALLOCATOR_COMMANDS = frozenset({"run", "verify"})
+"""The console commands that run with the C allocator for Python objects (:func:`exec_with_system_allocator`)."""
+
+
+def exec_with_system_allocator(command: str | None) -> None:
+    """Re-run this interpreter with ``PYTHONMALLOC=malloc`` for a heavy ``command``; return only when it is not.
+
+    Python's small-object allocator keeps memory in 1 MiB arenas that go back to the kernel only when every object
+    in them is freed; the passes make and free millions of small graph objects, and the few that survive pin the
+    arenas: measured on SmolLM2-135M's fast chain (``benchmarks/real.py --only memory``), ~70 MiB stayed resident
+    through verification, which no ``malloc_trim`` reaches. With ``PYTHONMALLOC=malloc`` (Python docs, "Command line
+    and environment", ``PYTHONMALLOC``) those objects live in the C heap, whose free pages
+    :func:`release_free_heap` gives back: the run's peak fell from 897-900 to 837-841 MiB (same run otherwise).
+    The variable must be set before the interpreter starts, so the process ``exec``s itself with the same
+    command line (``sys.orig_argv``; same PID, so the run's clock, :func:`run_clock_start`, still starts at the
+    process's start). Nothing happens when ``PYTHONMALLOC`` is already set (the user's choice, or the re-run),
+    off Linux, or for another command.
+
+    Args:
+        command: the CLI's first argument (the subcommand), or None.
+
+    Raises:
+        OSError: ``exec`` failed (the interpreter cannot be run again).
+    """
+    if command not in SYSTEM_ALLOCATOR_COMMANDS or "PYTHONMALLOC" in os.environ or not sys.platform.startswith("linux"):
+        return
+    if not sys.executable or not getattr(sys, "orig_argv", None):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, "PYTHONMALLOC": "malloc"})
+
+
+def release_free_heap() -> bool:
+    """Give the C heap's free pages back to the kernel (glibc ``malloc_trim(0)``; ``malloc_trim(3)``).
+
+    Memory freed by ``free`` stays in the process's heap until the top of the heap is free; ``malloc_trim(0)``
+    also returns every whole free page inside it (glibc >= 2.8). Verification calls it where a phase's freed
+    memory would otherwise stay resident through the next phase's peak: before the original's session opens (the
+    passes' graphs were freed) and after it closes (its session was freed), so the candidate's sessions start from
+    a heap without them. Objects Python's own small-object allocator holds are not in the C heap unless the
+    interpreter runs with ``PYTHONMALLOC=malloc``.
+
+    Returns:
+        True when memory was released; False when none was, or the C library has no ``malloc_trim`` (musl, macOS).
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.malloc_trim(0))
     except (OSError, AttributeError, TypeError):
         return False
 

@@ -31,6 +31,7 @@ apart (``prefill``), never spread over the prompt positions.
 
 from __future__ import annotations
 
+import gc
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -51,7 +52,7 @@ from onnxdeploy.report import (
     VerifyReference,
     VerifyReport,
 )
-from onnxdeploy.resources import rss_bytes
+from onnxdeploy.resources import release_free_heap, rss_bytes
 from onnxdeploy.runner.cache_policy import CutPastReference, PolicyDecoder
 from onnxdeploy.runner.compare import step_record, summarize_mode
 from onnxdeploy.runner.coverage import GraphCoverage, drive_every_graph
@@ -434,6 +435,7 @@ def _verify_paths(
     # a row's logits depend on the rows per call (2.4e-3 at level 0): its prompt goes one token per call.
     per_token = policy is None and graph_weights(read_header(original_path)).quantized
     entries = {ACCURACY_LEVEL_KEY: "0"} if per_token else None
+    release_free_heap()  # what the caller freed (a pipeline's graphs) leaves memory before the sessions' peak
     opened = (
         CutPastReference(open_session(original_path, providers=request.providers), *policy)
         if policy is not None
@@ -448,6 +450,9 @@ def _verify_paths(
         rss_growth = rss_bytes() - rss_before
         original_fallbacks = _fallbacks(original)
         original_settings = original.model_session.settings
+    del opened, original
+    gc.collect()  # a cycle may still hold the closed session (its mapped weights); free it before the candidate's
+    release_free_heap()  # the original's session, freed, leaves memory before the candidate's sessions open
     candidate_decoder = open_decoder(
         candidate_path, providers=request.providers, remainder=request.remainder, config_entries=entries
     )

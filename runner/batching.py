@@ -403,29 +403,15 @@ class BatchingHost:
         last = [0] * self.batch  # last generated token of each active row
         prompt_left: dict[int, list[int]] = {}  # prefill="rows": row -> prompt tokens not fed yet
         usable = [r for r in range(self.batch) if r not in self.idle_rows]
-        step_ms: list[float] = []
-        prefill_ms: list[float] = []
-        copy_ms: list[float] = []
-        wait_ms: list[float] = []
+        step_ms, prefill_ms, copy_ms, wait_ms = [], [], [], []  # wall ms of each call, copy and wait
         clock = 0
         start = time.perf_counter()
 
         def finish(row: int, index: int) -> bool:
-            f, req = results[index], requests[index]
-            done = len(f.tokens) >= req.max_new_tokens or (
-                req.stop_token is not None and f.tokens[-1] == req.stop_token
-            )
-            if done:
-                f.finished = clock
-                del rows[row]
-            return done
+            return _finish(results[index], rows, row, clock)
 
         def emit(row: int, index: int, logits: np.ndarray) -> None:
-            token = int(np.argmax(logits))
-            results[index].tokens.append(token)
-            if self.keep_logits:
-                results[index].logits.append(logits.copy())
-            last[row] = token
+            last[row] = _emit(results[index], logits, self.keep_logits)
 
         def place(row: int, index: int, cache: int, buffers: Buffers, logits: np.ndarray, times: list[float]) -> None:
             """A finished prefill into a free row: slots [0, p) copied, the first token taken, the row decoding."""
@@ -439,20 +425,7 @@ class BatchingHost:
             finish(row, index)
 
         def collect(block: bool) -> None:
-            """Place the prefills its workers have finished, in admission order, while rows are free.
-
-            ``block``: first wait for one (continuous) or for all (static: a batch starts together).
-            """
-            if block and pending:
-                begin = time.perf_counter()
-                how = FIRST_COMPLETED if policy == "continuous" else ALL_COMPLETED
-                wait([f for *_, f in pending], return_when=how)
-                wait_ms.append((time.perf_counter() - begin) * 1e3)
-            free = [r for r in usable if r not in rows]
-            for item in [x for x in pending if x[3].done()][: len(free)]:
-                pending.remove(item)
-                index, cache, buffers, future = item
-                place(free.pop(0), index, cache, buffers, *future.result())
+            _collect(pending, [r for r in usable if r not in rows], policy, wait_ms, place, block)
 
         ahead = self.prefill_workers if policy == "continuous" else 0  # prefills begun before a row frees
         while upcoming or waiting or rows or pending:
@@ -494,3 +467,40 @@ class BatchingHost:
                 finish(row, index)
         wall = time.perf_counter() - start
         return BatchRun(results, step_ms, prefill_ms, wall, len(step_ms), copy_ms, wait_ms, self.prefill_workers)
+
+
+def _finish(f: Finished, rows: dict[int, int], row: int, clock: int) -> bool:
+    """Free ``row`` (and stamp ``f.finished``) when its request has all its tokens or its stop token."""
+    req = f.request
+    done = len(f.tokens) >= req.max_new_tokens or (req.stop_token is not None and f.tokens[-1] == req.stop_token)
+    if done:
+        f.finished = clock
+        del rows[row]
+    return done
+
+
+def _emit(f: Finished, logits: np.ndarray, keep_logits: bool) -> int:
+    """Append the greedy token of float32 ``(V,)`` ``logits`` to ``f`` (and the logits when kept); return it."""
+    token = int(np.argmax(logits))
+    f.tokens.append(token)
+    if keep_logits:
+        f.logits.append(logits.copy())
+    return token
+
+
+def _collect(pending: list, free: list[int], policy: Policy, wait_ms: list[float], place, block: bool) -> None:
+    """Place the prefills the workers have finished into ``free`` rows, in admission order.
+
+    ``pending``: ``(request, cache, buffers, future)`` in admission order, the placed ones removed; ``place``: the
+    loop's placing function; ``block``: first wait for one (continuous) or for all (static: a batch starts together),
+    the wait's wall ms appended to ``wait_ms``.
+    """
+    if block and pending:
+        begin = time.perf_counter()
+        how = FIRST_COMPLETED if policy == "continuous" else ALL_COMPLETED
+        wait([f for *_, f in pending], return_when=how)
+        wait_ms.append((time.perf_counter() - begin) * 1e3)
+    for item in [x for x in pending if x[3].done()][: len(free)]:
+        pending.remove(item)
+        index, cache, buffers, future = item
+        place(free.pop(0), index, cache, buffers, *future.result())

@@ -40,7 +40,7 @@ from onnxdeploy.passes import PassContext
 from onnxdeploy.report import PhaseReport, RunReport
 from onnxdeploy.resources import peak_rss_bytes, rss_bytes
 from onnxdeploy.run_report import REPORT_FILES, report_stage
-from onnxdeploy.run_scratch import STAGING_PREFIX, remove_stale, run_temp_root
+from onnxdeploy.run_scratch import STAGING_PREFIX, remove_own, remove_stale, run_temp_root
 from onnxdeploy.run_stages import (
     Loaded,
     Passed,
@@ -296,6 +296,7 @@ def _claimed(out_dir: Path) -> Iterator[_Held]:
         with signals_held():  # a second Ctrl-C (or SIGTERM) must not cut the cleanup short
             if run.staged is not None:
                 run.staged.discard()
+            remove_own(out_dir, STAGING_PREFIX)  # one made just before the signal, not yet in run.staged
             _remove_if_made(out_dir, made_dir)
         if isinstance(exc, OSError):
             raise OutputError(f"cannot write the outputs to {out_dir}: {exc.strerror or exc}") from exc

@@ -23,10 +23,10 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["RUN_TEMP_PREFIX", "STAGING_PREFIX", "host_name", "owner_tag", "remove_stale", "run_temp_root"]
+__all__ = ["RUN_TEMP_PREFIX", "STAGING_PREFIX", "host_name", "owner_tag", "remove_own", "remove_stale", "run_temp_root"]
 
 STAGING_PREFIX = ".onnxdeploy-"
 """Prefix of a staging folder (in ``output_dir`` or the pass cache), before :func:`owner_tag`."""
@@ -69,6 +69,27 @@ def remove_stale(folder: Path, prefix: str) -> list[Path]:
     Returns:
         The folders removed. One that cannot be removed (permissions, a race with another run) is skipped.
     """
+    return _remove_owned(folder, prefix, lambda pid: pid != os.getpid() and not _alive(pid))
+
+
+def remove_own(folder: Path, prefix: str) -> list[Path]:
+    """Remove this process's folders ``<prefix>p<pid>-<host>-<random>`` in ``folder`` (an interrupted run's cleanup).
+
+    A signal can land after ``mkdtemp`` made a staging folder and before its caller holds the path (inside
+    ``mkdtemp`` itself, or before the assignment); the run's cleanup then finds the folder by its owner tag.
+
+    Args:
+        folder: where to look (``output_dir``); missing: nothing done.
+        prefix: :data:`STAGING_PREFIX` or :data:`RUN_TEMP_PREFIX`.
+
+    Returns:
+        The folders removed.
+    """
+    return _remove_owned(folder, prefix, lambda pid: pid == os.getpid())
+
+
+def _remove_owned(folder: Path, prefix: str, remove: Callable[[int], bool]) -> list[Path]:
+    """Remove the folders ``<prefix>p<pid>-<this host>-<random>`` in ``folder`` for which ``remove(pid)`` holds."""
     pattern = re.compile(re.escape(prefix) + r"p(\d+)-([A-Za-z0-9._]+)-" + _RANDOM)
     host = host_name()
     removed = []
@@ -80,8 +101,7 @@ def remove_stale(folder: Path, prefix: str) -> list[Path]:
         match = pattern.fullmatch(entry.name)
         if match is None or match[2] != host or not entry.is_dir(follow_symlinks=False):
             continue
-        pid = int(match[1])
-        if pid == os.getpid() or _alive(pid):
+        if not remove(int(match[1])):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         if not os.path.lexists(entry.path):

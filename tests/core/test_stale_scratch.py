@@ -10,9 +10,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
-from onnxdeploy.run_scratch import RUN_TEMP_PREFIX, STAGING_PREFIX, host_name, owner_tag, remove_stale, run_temp_root
+from onnxdeploy.pipeline import _claimed
+from onnxdeploy.run_scratch import (
+    RUN_TEMP_PREFIX,
+    STAGING_PREFIX,
+    host_name,
+    owner_tag,
+    remove_own,
+    remove_stale,
+    run_temp_root,
+)
 from tests.conftest import PROMPT, REPO, fixture_entry
 
 
@@ -43,6 +53,27 @@ def test_only_folders_of_dead_processes_on_this_host_are_removed(tmp_path):
         [*(n for k, n in names.items() if k != "dead"), f"{STAGING_PREFIX}p{dead}-{host}-file"]
     )
     assert remove_stale(tmp_path / "missing", STAGING_PREFIX) == []
+
+
+def test_remove_own_takes_this_processs_folders_only(tmp_path):
+    mine = tmp_path / f"{STAGING_PREFIX}{owner_tag()}a1"
+    other = tmp_path / f"{STAGING_PREFIX}p{os.getppid()}-{host_name()}-b2"
+    for folder in (mine, other):
+        folder.mkdir()
+    assert remove_own(tmp_path, STAGING_PREFIX) == [mine]
+    assert [p.name for p in tmp_path.iterdir()] == [other.name]
+
+
+def test_a_signal_before_the_staging_folder_is_registered_leaves_nothing(tmp_path):
+    """Ctrl-C right after ``mkdtemp`` made the staging folder (the run does not hold its path yet)."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "keep.txt").write_text("pre-existing")
+    with pytest.raises(KeyboardInterrupt), _claimed(out_dir) as run:
+        tempfile.mkdtemp(prefix=STAGING_PREFIX + owner_tag(), dir=out_dir)
+        assert run.staged is None
+        raise KeyboardInterrupt
+    assert [p.name for p in out_dir.iterdir()] == ["keep.txt"]
 
 
 def test_the_run_temp_root_holds_the_runs_temporary_folders_and_goes_with_it(tmp_path, monkeypatch):
